@@ -1,0 +1,81 @@
+"""The one place that decides which array library a process computes with.
+
+Layers, losses and optimizers are written once against the namespace returned by
+:func:`array_module`; NumPy runs them on the CPU and CuPy on an NVIDIA GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+DTYPES = {"float32": np.float32, "float64": np.float64}
+
+
+class BackendError(RuntimeError):
+    """The requested device or dtype cannot be used on this machine."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Array namespace, dtype and device of one process."""
+
+    xp: ModuleType
+    dtype: type
+    device: str
+
+    def asarray(self, data: Any) -> Any:
+        """Copy host data to this backend's device, in its dtype."""
+        return self.xp.asarray(data, dtype=self.dtype)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        """Return ``array`` as a NumPy array (a no-op on the CPU)."""
+        return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) else np.asarray(array)
+
+    def synchronize(self) -> None:
+        """Wait until queued device work has finished (a no-op on the CPU)."""
+        if self.xp is not np:
+            self.xp.cuda.get_current_stream().synchronize()
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and sees at least one usable CUDA device."""
+    try:
+        import cupy
+    except ImportError:
+        return False
+    try:
+        return bool(cupy.is_available())
+    except Exception:  # a broken driver install reports through various exception types
+        return False
+
+
+def make_backend(device: str = "cpu", dtype: str = "float32", gpu_id: int = 0) -> Backend:
+    """Build the backend for ``device`` ('cpu', 'gpu' or 'auto') and ``dtype``."""
+    if dtype not in DTYPES:
+        raise BackendError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if device == "auto":
+        device = "gpu" if gpu_available() else "cpu"
+    if device == "cpu":
+        return Backend(np, DTYPES[dtype], "cpu")
+    if device == "gpu":
+        if not gpu_available():
+            raise BackendError("--device gpu asked for, but CuPy finds no usable CUDA GPU: "
+                               "install the 'gpu' extra on a GPU machine, or use --device cpu")
+        import cupy
+        cupy.cuda.Device(gpu_id).use()
+        return Backend(cupy, DTYPES[dtype], f"gpu:{gpu_id}")
+    raise BackendError(f"unknown device {device!r}: choose cpu, gpu or auto")
+
+
+def array_module(array: Any) -> ModuleType:
+    """NumPy or CuPy, whichever owns ``array`` (Chainer's get_array_module)."""
+    if isinstance(array, np.ndarray) or np.isscalar(array):
+        return np
+    try:
+        import cupy
+    except ImportError:
+        return np
+    return cupy.get_array_module(array)

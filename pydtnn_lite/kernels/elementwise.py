@@ -1,0 +1,48 @@
+"""Element-wise kernels: activation, dropout and the merges of residual and dense blocks."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from pydtnn_lite.backend import array_module
+
+
+def relu(x: Any) -> Any:
+    """max(x, 0)."""
+    return array_module(x).maximum(x, 0)
+
+
+def relu_grad(grad_out: Any, out: Any) -> Any:
+    """Gradient of ReLU from its output: ``grad_out`` where ``out > 0``, else 0."""
+    return grad_out * (out > 0)
+
+
+def dropout_mask(uniform: Any, rate: float, dtype: Any) -> Any:
+    """Inverted-dropout mask from uniform draws: 0 with probability ``rate``, else 1/(1-rate)."""
+    return (uniform >= rate).astype(dtype) * (1.0 / (1.0 - rate))
+
+
+def dropout_apply(x: Any, mask: Any) -> Any:
+    """``x * mask`` (forward and backward of dropout alike)."""
+    return x * mask
+
+
+def add(inputs: Sequence[Any]) -> Any:
+    """Element-wise sum of same-shaped tensors (the residual merge)."""
+    total = inputs[0] + inputs[1]
+    for extra in inputs[2:]:
+        total += extra
+    return total
+
+
+def concat(inputs: Sequence[Any]) -> Any:
+    """Join NHWC tensors along channels (the dense-block merge)."""
+    return array_module(inputs[0]).concatenate(inputs, axis=-1)
+
+
+def split(grad_out: Any, channels: Sequence[int]) -> list:
+    """Cut a channel-concatenated gradient back into one piece per input."""
+    pieces, start = [], 0
+    for width in channels:
+        pieces.append(grad_out[..., start:start + width])
+        start += width
+    return pieces

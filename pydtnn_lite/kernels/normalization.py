@@ -1,0 +1,48 @@
+"""Batch normalisation over the channel axis of NHWC tensors (statistics over N, H, W).
+
+The statistics are split into local sums and a normalisation step so that a
+distributed job can add the sums of all ranks in between: every rank then normalises
+with the statistics of the whole global batch, and P ranks compute exactly what one
+rank would with the same batch.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydtnn_lite.backend import array_module
+
+
+def batchnorm_sums(x: Any) -> Any:
+    """Per-channel (sum, sum of squares) over all rows of ``x`` (..., C), stacked as (2, C)."""
+    xp = array_module(x)
+    flat = x.reshape(-1, x.shape[-1])
+    return xp.stack([flat.sum(axis=0), xp.einsum("ij,ij->j", flat, flat)])
+
+
+def batchnorm_normalize(x: Any, mean: Any, inv_std: Any, gamma: Any, beta: Any) -> tuple[Any, Any]:
+    """Return (gamma * x_hat + beta, x_hat) with x_hat = (x - mean) * inv_std."""
+    x_hat = (x - mean) * inv_std
+    return x_hat * gamma + beta, x_hat
+
+
+def batchnorm_inference(x: Any, gamma: Any, beta: Any, mean: Any, var: Any, eps: float) -> Any:
+    """Normalise with stored running statistics (evaluation mode)."""
+    xp = array_module(x)
+    scale = gamma / xp.sqrt(var + eps)
+    return x * scale + (beta - mean * scale)
+
+
+def batchnorm_grad_sums(grad_out: Any, x_hat: Any) -> Any:
+    """Per-channel (sum of grad, sum of grad * x_hat), stacked as (2, C): beta's and gamma's gradients."""
+    xp = array_module(grad_out)
+    flat_grad = grad_out.reshape(-1, grad_out.shape[-1])
+    flat_hat = x_hat.reshape(-1, x_hat.shape[-1])
+    return xp.stack([flat_grad.sum(axis=0), xp.einsum("ij,ij->j", flat_grad, flat_hat)])
+
+
+def batchnorm_grad_input(grad_out: Any, x_hat: Any, inv_std: Any, gamma: Any, grad_sums: Any,
+                         rows: int) -> Any:
+    """Input gradient, given the (all-rank) ``grad_sums`` and the (all-rank) row count."""
+    mean_grad = grad_sums[0] / rows
+    mean_grad_hat = grad_sums[1] / rows
+    return (gamma * inv_std) * (grad_out - mean_grad - x_hat * mean_grad_hat)

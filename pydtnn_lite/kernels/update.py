@@ -1,0 +1,31 @@
+"""Optimizer update kernels, applied in place to one parameter array at a time."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def sgd_update(param: Any, grad: Any, velocity: Any, lr: float, momentum: float,
+               weight_decay: float, nesterov: bool) -> None:
+    """SGD with momentum, as PyTorch defines it: v = m v + (g + wd p); p -= lr (g' + m v or v)."""
+    if weight_decay:
+        grad = grad + weight_decay * param
+    if momentum:
+        velocity *= momentum
+        velocity += grad
+        step = grad + momentum * velocity if nesterov else velocity
+    else:
+        step = grad
+    param -= lr * step
+
+
+def adam_update(param: Any, grad: Any, first: Any, second: Any, lr: float, beta1: float,
+                beta2: float, eps: float, step: int, weight_decay: float) -> None:
+    """Adam (Kingma and Ba) with bias correction; ``step`` counts from 1."""
+    if weight_decay:
+        grad = grad + weight_decay * param
+    first *= beta1
+    first += (1.0 - beta1) * grad
+    second *= beta2
+    second += (1.0 - beta2) * grad * grad
+    corrected_lr = lr * (1.0 - beta2 ** step) ** 0.5 / (1.0 - beta1 ** step)
+    param -= corrected_lr * first / ((second ** 0.5) + eps)

@@ -1,0 +1,28 @@
+"""Rectified linear unit."""
+from __future__ import annotations
+
+from typing import Any
+
+from pydtnn_lite import kernels
+from pydtnn_lite.layers.base import KernelCost, Layer, StepContext
+
+
+class ReLU(Layer):
+    """``max(x, 0)``; backward masks the gradient with the sign of the output."""
+
+    kind = "relu"
+
+    def forward(self, x: Any, ctx: StepContext) -> Any:
+        self.out = kernels.relu(x)
+        return self.out
+
+    def backward(self, grad_out: Any) -> Any:
+        grad_in = kernels.relu_grad(grad_out, self.out)
+        self.out = None
+        return grad_in
+
+    def costs(self, batch: int) -> list[KernelCost]:
+        n = self.elements(batch)
+        dims = (n,)
+        return [KernelCost("FP", "relu", n, 2 * n * self.itemsize, dims),
+                KernelCost("BP", "relu", n, 3 * n * self.itemsize, dims)]

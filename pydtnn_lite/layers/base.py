@@ -1,0 +1,105 @@
+"""What every layer is: parameters, gradients, forward, backward and kernel costs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from pydtnn_lite.backend import Backend
+
+Shape = tuple  # per-sample shape, NHWC without N: (H, W, C) or (features,)
+
+
+def _identity(array: Any) -> Any:
+    return array
+
+
+@dataclass
+class StepContext:
+    """What a layer may need to know about the step it runs in.
+
+    ``global_batch`` and ``sample_offset`` place this rank's rows inside the global batch
+    (dropout draws its mask for the global batch and keeps its own rows, so P ranks draw
+    what one rank would); ``sum_across_ranks`` adds an array over all ranks (batch-norm
+    statistics) and is the identity in a single process.
+    """
+
+    training: bool
+    global_batch: int
+    sample_offset: int = 0
+    step: int = 0
+    sum_across_ranks: Callable[[Any], Any] = field(default=_identity)
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """Analytic cost of one kernel call: the stage it runs in, its FLOPs and bytes moved.
+
+    ``dims`` are the operand sizes a performance model keys on, e.g. (m, n, k) for a GEMM.
+    """
+
+    stage: str  # "FP", "BP" or "WU"
+    kernel: str
+    flops: float
+    bytes: float
+    dims: tuple = ()
+
+
+class Layer:
+    """Base class. Subclasses set ``kind`` and implement build, forward, backward, costs.
+
+    Parameters and their gradients live in ``params`` and ``grads`` (same names, same
+    shapes). Backward writes gradients *into* ``grads`` arrays, never rebinding them: the
+    network may make them views of one flat buffer that the Allreduce sends as is.
+    """
+
+    kind = "layer"
+    n_inputs = 1
+
+    def __init__(self) -> None:
+        self.name = self.kind  # made unique ("conv3") by the network
+        self.index = 0  # position in the network, set by the network
+        self.params: dict[str, Any] = {}
+        self.grads: dict[str, Any] = {}
+        self.buffers: dict[str, Any] = {}  # state that is saved but not trained (BN running stats)
+        self.input_shapes: list[Shape] = []
+        self.output_shape: Shape = ()
+        self.needs_input_grad = True
+        self.itemsize = 4
+
+    def build(self, input_shapes: Sequence[Shape], backend: Backend, rng: np.random.Generator) -> Shape:
+        """Create parameters for ``input_shapes`` and return the per-sample output shape."""
+        self.input_shapes = list(input_shapes)
+        self.itemsize = np.dtype(backend.dtype).itemsize
+        self.output_shape = self.init(input_shapes, backend, rng)
+        for name, value in self.params.items():
+            self.grads[name] = backend.xp.zeros_like(value)
+        return self.output_shape
+
+    def init(self, input_shapes: Sequence[Shape], backend: Backend, rng: np.random.Generator) -> Shape:
+        """Subclass hook: make parameters, return the output shape (default: shape unchanged)."""
+        return tuple(input_shapes[0])
+
+    def forward(self, *inputs: Any, ctx: StepContext) -> Any:
+        raise NotImplementedError
+
+    def backward(self, grad_out: Any) -> Any:
+        """Return the gradient for the input (a list for multi-input layers); None if not needed."""
+        raise NotImplementedError
+
+    def costs(self, batch: int) -> list[KernelCost]:
+        """FLOPs and bytes of the FP and BP kernels for a batch of ``batch`` samples."""
+        return []
+
+    @property
+    def param_count(self) -> int:
+        return sum(int(np.prod(p.shape)) for p in self.params.values())
+
+    def describe(self) -> str:
+        """Short hyper-parameter string for summaries."""
+        return ""
+
+    def elements(self, batch: int, shape: Optional[Shape] = None) -> int:
+        """Number of elements of a batch of tensors of ``shape`` (default: the output)."""
+        return batch * int(np.prod(shape if shape is not None else self.output_shape))

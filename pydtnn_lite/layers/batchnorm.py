@@ -1,0 +1,75 @@
+"""Batch normalisation with statistics taken over the whole global batch."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from pydtnn_lite import kernels
+from pydtnn_lite.backend import Backend, array_module
+from pydtnn_lite.layers.base import KernelCost, Layer, Shape, StepContext
+
+
+class BatchNorm(Layer):
+    """Per-channel normalisation; gamma and beta trained, running mean and variance kept.
+
+    In training the statistics are those of the global batch (the local sums of every
+    rank are added), so they, the gradients and the running statistics are identical on
+    every rank and equal to a single-process run. Running statistics follow PyTorch:
+    ``running = (1 - momentum) * running + momentum * batch`` with the unbiased variance.
+    """
+
+    kind = "bn"
+
+    def __init__(self, momentum: float = 0.1, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.momentum, self.eps = momentum, eps
+
+    def init(self, input_shapes: Sequence[Shape], backend: Backend, rng: np.random.Generator) -> Shape:
+        channels = input_shapes[0][-1]
+        xp = backend.xp
+        self.params["gamma"] = xp.ones(channels, dtype=backend.dtype)
+        self.params["beta"] = xp.zeros(channels, dtype=backend.dtype)
+        self.buffers["running_mean"] = xp.zeros(channels, dtype=backend.dtype)
+        self.buffers["running_var"] = xp.ones(channels, dtype=backend.dtype)
+        return tuple(input_shapes[0])
+
+    def forward(self, x: Any, ctx: StepContext) -> Any:
+        gamma, beta = self.params["gamma"], self.params["beta"]
+        if not ctx.training:
+            return kernels.batchnorm_inference(x, gamma, beta, self.buffers["running_mean"],
+                                               self.buffers["running_var"], self.eps)
+        xp = array_module(x)
+        sums = ctx.sum_across_ranks(kernels.batchnorm_sums(x))
+        self.rows = ctx.global_batch * int(np.prod(x.shape[1:-1]))
+        mean = sums[0] / self.rows
+        var = xp.maximum(sums[1] / self.rows - mean * mean, 0.0)
+        self.inv_std = 1.0 / xp.sqrt(var + self.eps)
+        out, self.x_hat = kernels.batchnorm_normalize(x, mean, self.inv_std, gamma, beta)
+        unbiased = var * (self.rows / max(self.rows - 1, 1))
+        m = self.momentum
+        self.buffers["running_mean"][...] = (1 - m) * self.buffers["running_mean"] + m * mean
+        self.buffers["running_var"][...] = (1 - m) * self.buffers["running_var"] + m * unbiased
+        self.sum_across_ranks = ctx.sum_across_ranks
+        return out
+
+    def backward(self, grad_out: Any) -> Any:
+        local = kernels.batchnorm_grad_sums(grad_out, self.x_hat)
+        # Parameter gradients stay local (the gradient Allreduce adds them); the input
+        # gradient needs the all-rank sums.
+        self.grads["beta"][...] = local[0]
+        self.grads["gamma"][...] = local[1]
+        grad_in = None
+        if self.needs_input_grad:
+            total = self.sum_across_ranks(local)
+            grad_in = kernels.batchnorm_grad_input(grad_out, self.x_hat, self.inv_std, self.params["gamma"],
+                                                   total, self.rows)
+        self.x_hat = None
+        return grad_in
+
+    def costs(self, batch: int) -> list[KernelCost]:
+        n = self.elements(batch)
+        s = self.itemsize
+        dims = (batch,) + tuple(self.output_shape)
+        return [KernelCost("FP", "batchnorm", 6 * n, 3 * n * s, dims),
+                KernelCost("BP", "batchnorm", 8 * n, 4 * n * s, dims)]

@@ -1,0 +1,212 @@
+"""A network: layers wired as a directed acyclic graph, run in the order they were added.
+
+Each layer names the layers it reads from (``Network.INPUT`` for the images), so one
+flat, indexed list describes VGG's chain, ResNet's shortcuts and DenseNet's
+concatenations alike; the tracer and the performance model address layers by that index.
+
+All trainable parameters live in one flat array, and so do their gradients; each
+layer's ``params`` and ``grads`` are views into them, one contiguous segment per layer in
+layer order. An Allreduce bucket is then a slice of the flat gradient (no packing), and
+the optimizer updates a layer's segment with one kernel call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+from pydtnn_lite.backend import Backend, make_backend
+from pydtnn_lite.layers.base import KernelCost, Layer, Shape, StepContext
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Where one layer's parameters sit in the flat parameter and gradient arrays."""
+
+    layer: int
+    start: int
+    stop: int
+
+
+class Network:
+    """Layers in execution order, with their wiring, parameters and gradients."""
+
+    INPUT = -1
+
+    def __init__(self, name: str, input_shape: Shape, num_classes: int) -> None:
+        self.name = name
+        self.input_shape = tuple(input_shape)
+        self.num_classes = num_classes
+        self.layers: list[Layer] = []
+        self.inputs: list[list[int]] = []
+        self.backend: Optional[Backend] = None
+
+    # ----------------------------------------------------------------- construction
+    def add(self, layer: Layer, *inputs: int) -> int:
+        """Append ``layer`` reading from ``inputs`` (default: the previous layer); return its index."""
+        sources = list(inputs) if inputs else [len(self.layers) - 1 if self.layers else self.INPUT]
+        for source in sources:
+            if not self.INPUT <= source < len(self.layers):
+                raise ValueError(f"layer {len(self.layers)} reads from unknown layer {source}")
+        self.layers.append(layer)
+        self.inputs.append(sources)
+        return len(self.layers) - 1
+
+    def build(self, backend: Optional[Backend] = None, seed: int = 0) -> "Network":
+        """Create every parameter (identically for the same seed on any device) and lay them out flat."""
+        self.backend = backend or make_backend()
+        rng = np.random.default_rng(seed)
+        counts: dict[str, int] = {}
+        needs_grad: list[bool] = []
+        for index, (layer, sources) in enumerate(zip(self.layers, self.inputs)):
+            counts[layer.kind] = counts.get(layer.kind, 0) + 1
+            layer.name, layer.index = f"{layer.kind}{counts[layer.kind]}", index
+            shapes = [self.input_shape if s == self.INPUT else self.layers[s].output_shape for s in sources]
+            layer.build(shapes, self.backend, rng)
+            # An input gradient is needed only if something upstream has parameters to train.
+            layer.needs_input_grad = any(s != self.INPUT and needs_grad[s] for s in sources)
+            needs_grad.append(bool(layer.params) or layer.needs_input_grad)
+        if self.layers[-1].output_shape != (self.num_classes,):
+            raise ValueError(f"{self.name}: the last layer gives {self.layers[-1].output_shape}, "
+                             f"expected ({self.num_classes},) logits")
+        self._flatten_parameters()
+        return self
+
+    def _flatten_parameters(self) -> None:
+        xp, dtype = self.backend.xp, self.backend.dtype
+        total = sum(layer.param_count for layer in self.layers)
+        self.flat_params = xp.zeros(total, dtype=dtype)
+        self.flat_grads = xp.zeros(total, dtype=dtype)
+        self.segments: list[Segment] = []
+        offset = 0
+        for layer in self.layers:
+            start = offset
+            for name, value in list(layer.params.items()):
+                size = int(np.prod(value.shape))
+                self.flat_params[offset:offset + size] = value.reshape(-1)
+                layer.params[name] = self.flat_params[offset:offset + size].reshape(value.shape)
+                layer.grads[name] = self.flat_grads[offset:offset + size].reshape(value.shape)
+                offset += size
+            if offset > start:
+                self.segments.append(Segment(layer.index, start, offset))
+
+    # ----------------------------------------------------------------- computation
+    def forward(self, x: Any, ctx: StepContext) -> Any:
+        """Run every layer on a batch ``x`` (N, H, W, C); return the logits (N, classes)."""
+        remaining = self._consumer_counts()
+        outputs: dict[int, Any] = {self.INPUT: x}
+        for index, (layer, sources) in enumerate(zip(self.layers, self.inputs)):
+            outputs[index] = layer.forward(*(outputs[s] for s in sources), ctx=ctx)
+            for source in sources:
+                remaining[source] -= 1
+                if remaining[source] == 0:
+                    del outputs[source]
+        return outputs[len(self.layers) - 1]
+
+    def backward(self, grad_logits: Any, on_layer_done: Optional[Callable[[int], None]] = None) -> None:
+        """Back-propagate ``grad_logits``, filling every gradient; ``on_layer_done(i)`` follows
+        layer i's backward (the communicator starts reducing its gradients there)."""
+        pending: dict[int, Any] = {len(self.layers) - 1: grad_logits}
+        for index in range(len(self.layers) - 1, -1, -1):
+            layer = self.layers[index]
+            grad_out = pending.pop(index, None)
+            if grad_out is None:  # nothing downstream of the images needs this layer's gradient
+                continue
+            grad_in = layer.backward(grad_out)
+            if on_layer_done is not None:
+                on_layer_done(index)
+            if not layer.needs_input_grad:
+                continue
+            grads = grad_in if isinstance(grad_in, list) else [grad_in]
+            for source, grad in zip(self.inputs[index], grads):
+                if source == self.INPUT:
+                    continue
+                pending[source] = grad if source not in pending else pending[source] + grad
+
+    def _consumer_counts(self) -> dict[int, int]:
+        counts = {self.INPUT: 0}
+        for index, sources in enumerate(self.inputs):
+            counts.setdefault(index, 0)
+            for source in sources:
+                counts[source] += 1
+        counts[len(self.layers) - 1] += 1  # the caller consumes the logits
+        return counts
+
+    # ----------------------------------------------------------------- parameters
+    def named_parameters(self) -> Iterator[tuple[str, Any]]:
+        """(``layer.param``, array) for every trainable parameter, in layer order."""
+        for layer in self.layers:
+            for name, value in layer.params.items():
+                yield f"{layer.name}.{name}", value
+
+    def named_gradients(self) -> Iterator[tuple[str, Any]]:
+        """(``layer.param``, gradient array), matching :meth:`named_parameters`."""
+        for layer in self.layers:
+            for name, value in layer.grads.items():
+                yield f"{layer.name}.{name}", value
+
+    def named_buffers(self) -> Iterator[tuple[str, Any]]:
+        """(``layer.buffer``, array) for saved untrained state (batch-norm running statistics)."""
+        for layer in self.layers:
+            for name, value in layer.buffers.items():
+                yield f"{layer.name}.{name}", value
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Host copies of every parameter and buffer, by name."""
+        to_host = self.backend.to_host
+        state = {name: to_host(value).copy() for name, value in self.named_parameters()}
+        state.update({name: to_host(value).copy() for name, value in self.named_buffers()})
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Copy arrays by name into the parameters and buffers; names and shapes must match."""
+        targets = dict(self.named_parameters())
+        targets.update(self.named_buffers())
+        missing = sorted(set(targets) - set(state))
+        unexpected = sorted(set(state) - set(targets))
+        if missing or unexpected:
+            raise ValueError(f"weights do not fit {self.name}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        for name, target in targets.items():
+            value = np.asarray(state[name])
+            if value.shape != tuple(target.shape):
+                raise ValueError(f"weights do not fit {self.name}: {name} has shape {value.shape}, "
+                                 f"expected {tuple(target.shape)}")
+            target[...] = self.backend.asarray(value)
+
+    def save(self, path: str) -> None:
+        """Write every parameter and buffer to an .npz file, keyed by name."""
+        np.savez(path, **self.state_dict())
+
+    def load(self, path: str) -> None:
+        """Read weights written by :meth:`save`."""
+        with np.load(path) as archive:
+            self.load_state_dict({name: archive[name] for name in archive.files})
+
+    # ----------------------------------------------------------------- description
+    @property
+    def param_count(self) -> int:
+        return sum(layer.param_count for layer in self.layers)
+
+    def costs(self, batch: int) -> list[tuple[int, KernelCost]]:
+        """(layer index, cost) of every FP and BP kernel for a batch of ``batch`` samples."""
+        return [(layer.index, cost) for layer in self.layers for cost in layer.costs(batch)]
+
+    def flops_per_sample(self, stage: str = "FP") -> float:
+        """FLOPs of one sample through the given stage."""
+        return sum(cost.flops for _, cost in self.costs(1) if cost.stage == stage)
+
+    def summary(self) -> str:
+        """A table of layers, output shapes, parameters and forward FLOPs per sample."""
+        head = f"{'#':>3}  {'layer':<12} {'inputs':<10} {'output':<16} {'params':>11} {'MFLOP/sample':>13}  details"
+        rows = [f"{self.name}: input {self.input_shape}, {self.num_classes} classes", head, "-" * len(head)]
+        for layer, sources in zip(self.layers, self.inputs):
+            fp = sum(c.flops for c in layer.costs(1) if c.stage == "FP") / 1e6
+            src = ",".join("in" if s == self.INPUT else str(s) for s in sources)
+            rows.append(f"{layer.index:>3}  {layer.name:<12} {src:<10} {str(layer.output_shape):<16} "
+                        f"{layer.param_count:>11,} {fp:>13.2f}  {layer.describe()}")
+        rows.append("-" * len(head))
+        rows.append(f"total parameters {self.param_count:,}; forward {self.flops_per_sample('FP') / 1e9:.3f} "
+                    f"GFLOP/sample; training step {(self.flops_per_sample('FP') + self.flops_per_sample('BP')) / 1e9:.3f}"
+                    f" GFLOP/sample")
+        return "\n".join(rows)

@@ -1,0 +1,41 @@
+"""Test utilities: finite differences and a float64 CPU backend."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+
+from pydtnn_lite.backend import make_backend
+
+FLOAT64 = make_backend("cpu", "float64")
+
+
+def numeric_gradient(f: Callable[[], float], array: np.ndarray, eps: float = 1e-6,
+                     indices: Optional[np.ndarray] = None) -> np.ndarray:
+    """Central-difference gradient of scalar ``f()`` with respect to ``array`` (perturbed in place),
+    at the flat ``indices`` given (default: every element; the rest stay 0)."""
+    grad = np.zeros_like(array)
+    flat, flat_grad = array.reshape(-1), grad.reshape(-1)
+    for i in (range(flat.size) if indices is None else indices):
+        original = flat[i]
+        flat[i] = original + eps
+        plus = f()
+        flat[i] = original - eps
+        minus = f()
+        flat[i] = original
+        flat_grad[i] = (plus - minus) / (2 * eps)
+    return grad
+
+
+def relative_error(analytic: np.ndarray, numeric: np.ndarray) -> float:
+    """Norm-wise relative error, guarded against two zero gradients."""
+    scale = max(np.linalg.norm(analytic), np.linalg.norm(numeric), 1e-12)
+    return float(np.linalg.norm(analytic - numeric) / scale)
+
+
+def sample_per_segment(network, per_segment: int, seed: int = 0) -> np.ndarray:
+    """Flat parameter indices: ``per_segment`` random ones from every layer's segment."""
+    rng = np.random.default_rng(seed)
+    picks = [rng.choice(np.arange(seg.start, seg.stop), size=min(per_segment, seg.stop - seg.start),
+                        replace=False) for seg in network.segments]
+    return np.concatenate(picks)

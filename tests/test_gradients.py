@@ -1,0 +1,150 @@
+"""Finite-difference gradient checks, in float64, for every layer type and a whole model."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import FLOAT64, numeric_gradient, relative_error, sample_per_segment
+
+from pydtnn_lite.layers import (Add, AvgPool2D, BatchNorm, Concat, Conv2D, Dense, Dropout, Flatten,
+                                GlobalAvgPool2D, MaxPool2D, ReLU, SoftmaxCrossEntropy, StepContext)
+from pydtnn_lite.models import create_model
+
+TOLERANCE = 1e-6
+
+
+def check_layer(layer, input_shapes, batch=3, seed=0):
+    """Compare a layer's input and parameter gradients with central differences of sum(out * R)."""
+    rng = np.random.default_rng(seed)
+    layer.build(input_shapes, FLOAT64, rng)
+    inputs = [rng.normal(size=(batch,) + tuple(s)) for s in input_shapes]
+    ctx = StepContext(training=True, global_batch=batch, step=1)
+    projection = rng.normal(size=(batch,) + tuple(layer.output_shape))
+
+    def objective():
+        return float((layer.forward(*inputs, ctx=ctx) * projection).sum())
+
+    objective()
+    grad_in = layer.backward(projection)
+    grad_in = grad_in if isinstance(grad_in, list) else [grad_in]
+    for x, analytic in zip(inputs, grad_in):
+        assert relative_error(analytic, numeric_gradient(objective, x)) <= TOLERANCE
+    for name, param in layer.params.items():
+        objective()
+        layer.backward(projection)
+        analytic = layer.grads[name].copy()
+        assert relative_error(analytic, numeric_gradient(objective, param)) <= TOLERANCE, name
+
+
+@pytest.mark.parametrize("stride,padding,kernel", [(1, 1, 3), (2, 0, 3), (2, 2, 5), (1, 0, 1), (2, 0, 1)])
+def test_conv2d(stride, padding, kernel):
+    check_layer(Conv2D(4, kernel, stride=stride, padding=padding), [(7, 6, 3)])
+
+
+def test_conv2d_without_bias():
+    check_layer(Conv2D(2, 3, padding=1, use_bias=False), [(5, 5, 2)])
+
+
+def test_dense():
+    check_layer(Dense(5), [(7,)])
+
+
+@pytest.mark.parametrize("pool,stride,padding", [(2, 2, 0), (3, 2, 0), (3, 2, 1), (3, 1, 1)])
+def test_maxpool(pool, stride, padding):
+    check_layer(MaxPool2D(pool, stride=stride, padding=padding), [(7, 7, 2)])
+
+
+@pytest.mark.parametrize("pool,stride,padding", [(2, 2, 0), (3, 2, 1), (3, 1, 0)])
+def test_avgpool(pool, stride, padding):
+    check_layer(AvgPool2D(pool, stride=stride, padding=padding), [(7, 7, 2)])
+
+
+def test_global_avgpool():
+    check_layer(GlobalAvgPool2D(), [(4, 4, 3)])
+
+
+def test_batchnorm_on_maps_and_vectors():
+    check_layer(BatchNorm(), [(3, 4, 5)], batch=4)
+    check_layer(BatchNorm(), [(6,)], batch=5)
+
+
+def test_relu():
+    check_layer(ReLU(), [(4, 4, 3)])
+
+
+def test_flatten():
+    check_layer(Flatten(), [(3, 2, 4)])
+
+
+def test_dropout():
+    check_layer(Dropout(0.4), [(10,)], batch=4)
+
+
+def test_add_and_concat():
+    check_layer(Add(), [(3, 3, 2), (3, 3, 2)])
+    check_layer(Concat(), [(3, 3, 2), (3, 3, 5)])
+
+
+def test_softmax_cross_entropy():
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(4, 6)) * 3
+    labels = np.array([0, 5, 2, 2])
+    loss = SoftmaxCrossEntropy()
+    ctx = StepContext(training=True, global_batch=10)  # a share of a larger global batch
+
+    def objective():
+        return float(loss.forward(logits, labels, ctx)[0]) / ctx.global_batch
+
+    objective()
+    analytic = loss.backward()
+    assert relative_error(analytic, numeric_gradient(objective, logits)) <= TOLERANCE
+
+
+@pytest.mark.parametrize("name,shape", [("lenet", (8, 8, 1)), ("mlp", (4, 4, 2))])
+def test_whole_model(name, shape):
+    """Every parameter gradient of a small model, through the network's backward and the loss."""
+    net = create_model(name, shape, 3).build(FLOAT64, seed=3)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4,) + shape)
+    labels = np.array([0, 1, 2, 1])
+    loss = SoftmaxCrossEntropy()
+    ctx = StepContext(training=True, global_batch=4)
+
+    def objective():
+        return float(loss.forward(net.forward(x, ctx), labels, ctx)[0]) / 4
+
+    objective()
+    net.backward(loss.backward())
+    picks = sample_per_segment(net, 40)
+    analytic = net.flat_grads[picks]
+    numeric = numeric_gradient(objective, net.flat_params, indices=picks)[picks]
+    assert relative_error(analytic, numeric) <= TOLERANCE
+
+
+def test_residual_and_dense_connectivity():
+    """A branchy graph (shortcut Add, Concat, BatchNorm) back-propagates exactly."""
+    from pydtnn_lite.network import Network
+
+    net = Network("branchy", (5, 5, 2), 3)
+    stem = net.add(Conv2D(3, 3, padding=1))
+    a = net.add(BatchNorm(), stem)
+    a = net.add(ReLU(), a)
+    a = net.add(Conv2D(3, 3, padding=1), a)
+    merged = net.add(Add(), a, stem)
+    both = net.add(Concat(), merged, stem)
+    net.add(GlobalAvgPool2D(), both)
+    net.add(Flatten())
+    net.add(Dense(3))
+    net.build(FLOAT64, seed=1)
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(3, 5, 5, 2))
+    labels = np.array([2, 0, 1])
+    loss = SoftmaxCrossEntropy()
+    ctx = StepContext(training=True, global_batch=3)
+
+    def objective():
+        return float(loss.forward(net.forward(x, ctx), labels, ctx)[0]) / 3
+
+    objective()
+    net.backward(loss.backward())
+    analytic = net.flat_grads.copy()
+    assert relative_error(analytic, numeric_gradient(objective, net.flat_params)) <= TOLERANCE
