@@ -1,0 +1,31 @@
+"""What a data set is to the trainer: random access to labelled images by index."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class DataError(ValueError):
+    """Missing, unreadable or inconsistent data; the message says which file and what to do."""
+
+
+class Dataset:
+    """A labelled image set with random access, so each rank reads only the rows it trains on.
+
+    ``load(indices)`` returns float32 images (n, H, W, C), normalised to roughly zero mean
+    and unit variance, and int64 labels (n,). Subclasses set ``name``, ``input_shape`` and
+    ``num_classes`` and implement ``__len__`` and ``load``.
+    """
+
+    name = "dataset"
+    input_shape: tuple = ()
+    num_classes = 0
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def load(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def check_indices(self, indices: np.ndarray) -> None:
+        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
+            raise IndexError(f"{self.name}: index out of range 0..{len(self) - 1}")
