@@ -15,6 +15,7 @@ from pydtnn_lite.models.lenet import lenet
 from pydtnn_lite.models.mlp import mlp
 from pydtnn_lite.models.resnet import resnet18, resnet50
 from pydtnn_lite.models.vgg import vgg11, vgg16
+from pydtnn_lite.errors import UserError
 from pydtnn_lite.network import Network
 
 MODELS: dict[str, Callable[[tuple, int], Network]] = {
@@ -23,7 +24,7 @@ MODELS: dict[str, Callable[[tuple, int], Network]] = {
 }
 
 
-class UnknownModelError(ValueError):
+class UnknownModelError(UserError, ValueError):
     """A model name that is not in the registry."""
 
 

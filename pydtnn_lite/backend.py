@@ -11,10 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from pydtnn_lite.errors import UserError
+
 DTYPES = {"float32": np.float32, "float64": np.float64}
 
 
-class BackendError(RuntimeError):
+class BackendError(UserError):
     """The requested device or dtype cannot be used on this machine."""
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from pydtnn_lite.data.base import DataError, Dataset
+from pydtnn_lite.data.cifar import Cifar10Dataset
 from pydtnn_lite.data.digits import DigitsDataset
+from pydtnn_lite.data.mnist import MnistDataset
+from pydtnn_lite.data.npz_shards import NpzShardDataset
 from pydtnn_lite.data.sampler import EpochSampler, partition
 from pydtnn_lite.data.synthetic import SyntheticDataset
 
@@ -25,12 +28,27 @@ def _digits(split: str, data_dir: Optional[str], seed: int) -> Dataset:
     return DigitsDataset(split)
 
 
+def _cifar10(split: str, data_dir: Optional[str], seed: int) -> Dataset:
+    return Cifar10Dataset(data_dir, split)
+
+
+def _mnist(split: str, data_dir: Optional[str], seed: int) -> Dataset:
+    return MnistDataset(data_dir, split)
+
+
+def _npz(split: str, data_dir: Optional[str], seed: int) -> Dataset:
+    return NpzShardDataset(data_dir, split)
+
+
 DATASETS: dict[str, Callable[[str, Optional[str], int], Dataset]] = {
     "synthetic": _synthetic,
     "synthetic-imagenet": _synthetic_imagenet,
     "digits": _digits,
+    "cifar10": _cifar10,
+    "mnist": _mnist,
+    "npz": _npz,
 }
-NEEDS_DATA_DIR: set[str] = set()
+NEEDS_DATA_DIR: set[str] = {"cifar10", "mnist", "npz"}
 
 
 def dataset_names() -> list[str]:
@@ -49,4 +67,4 @@ def open_dataset(name: str, split: str = "train", data_dir: Optional[str] = None
 
 
 __all__ = ["DataError", "Dataset", "EpochSampler", "partition", "open_dataset", "dataset_names",
-           "SyntheticDataset", "DigitsDataset"]
+           "SyntheticDataset", "DigitsDataset", "Cifar10Dataset", "MnistDataset", "NpzShardDataset"]

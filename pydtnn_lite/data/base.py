@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from pydtnn_lite.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError, ValueError):
     """Missing, unreadable or inconsistent data; the message says which file and what to do."""
 
 

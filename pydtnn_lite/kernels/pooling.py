@@ -29,7 +29,7 @@ def maxpool(x: Any, kh: int, kw: int, stride: int, padding: int) -> tuple[Any, A
     argmax = xp.zeros(out.shape, dtype=xp.uint8)
     # Walk positions backwards so the first maximum wins a tie, as in the reference frameworks.
     for k in range(kh * kw - 1, -1, -1):
-        argmax[_position(padded, k // kw, k % kw, stride, ho, wo) == out] = k
+        xp.copyto(argmax, k, where=_position(padded, k // kw, k % kw, stride, ho, wo) == out)
     return out, argmax
 
 

@@ -1,0 +1,9 @@
+"""Errors caused by the user's input or data, reported as one line with the fix, never a traceback."""
+
+
+class UserError(Exception):
+    """Base of errors whose message alone tells the user what is wrong and what to do."""
+
+
+class TrainingError(UserError):
+    """Training cannot go on (e.g. the loss became NaN)."""

@@ -1,0 +1,51 @@
+"""Process-level settings: BLAS threads per rank, and ending the whole job when one rank fails."""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Optional
+
+from pydtnn_lite.comm import Communicator
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def default_blas_threads(comm: Communicator) -> int:
+    """Cores of the node divided among this job's ranks on it (at least one each)."""
+    return max(1, usable_cores() // comm.local_size)
+
+
+def set_blas_threads(threads: Optional[int]) -> int:
+    """Limit the BLAS of this process to ``threads`` (ranks sharing a node must not oversubscribe)."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=threads, user_api="blas")
+    return threads
+
+
+def install_job_abort(comm: Communicator, program: str) -> None:
+    """Make an uncaught exception on any rank end every rank within seconds.
+
+    MPI leaves the other ranks blocked in their next collective otherwise; Abort tears
+    the whole job down, and the message names the rank that failed.
+    """
+    def hook(kind, value, tb) -> None:
+        report_and_abort(comm, program, value, tb)
+
+    sys.excepthook = hook
+
+
+def report_and_abort(comm: Communicator, program: str, error: BaseException, tb=None) -> None:
+    """Print ``error`` with its traceback, naming the rank, then abort the job with exit code 1."""
+    details = "".join(traceback.format_exception(type(error), error, tb or error.__traceback__))
+    sys.stderr.write(f"{details}{program}: rank {comm.rank} of {comm.size} failed: "
+                     f"{type(error).__name__}: {error}; ending the job\n")
+    sys.stderr.flush()
+    comm.abort(1)

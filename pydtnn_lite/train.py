@@ -1,0 +1,299 @@
+"""Command line: ``[mpirun -np N] python -m pydtnn_lite.train --model vgg11 [options]``.
+
+Every rank parses the same arguments and builds the same job. Set-up errors (bad
+flags, data, paths) are gathered from all ranks and reported once by rank 0 as one
+line, and every rank exits with status 2; an unexpected exception on any rank aborts
+the whole job (status 1) within seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, TypeVar
+
+from pydtnn_lite.backend import make_backend
+from pydtnn_lite.comm import Communicator, make_communicator, make_gradient_synchronizer
+from pydtnn_lite.data import Dataset, dataset_names, open_dataset
+from pydtnn_lite.errors import TrainingError, UserError
+from pydtnn_lite.models import create_model, model_names
+from pydtnn_lite.network import Network
+from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule, Optimizer
+from pydtnn_lite.runtime import default_blas_threads, install_job_abort, report_and_abort, set_blas_threads
+from pydtnn_lite.training import History, StepResult, Trainer, load_checkpoint, save_checkpoint
+
+PROGRAM = "pydtnn_lite.train"
+SETUP_ERROR_EXIT = 2
+TRAINING_ERROR_EXIT = 3
+T = TypeVar("T")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {PROGRAM}",
+        description="Data-parallel CNN training on NumPy (CPU) or CuPy (GPU); run it under "
+                    "mpirun for several ranks. --batch-size is the GLOBAL batch, shared by the ranks.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    model = parser.add_argument_group("model and data")
+    model.add_argument("--model", default="vgg11", metavar="NAME",
+                       help=f"network to train, one of: {', '.join(model_names())}")
+    model.add_argument("--dataset", default="synthetic", metavar="NAME",
+                       help=f"data set, one of: {', '.join(dataset_names())}")
+    model.add_argument("--data-dir", default=None, help="directory of file-based data sets")
+    model.add_argument("--summary", action="store_true", help="print the model's layers and FLOPs, then exit")
+
+    schedule = parser.add_argument_group("batches and schedule")
+    schedule.add_argument("--batch-size", type=int, default=64, help="global batch size (all ranks together)")
+    schedule.add_argument("--local-batch-size", type=int, default=None,
+                          help="per-rank batch instead: the global batch becomes this times the ranks")
+    schedule.add_argument("--epochs", type=int, default=1)
+    schedule.add_argument("--steps-per-epoch", type=int, default=None,
+                          help="stop each epoch after this many steps (default: the whole training split)")
+    schedule.add_argument("--eval-steps", type=int, default=None,
+                          help="validation batches after each epoch (default: the whole test split; 0: none)")
+
+    optim = parser.add_argument_group("optimizer")
+    optim.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    optim.add_argument("--lr", type=float, default=0.01, help="base learning rate")
+    optim.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (0: plain SGD)")
+    optim.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
+    optim.add_argument("--weight-decay", type=float, default=0.0, help="L2 penalty")
+    optim.add_argument("--warmup-epochs", type=float, default=0.0, help="linear learning-rate warm-up")
+    optim.add_argument("--lr-decay-epochs", type=int, nargs="*", default=[],
+                       help="epochs at which the learning rate is multiplied by --lr-decay-factor")
+    optim.add_argument("--lr-decay-factor", type=float, default=0.1)
+
+    system = parser.add_argument_group("device and parallelism")
+    system.add_argument("--device", choices=("cpu", "gpu", "auto"), default="cpu")
+    system.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    system.add_argument("--seed", type=int, default=0, help="seeds weights, shuffles and dropout")
+    system.add_argument("--blas-threads", type=int, default=None,
+                        help="BLAS threads per rank (default: the node's cores divided by its ranks)")
+    system.add_argument("--bucket-mb", type=float, default=4.0, help="gradient Allreduce bucket size, MiB")
+    system.add_argument("--no-overlap", action="store_true",
+                        help="reduce gradients after backward instead of overlapping with it")
+    system.add_argument("--collective-timeout", type=float, default=300.0,
+                        help="seconds a rank waits for the others at a step's end before reporting "
+                             "the missing ranks and aborting (0: wait forever)")
+
+    output = parser.add_argument_group("output")
+    output.add_argument("--run-dir", default="runs", help="where the history file of each run goes")
+    output.add_argument("--checkpoint-dir", default=None, help="write checkpoints here")
+    output.add_argument("--checkpoint-every", type=int, default=0,
+                        help="checkpoint every N steps (0: at the end of each epoch)")
+    output.add_argument("--resume", nargs="?", const="", default=None, metavar="PATH",
+                        help="continue from a checkpoint (default: the one in --checkpoint-dir)")
+    output.add_argument("--load-weights", default=None, help="start from weights saved with --save-weights")
+    output.add_argument("--save-weights", default=None, help="write the final weights to this .npz file")
+    output.add_argument("--no-progress", action="store_true", help="no progress bar, epoch lines only")
+    return parser
+
+
+@dataclass
+class Job:
+    """Everything one rank needs to train."""
+
+    network: Network
+    trainer: Trainer
+    optimizer: Optimizer
+    test_data: Optional[Dataset]
+    history: Optional[History]
+    global_batch: int
+    blas_threads: int
+
+
+def check_arguments(args: argparse.Namespace, comm: Communicator) -> int:
+    """Validate flag values that need no data; return the global batch size."""
+    if args.local_batch_size is not None:
+        if args.local_batch_size < 1:
+            raise UserError(f"--local-batch-size must be at least 1, got {args.local_batch_size}")
+        global_batch = args.local_batch_size * comm.size
+    else:
+        global_batch = args.batch_size
+    if global_batch < comm.size:
+        raise UserError(f"the global batch of {global_batch} is smaller than the {comm.size} ranks: "
+                        f"use --batch-size {comm.size} or more")
+    for flag in ("epochs", "steps_per_epoch", "blas_threads", "checkpoint_every", "eval_steps"):
+        value = getattr(args, flag)
+        minimum = 0 if flag in ("checkpoint_every", "eval_steps") else 1
+        if value is not None and value < minimum:
+            raise UserError(f"--{flag.replace('_', '-')} must be at least {minimum}, got {value}")
+    if args.bucket_mb <= 0:
+        raise UserError(f"--bucket-mb must be positive, got {args.bucket_mb}")
+    if args.resume is not None and args.resume == "" and not args.checkpoint_dir:
+        raise UserError("--resume without a path needs --checkpoint-dir")
+    return global_batch
+
+
+def check_writable(directory: str, flag: str) -> None:
+    """Create ``directory`` and prove a file can be written there."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = os.path.join(directory, f".write-test-{os.getpid()}")
+        with open(probe, "w", encoding="utf-8"):
+            pass
+        os.unlink(probe)
+    except OSError as error:
+        raise UserError(f"cannot write to {flag} {directory} ({error.strerror}): choose a writable directory") from None
+
+
+def build_job(args: argparse.Namespace, comm: Communicator) -> Job:
+    """Build the model, data, optimizer and trainer of this rank; raise UserError on bad input."""
+    global_batch = check_arguments(args, comm)
+    blas_threads = set_blas_threads(args.blas_threads or default_blas_threads(comm))
+    backend = make_backend(args.device, args.dtype, gpu_id=comm.local_rank)
+    train_data = open_dataset(args.dataset, "train", args.data_dir, seed=args.seed)
+    test_data = None if args.eval_steps == 0 else open_dataset(args.dataset, "test", args.data_dir, seed=args.seed)
+    try:
+        network = create_model(args.model, train_data.input_shape, train_data.num_classes).build(backend, args.seed)
+    except UserError:
+        raise
+    except ValueError as error:
+        raise UserError(f"{args.model} does not fit {args.dataset}'s {train_data.input_shape} images: {error}") from None
+    if args.optimizer == "sgd":
+        optimizer: Optimizer = SGD(network, args.momentum, args.nesterov, args.weight_decay)
+    else:
+        optimizer = Adam(network, weight_decay=args.weight_decay)
+    schedule = LearningRateSchedule(args.lr, args.warmup_epochs, tuple(args.lr_decay_epochs), args.lr_decay_factor)
+    synchronizer = make_gradient_synchronizer(network, comm, args.bucket_mb, overlap=not args.no_overlap)
+    trainer = Trainer(network, optimizer, schedule, comm, synchronizer, train_data, global_batch,
+                      seed=args.seed, steps_per_epoch=args.steps_per_epoch)
+    history = None
+    if comm.rank == 0:
+        check_writable(args.run_dir, "--run-dir")
+        if args.checkpoint_dir:
+            check_writable(args.checkpoint_dir, "--checkpoint-dir")
+        if args.save_weights:
+            check_writable(os.path.dirname(os.path.abspath(args.save_weights)), "--save-weights")
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        history = History(os.path.join(args.run_dir, f"{args.model}-{args.dataset}-{stamp}", "history.jsonl"))
+    if args.load_weights:
+        try:
+            network.load(args.load_weights)
+        except (OSError, ValueError) as error:
+            raise UserError(f"cannot load --load-weights {args.load_weights}: {error}") from None
+    if args.resume is not None:
+        trainer.global_step, _ = load_checkpoint(args.resume or args.checkpoint_dir, network, optimizer)
+    else:
+        # Rank 0's initial weights are everyone's, whatever a rank's RNG or loaded file did.
+        comm.broadcast(network.flat_params)
+    return Job(network, trainer, optimizer, test_data, history, global_batch, blas_threads)
+
+
+def collectively(comm: Communicator, action: Callable[[], T]) -> T:
+    """Run ``action`` on every rank; if it raised UserError on any, every rank raises the first one."""
+    result, message = None, None
+    try:
+        result = action()
+    except UserError as error:
+        message = str(error)
+    failures = [(rank, m) for rank, m in enumerate(comm.allgather_object(message)) if m is not None]
+    if failures:
+        rank, first = failures[0]
+        prefix = f"rank {rank}: " if comm.size > 1 and len(failures) < comm.size else ""
+        raise UserError(prefix + first)
+    return result
+
+
+def say(comm: Communicator, text: str) -> None:
+    """Print on rank 0 only."""
+    if comm.rank == 0:
+        print(text, flush=True)
+
+
+def train(args: argparse.Namespace, job: Job, comm: Communicator) -> StepResult:
+    """The epoch loop: progress, validation, history, checkpoints. Returns the last epoch's training figures."""
+    trainer, network = job.trainer, job.network
+    shares = [trainer.local_rows(job.global_batch).stop - trainer.local_rows(job.global_batch).start]
+    shares = comm.allgather_object(shares[0])
+    say(comm, f"{network.name} on {args.dataset} {network.input_shape}: {network.param_count:,} parameters, "
+              f"{comm.describe()}, {job.blas_threads} BLAS threads per rank, device {network.backend.device}")
+    say(comm, f"global batch {job.global_batch}, per-rank shares {shares}; {trainer.steps_per_epoch} steps per "
+              f"epoch; gradients: {trainer.synchronizer.describe()}")
+    start_epoch = trainer.global_step // trainer.steps_per_epoch
+    if trainer.global_step:
+        say(comm, f"resumed at step {trainer.global_step} (epoch {start_epoch + 1})")
+    last = StepResult(float("nan"), 0.0, 0)
+    started = time.perf_counter()
+    total_samples = 0
+    for epoch in range(start_epoch, args.epochs):
+        bar = make_progress(comm, args, epoch, trainer)
+        def on_step(global_step: int, result: StepResult) -> None:
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{result.loss:.4f}", acc=f"{result.accuracy:.1%}",
+                                img_s=f"{result.samples / max(result.seconds, 1e-9):.1f}")
+            if args.checkpoint_dir and args.checkpoint_every and global_step % args.checkpoint_every == 0:
+                checkpoint(args, job, comm)
+        last = trainer.train_epoch(epoch, on_step)
+        if bar is not None:
+            bar.close()
+        total_samples += last.samples
+        validation = trainer.evaluate(job.test_data, job.global_batch, args.eval_steps) if job.test_data else None
+        rate = last.samples / max(last.seconds, 1e-9)
+        line = (f"epoch {epoch + 1}/{args.epochs}: loss {last.loss:.4f}, accuracy {last.accuracy:.2%}")
+        if validation is not None:
+            line += f", validation loss {validation.loss:.4f}, accuracy {validation.accuracy:.2%}"
+        line += f"; {rate:.1f} img/s ({rate / comm.size:.1f} per rank), {last.seconds:.2f} s"
+        say(comm, line)
+        if job.history is not None:
+            job.history.append({"epoch": epoch + 1, "step": trainer.global_step, "loss": last.loss,
+                                "accuracy": last.accuracy, "seconds": last.seconds, "images_per_second": rate,
+                                "validation_loss": validation.loss if validation else None,
+                                "validation_accuracy": validation.accuracy if validation else None,
+                                "ranks": comm.size, "global_batch": job.global_batch})
+        if args.checkpoint_dir and not args.checkpoint_every:
+            checkpoint(args, job, comm)
+    elapsed = time.perf_counter() - started
+    if args.save_weights and comm.rank == 0:
+        network.save(args.save_weights)
+    say(comm, f"done: {total_samples} samples in {elapsed:.2f} s = {total_samples / max(elapsed, 1e-9):.1f} img/s "
+              f"on {comm.size} rank(s); final training loss {last.loss:.4f}, accuracy {last.accuracy:.2%}")
+    return last
+
+
+def checkpoint(args: argparse.Namespace, job: Job, comm: Communicator) -> None:
+    if comm.rank == 0:
+        save_checkpoint(args.checkpoint_dir, job.network, job.optimizer, job.trainer.global_step,
+                        {"model": args.model, "dataset": args.dataset, "global_batch": job.global_batch})
+
+
+def make_progress(comm: Communicator, args: argparse.Namespace, epoch: int, trainer: Trainer):
+    if comm.rank != 0 or args.no_progress:
+        return None
+    from tqdm import tqdm
+
+    done = trainer.global_step % trainer.steps_per_epoch
+    return tqdm(total=trainer.steps_per_epoch, initial=done, desc=f"epoch {epoch + 1}/{args.epochs}",
+                unit="step", dynamic_ncols=True, file=sys.stderr)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    comm = make_communicator(timeout=args.collective_timeout)
+    install_job_abort(comm, PROGRAM)
+    try:
+        if args.summary:
+            if comm.rank == 0:
+                data = open_dataset(args.dataset, "train", args.data_dir)
+                print(create_model(args.model, data.input_shape, data.num_classes).build(make_backend()).summary())
+            return 0
+        job = collectively(comm, lambda: build_job(args, comm))
+        train(args, job, comm)
+    except TrainingError as error:  # raised on every rank alike: the loss is global
+        say(comm, f"{PROGRAM}: error: {error}")
+        return TRAINING_ERROR_EXIT
+    except UserError as error:
+        say(comm, f"{PROGRAM}: error: {error}")
+        return SETUP_ERROR_EXIT
+    except KeyboardInterrupt:
+        raise
+    except Exception as error:  # a bug or an environment failure on this rank: take the job down
+        report_and_abort(comm, PROGRAM, error)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

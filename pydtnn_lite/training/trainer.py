@@ -1,0 +1,126 @@
+"""Synchronous data-parallel training: the step, the epoch loop and evaluation.
+
+Every rank runs this same code on its own share of each global batch. The loss gradient
+is divided by the global batch size, so the SUM Allreduce of the gradients is the
+gradient of the full-batch mean loss, and every rank applies the identical update.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from pydtnn_lite.comm import Communicator, GradientSynchronizer
+from pydtnn_lite.data import Dataset, EpochSampler, partition
+from pydtnn_lite.errors import TrainingError
+from pydtnn_lite.layers import SoftmaxCrossEntropy, StepContext
+from pydtnn_lite.network import Network
+from pydtnn_lite.optim import LearningRateSchedule, Optimizer
+
+
+@dataclass
+class StepResult:
+    """Global (all-rank) figures of one step or one evaluation."""
+
+    loss: float
+    accuracy: float
+    samples: int
+    seconds: float = 0.0
+
+
+class Trainer:
+    """Trains ``network`` on this rank's share of every global batch of ``data``.
+
+    ``share_weights`` set how the global batch is split over ranks (equal by default).
+    ``on_step(global_step, result)`` is called after each step (progress, checkpoints).
+    """
+
+    def __init__(self, network: Network, optimizer: Optimizer, schedule: LearningRateSchedule,
+                 comm: Communicator, synchronizer: GradientSynchronizer, data: Dataset,
+                 global_batch: int, seed: int = 0, steps_per_epoch: Optional[int] = None,
+                 share_weights: Optional[Sequence[float]] = None) -> None:
+        self.network, self.optimizer, self.schedule = network, optimizer, schedule
+        self.comm, self.synchronizer, self.data = comm, synchronizer, data
+        self.loss = SoftmaxCrossEntropy()
+        self.sampler = EpochSampler(len(data), global_batch, seed=seed)
+        self.steps_per_epoch = min(steps_per_epoch or self.sampler.steps_per_epoch, self.sampler.steps_per_epoch)
+        self.share_weights = list(share_weights) if share_weights else [1.0] * comm.size
+        self.global_step = 0
+        self.backend = network.backend
+
+    # ----------------------------------------------------------------- one step
+    def local_rows(self, batch_size: int) -> slice:
+        """This rank's rows of a global batch of ``batch_size`` samples."""
+        shares = partition(batch_size, self.share_weights)
+        start = sum(shares[:self.comm.rank])
+        return slice(start, start + shares[self.comm.rank])
+
+    def _sum_across_ranks(self, array: Any) -> Any:
+        return self.comm.allreduce(array)
+
+    def train_step(self, images: Any, labels: Any, global_batch: int, sample_offset: int) -> StepResult:
+        """Forward, backward, gradient Allreduce and update on this rank's ``images``.
+
+        Returns the global loss and accuracy; raises TrainingError, before updating any
+        weight, if the loss is not finite.
+        """
+        started = time.perf_counter()
+        ctx = StepContext(training=True, global_batch=global_batch, sample_offset=sample_offset,
+                          step=self.global_step, sum_across_ranks=self._sum_across_ranks)
+        logits = self.network.forward(images, ctx)
+        loss_sum, correct = self.loss.forward(logits, labels, ctx)
+        self.network.backward(self.loss.backward(), on_layer_done=self.synchronizer.layer_done)
+        self.synchronizer.finish()
+        total_loss, total_correct = self.comm.allreduce_host([float(loss_sum), float(correct)])
+        if not math.isfinite(total_loss):
+            raise TrainingError(f"the loss became {total_loss} at step {self.global_step}: lower --lr "
+                                "(or add --warmup-epochs), and check the input data for NaN or inf")
+        self.optimizer.step(self.schedule(self.global_step, self.steps_per_epoch))
+        self.global_step += 1
+        return StepResult(total_loss / global_batch, total_correct / global_batch, global_batch,
+                          time.perf_counter() - started)
+
+    def load_step(self, epoch: int, step: int) -> tuple[Any, Any, int, int]:
+        """This rank's images and labels of step ``step`` of ``epoch``: (x, y, global batch, offset)."""
+        indices = self.sampler.batch(epoch, step)
+        rows = self.local_rows(len(indices))
+        images, labels = self.data.load(indices[rows])
+        return self.backend.asarray(images), self.backend.xp.asarray(labels), len(indices), rows.start
+
+    # ----------------------------------------------------------------- epochs
+    def train_epoch(self, epoch: int, on_step: Optional[Callable[[int, StepResult], None]] = None) -> StepResult:
+        """Run the rest of ``epoch`` from the step ``global_step`` points at."""
+        loss = correct = samples = 0.0
+        started = time.perf_counter()
+        for step in range(self.global_step % self.steps_per_epoch, self.steps_per_epoch):
+            images, labels, global_batch, offset = self.load_step(epoch, step)
+            result = self.train_step(images, labels, global_batch, offset)
+            loss += result.loss * global_batch
+            correct += result.accuracy * global_batch
+            samples += global_batch
+            if on_step is not None:
+                on_step(self.global_step, result)
+        samples = max(samples, 1)
+        return StepResult(loss / samples, correct / samples, int(samples), time.perf_counter() - started)
+
+    def evaluate(self, data: Dataset, batch_size: int, max_steps: Optional[int] = None) -> StepResult:
+        """Global loss and accuracy over ``data`` (or its first ``max_steps`` batches), ranks sharing each batch."""
+        started = time.perf_counter()
+        sampler = EpochSampler(len(data), batch_size, shuffle=False)
+        steps = min(max_steps or sampler.steps_per_epoch, sampler.steps_per_epoch)
+        loss = correct = samples = 0.0
+        for step in range(steps):
+            indices = sampler.batch(0, step)
+            rows = self.local_rows(len(indices))
+            images, labels = data.load(indices[rows])
+            ctx = StepContext(training=False, global_batch=len(indices), sample_offset=rows.start)
+            logits = self.network.forward(self.backend.asarray(images), ctx)
+            batch_loss, batch_correct = self.loss.forward(logits, self.backend.xp.asarray(labels), ctx)
+            loss += float(batch_loss)
+            correct += float(batch_correct)
+            samples += len(indices)
+        loss, correct = self.comm.allreduce_host([loss, correct])
+        samples = max(samples, 1)
+        return StepResult(loss / samples, correct / samples, int(samples), time.perf_counter() - started)
+
