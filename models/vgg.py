@@ -28,7 +28,7 @@ def _vgg(name: str, input_shape: tuple, num_classes: int) -> Network:
             net.add(Dense(4096))
             net.add(ReLU())
             net.add(Dropout(0.5))
-    net.add(Dense(num_classes, init="glorot"))
+    net.add(Dense(num_classes, init="small"))
     return net
 
 

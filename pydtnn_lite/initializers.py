@@ -17,7 +17,14 @@ def glorot_uniform(rng: np.random.Generator, shape: tuple, fan_in: int, fan_out:
     return rng.uniform(-limit, limit, size=shape)
 
 
-INITIALIZERS: dict[str, Callable[..., np.ndarray]] = {"he": he_normal, "glorot": glorot_uniform}
+def small_normal(rng: np.random.Generator, shape: tuple, fan_in: int, fan_out: int) -> np.ndarray:
+    """N(0, 0.01^2), torchvision's choice for VGG's classifier: logits start near 0 however
+    much the max pools have grown the features."""
+    return rng.normal(0.0, 0.01, size=shape)
+
+
+INITIALIZERS: dict[str, Callable[..., np.ndarray]] = {"he": he_normal, "glorot": glorot_uniform,
+                                                      "small": small_normal}
 
 
 def get_initializer(name: str) -> Callable[..., np.ndarray]:

@@ -7,6 +7,7 @@ import traceback
 from typing import Optional
 
 from pydtnn_lite.comm import Communicator
+from pydtnn_lite.errors import UserError
 
 
 def usable_cores() -> int:
@@ -43,9 +44,11 @@ def install_job_abort(comm: Communicator, program: str) -> None:
 
 
 def report_and_abort(comm: Communicator, program: str, error: BaseException, tb=None) -> None:
-    """Print ``error`` with its traceback, naming the rank, then abort the job with exit code 1."""
-    details = "".join(traceback.format_exception(type(error), error, tb or error.__traceback__))
-    sys.stderr.write(f"{details}{program}: rank {comm.rank} of {comm.size} failed: "
-                     f"{type(error).__name__}: {error}; ending the job\n")
+    """Print ``error`` (a UserError as one line, anything else with its traceback), naming the
+    rank, then abort the job with exit code 1."""
+    details = "" if isinstance(error, UserError) else "".join(
+        traceback.format_exception(type(error), error, tb or error.__traceback__))
+    sys.stderr.write(f"{details}{program}: error: rank {comm.rank} of {comm.size} failed: {error}; "
+                     "ending the job\n")
     sys.stderr.flush()
     comm.abort(1)

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     optim = parser.add_argument_group("optimizer")
     optim.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
-    optim.add_argument("--lr", type=float, default=0.01, help="base learning rate")
+    optim.add_argument("--lr", type=float, default=0.003, help="base learning rate")
     optim.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (0: plain SGD)")
     optim.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
     optim.add_argument("--weight-decay", type=float, default=0.0, help="L2 penalty")
@@ -88,7 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--load-weights", default=None, help="start from weights saved with --save-weights")
     output.add_argument("--save-weights", default=None, help="write the final weights to this .npz file")
     output.add_argument("--no-progress", action="store_true", help="no progress bar, epoch lines only")
+
+    testing = parser.add_argument_group("fault injection (for testing the job's failure handling)")
+    testing.add_argument("--inject-failure", default=None, metavar="RANK:STEP",
+                         help="raise an exception on rank RANK after global step STEP")
     return parser
+
+
+def parse_injection(text: Optional[str]) -> Optional[tuple[int, int]]:
+    """'RANK:STEP' as two integers (None when not given)."""
+    if text is None:
+        return None
+    try:
+        rank, step = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise UserError(f"--inject-failure takes RANK:STEP, e.g. 1:3, got {text!r}") from None
+    return rank, step
 
 
 @dataclass
@@ -122,6 +137,7 @@ def check_arguments(args: argparse.Namespace, comm: Communicator) -> int:
             raise UserError(f"--{flag.replace('_', '-')} must be at least {minimum}, got {value}")
     if args.bucket_mb <= 0:
         raise UserError(f"--bucket-mb must be positive, got {args.bucket_mb}")
+    parse_injection(args.inject_failure)
     if args.resume is not None and args.resume == "" and not args.checkpoint_dir:
         raise UserError("--resume without a path needs --checkpoint-dir")
     return global_batch
@@ -215,6 +231,7 @@ def train(args: argparse.Namespace, job: Job, comm: Communicator) -> StepResult:
     start_epoch = trainer.global_step // trainer.steps_per_epoch
     if trainer.global_step:
         say(comm, f"resumed at step {trainer.global_step} (epoch {start_epoch + 1})")
+    failure = parse_injection(args.inject_failure)
     last = StepResult(float("nan"), 0.0, 0)
     started = time.perf_counter()
     total_samples = 0
@@ -227,6 +244,8 @@ def train(args: argparse.Namespace, job: Job, comm: Communicator) -> StepResult:
                                 img_s=f"{result.samples / max(result.seconds, 1e-9):.1f}")
             if args.checkpoint_dir and args.checkpoint_every and global_step % args.checkpoint_every == 0:
                 checkpoint(args, job, comm)
+            if failure == (comm.rank, global_step):
+                raise RuntimeError(f"failure injected by --inject-failure after step {global_step}")
         last = trainer.train_epoch(epoch, on_step)
         if bar is not None:
             bar.close()
@@ -274,24 +293,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     comm = make_communicator(timeout=args.collective_timeout)
     install_job_abort(comm, PROGRAM)
+    if args.summary:
+        return print_summary(args, comm)
     try:
-        if args.summary:
-            if comm.rank == 0:
-                data = open_dataset(args.dataset, "train", args.data_dir)
-                print(create_model(args.model, data.input_shape, data.num_classes).build(make_backend()).summary())
-            return 0
         job = collectively(comm, lambda: build_job(args, comm))
-        train(args, job, comm)
-    except TrainingError as error:  # raised on every rank alike: the loss is global
-        say(comm, f"{PROGRAM}: error: {error}")
-        return TRAINING_ERROR_EXIT
-    except UserError as error:
+    except UserError as error:  # every rank raises it, after agreeing in collectively()
         say(comm, f"{PROGRAM}: error: {error}")
         return SETUP_ERROR_EXIT
-    except KeyboardInterrupt:
-        raise
-    except Exception as error:  # a bug or an environment failure on this rank: take the job down
+    try:
+        train(args, job, comm)
+    except TrainingError as error:  # the loss is global, so every rank raises it at the same step
+        say(comm, f"{PROGRAM}: error: {error}")
+        return TRAINING_ERROR_EXIT
+    except Exception as error:  # on this rank alone: the others would wait forever, so end the job
         report_and_abort(comm, PROGRAM, error)
+    return 0
+
+
+def print_summary(args: argparse.Namespace, comm: Communicator) -> int:
+    if comm.rank == 0:
+        try:
+            data = open_dataset(args.dataset, "train", args.data_dir)
+            network = create_model(args.model, data.input_shape, data.num_classes).build(make_backend())
+        except UserError as error:
+            print(f"{PROGRAM}: error: {error}", file=sys.stderr)
+            return SETUP_ERROR_EXIT
+        print(network.summary())
     return 0
 
 

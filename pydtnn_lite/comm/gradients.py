@@ -36,18 +36,23 @@ class Bucket:
 
 
 def plan_buckets(network: Network, bucket_bytes: float, first_bucket_bytes: float) -> list[Bucket]:
-    """Group layer segments, last layer first, into buckets of about ``bucket_bytes``."""
+    """Cut the flat gradient, last layer first, into buckets of at most ``bucket_bytes``
+    (the first at most ``first_bucket_bytes``); a layer larger than a bucket spans several."""
     itemsize = np.dtype(network.backend.dtype).itemsize
     buckets: list[Bucket] = []
-    stop = None
+    top = None  # upper end of the bucket being filled
     for segment in reversed(network.segments):
-        stop = segment.stop if stop is None else stop
-        limit = first_bucket_bytes if not buckets else bucket_bytes
-        if (stop - segment.start) * itemsize >= limit:
-            buckets.append(Bucket(segment.start, stop, segment.layer))
-            stop = None
-    if stop is not None:
-        buckets.append(Bucket(network.segments[0].start, stop, network.segments[0].layer))
+        low = segment.stop
+        while low > segment.start:
+            top = low if top is None else top
+            capacity = max(1, int((first_bucket_bytes if not buckets else bucket_bytes) // itemsize))
+            low = max(segment.start, top - capacity)
+            if top - low == capacity:
+                buckets.append(Bucket(low, top, segment.layer))
+                top = None
+    if top is not None:
+        first = network.segments[0]
+        buckets.append(Bucket(first.start, top, first.layer))
     return buckets
 
 

@@ -15,12 +15,12 @@ SYNTHETIC_SIZES = {"train": 50_000, "test": 10_000}
 
 
 def _synthetic(split: str, data_dir: Optional[str], seed: int) -> Dataset:
-    return SyntheticDataset(SYNTHETIC_SIZES[split], (32, 32, 3), 10, seed=seed + (split == "test"),
+    return SyntheticDataset(SYNTHETIC_SIZES[split], (32, 32, 3), 10, seed=seed, split=int(split == "test"),
                             name="synthetic")
 
 
 def _synthetic_imagenet(split: str, data_dir: Optional[str], seed: int) -> Dataset:
-    return SyntheticDataset(SYNTHETIC_SIZES[split], (224, 224, 3), 1000, seed=seed + (split == "test"),
+    return SyntheticDataset(SYNTHETIC_SIZES[split], (224, 224, 3), 1000, seed=seed, split=int(split == "test"),
                             name="synthetic-imagenet")
 
 

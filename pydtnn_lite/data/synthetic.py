@@ -1,7 +1,8 @@
 """Synthetic images with a learnable signal, generated on demand from their index.
 
-Each class has a fixed random template; sample i is its class template plus noise,
-both drawn from generators seeded by (seed, i). Nothing is stored, any rank can make
+Each class has a fixed random template (seeded by ``seed``, shared by the splits); sample i
+of a split is its class template plus noise, drawn from a generator seeded by
+(seed, split, i). Nothing is stored, any rank can make
 any sample, and the same index always gives the same image, so it behaves like a data
 set on disk of any size.
 """
@@ -18,9 +19,9 @@ class SyntheticDataset(Dataset):
     """``size`` samples of ``input_shape`` in ``num_classes`` classes."""
 
     def __init__(self, size: int, input_shape: tuple = (32, 32, 3), num_classes: int = 10,
-                 seed: int = 0, name: str = "synthetic") -> None:
+                 seed: int = 0, split: int = 0, name: str = "synthetic") -> None:
         self.size, self.input_shape, self.num_classes = size, tuple(input_shape), num_classes
-        self.seed, self.name = seed, name
+        self.seed, self.split, self.name = seed, split, name
         # Templates are smooth (blocks of 4x4 pixels) so that convolutions pick them up.
         rng = np.random.default_rng([seed, 0x7E4])
         h, w, c = self.input_shape
@@ -36,7 +37,7 @@ class SyntheticDataset(Dataset):
         images = np.empty((len(indices),) + self.input_shape, dtype=np.float32)
         labels = np.empty(len(indices), dtype=np.int64)
         for row, index in enumerate(indices):
-            rng = np.random.default_rng([self.seed, int(index)])
+            rng = np.random.default_rng([self.seed, self.split, int(index)])
             labels[row] = rng.integers(self.num_classes)
             images[row] = rng.standard_normal(self.input_shape, dtype=np.float32)
             images[row] += self.templates[labels[row]]

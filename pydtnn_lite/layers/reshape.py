@@ -19,7 +19,7 @@ class Flatten(Layer):
 
     def forward(self, x: Any, ctx: StepContext) -> Any:
         self.x_shape = x.shape
-        return x.reshape(x.shape[0], -1)
+        return x.reshape((x.shape[0],) + self.output_shape)  # not -1: a rank may hold 0 samples
 
     def backward(self, grad_out: Any) -> Any:
         return grad_out.reshape(self.x_shape)

@@ -1,0 +1,58 @@
+"""Train a small network with every layer kind that talks across ranks; rank 0 saves the weights.
+
+Run as ``[mpiexec -n P] python train_small.py OUT.npz --batch B --steps S [--no-overlap]``.
+"""
+import argparse
+
+import numpy as np
+
+from pydtnn_lite.backend import make_backend
+from pydtnn_lite.comm import make_communicator, make_gradient_synchronizer
+from pydtnn_lite.data import open_dataset
+from pydtnn_lite.layers import BatchNorm, Conv2D, Dense, Dropout, Flatten, MaxPool2D, ReLU
+from pydtnn_lite.network import Network
+from pydtnn_lite.optim import SGD, LearningRateSchedule
+from pydtnn_lite.runtime import install_job_abort, set_blas_threads
+from pydtnn_lite.training import Trainer
+
+
+def small_network() -> Network:
+    net = Network("small", (8, 8, 1), 10)
+    net.add(Conv2D(6, 3, padding=1))
+    net.add(BatchNorm())
+    net.add(ReLU())
+    net.add(MaxPool2D(2))
+    net.add(Flatten())
+    net.add(Dropout(0.25, seed=5))
+    net.add(Dense(32))
+    net.add(BatchNorm())
+    net.add(ReLU())
+    net.add(Dense(10))
+    return net
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--batch", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--no-overlap", action="store_true")
+    parser.add_argument("--bucket-mb", type=float, default=0.002)
+    parser.add_argument("--weights", type=float, nargs="*", default=None)
+    args = parser.parse_args()
+    comm = make_communicator(timeout=60)
+    install_job_abort(comm, "train_small")
+    set_blas_threads(1)
+    network = small_network().build(make_backend("cpu", "float32"), seed=comm.rank)  # rank 0's weights win
+    comm.broadcast(network.flat_params)
+    optimizer = SGD(network, momentum=0.9, weight_decay=1e-4)
+    sync = make_gradient_synchronizer(network, comm, args.bucket_mb, overlap=not args.no_overlap)
+    trainer = Trainer(network, optimizer, LearningRateSchedule(0.05), comm, sync, open_dataset("digits"),
+                      args.batch, seed=1, steps_per_epoch=args.steps, share_weights=args.weights)
+    trainer.train_epoch(0)
+    if comm.rank == 0:
+        np.savez(args.out, **network.state_dict())
+
+
+if __name__ == "__main__":
+    main()
