@@ -156,7 +156,11 @@ def check_writable(directory: str, flag: str) -> None:
 
 
 def build_job(args: argparse.Namespace, comm: Communicator) -> Job:
-    """Build the model, data, optimizer and trainer of this rank; raise UserError on bad input."""
+    """Build the model, data, optimizer and trainer of this rank; raise UserError on bad input.
+
+    No collective may run in here: a rank that fails early would leave the others waiting
+    in it instead of in the agreement of :func:`collectively`.
+    """
     global_batch = check_arguments(args, comm)
     blas_threads = set_blas_threads(args.blas_threads or default_blas_threads(comm))
     backend = make_backend(args.device, args.dtype, gpu_id=comm.local_rank)
@@ -192,9 +196,6 @@ def build_job(args: argparse.Namespace, comm: Communicator) -> Job:
             raise UserError(f"cannot load --load-weights {args.load_weights}: {error}") from None
     if args.resume is not None:
         trainer.global_step, _ = load_checkpoint(args.resume or args.checkpoint_dir, network, optimizer)
-    else:
-        # Rank 0's initial weights are everyone's, whatever a rank's RNG or loaded file did.
-        comm.broadcast(network.flat_params)
     return Job(network, trainer, optimizer, test_data, history, global_batch, blas_threads)
 
 
@@ -300,6 +301,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UserError as error:  # every rank raises it, after agreeing in collectively()
         say(comm, f"{PROGRAM}: error: {error}")
         return SETUP_ERROR_EXIT
+    # Rank 0's weights are everyone's, whatever a rank's RNG, weight file or checkpoint gave.
+    comm.broadcast(job.network.flat_params)
     try:
         train(args, job, comm)
     except TrainingError as error:  # the loss is global, so every rank raises it at the same step

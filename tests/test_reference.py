@@ -1,0 +1,93 @@
+"""Forward results against direct loop implementations on tiny shapes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import FLOAT64
+
+from pydtnn_lite.layers import AvgPool2D, BatchNorm, Conv2D, Dense, MaxPool2D, SoftmaxCrossEntropy, StepContext
+
+CTX = StepContext(training=True, global_batch=2)
+
+
+def naive_conv(x, w, b, stride, pad):
+    n, h, wd, c = x.shape
+    kh, kw, _, f = w.shape
+    xp = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    ho, wo = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
+    out = np.zeros((n, ho, wo, f))
+    for i in range(n):
+        for r in range(ho):
+            for col in range(wo):
+                patch = xp[i, r * stride:r * stride + kh, col * stride:col * stride + kw, :]
+                for k in range(f):
+                    out[i, r, col, k] = (patch * w[..., k]).sum() + b[k]
+    return out
+
+
+def naive_pool(x, size, stride, pad, reduce, fill):
+    n, h, w, c = x.shape
+    xp = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)), constant_values=fill)
+    ho, wo = (h + 2 * pad - size) // stride + 1, (w + 2 * pad - size) // stride + 1
+    out = np.zeros((n, ho, wo, c))
+    for r in range(ho):
+        for col in range(wo):
+            out[:, r, col, :] = reduce(xp[:, r * stride:r * stride + size, col * stride:col * stride + size, :],
+                                       axis=(1, 2))
+    return out
+
+
+def build(layer, shape, seed=0):
+    layer.build([shape], FLOAT64, np.random.default_rng(seed))
+    return layer
+
+
+@pytest.mark.parametrize("kernel,stride,pad", [(3, 1, 1), (3, 2, 0), (5, 2, 2), (1, 1, 0), (1, 2, 0)])
+def test_conv_matches_direct_convolution(kernel, stride, pad):
+    rng = np.random.default_rng(1)
+    conv = build(Conv2D(4, kernel, stride=stride, padding=pad), (7, 6, 3))
+    conv.params["bias"][...] = rng.normal(size=4)
+    x = rng.normal(size=(2, 7, 6, 3))
+    expected = naive_conv(x, conv.params["weight"], conv.params["bias"], stride, pad)
+    np.testing.assert_allclose(conv.forward(x, ctx=CTX), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("size,stride,pad", [(2, 2, 0), (3, 2, 1), (3, 1, 0)])
+def test_pools_match_direct_pooling(size, stride, pad):
+    x = np.random.default_rng(2).normal(size=(2, 7, 7, 3))
+    maxpool = build(MaxPool2D(size, stride=stride, padding=pad), (7, 7, 3))
+    avgpool = build(AvgPool2D(size, stride=stride, padding=pad), (7, 7, 3))
+    np.testing.assert_allclose(maxpool.forward(x, ctx=CTX), naive_pool(x, size, stride, pad, np.max, -np.inf))
+    np.testing.assert_allclose(avgpool.forward(x, ctx=CTX), naive_pool(x, size, stride, pad, np.mean, 0.0))
+
+
+def test_maxpool_gradient_goes_to_the_first_maximum_of_a_tie():
+    pool = build(MaxPool2D(2), (2, 2, 1))
+    x = np.zeros((1, 2, 2, 1))
+    pool.forward(x, ctx=CTX)
+    grad = pool.backward(np.ones((1, 1, 1, 1)))
+    assert grad.reshape(-1).tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_dense_and_batchnorm_match_formulas():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(5, 4))
+    dense = build(Dense(3), (4,))
+    np.testing.assert_allclose(dense.forward(x, ctx=CTX), x @ dense.params["weight"] + dense.params["bias"])
+    bn = build(BatchNorm(), (4,))
+    ctx = StepContext(training=True, global_batch=5)
+    out = bn.forward(x, ctx=ctx)
+    np.testing.assert_allclose(out, (x - x.mean(0)) / np.sqrt(x.var(0) + 1e-5), atol=1e-12)
+    np.testing.assert_allclose(bn.buffers["running_mean"], 0.1 * x.mean(0))
+    np.testing.assert_allclose(bn.buffers["running_var"], 0.9 + 0.1 * x.var(0, ddof=1))
+    evaluation = bn.forward(x, ctx=StepContext(training=False, global_batch=5))
+    expected = (x - bn.buffers["running_mean"]) / np.sqrt(bn.buffers["running_var"] + 1e-5)
+    np.testing.assert_allclose(evaluation, expected, atol=1e-12)
+
+
+def test_softmax_cross_entropy_is_stable_for_huge_logits():
+    logits = np.array([[1000.0, 0.0, -1000.0], [0.0, 0.0, 0.0]])
+    loss_sum, correct = SoftmaxCrossEntropy().forward(logits, np.array([2, 1]), CTX)
+    assert np.isfinite(loss_sum)
+    np.testing.assert_allclose(loss_sum, 2000.0 + np.log(3.0))
+    assert correct == 0

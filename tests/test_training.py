@@ -1,0 +1,114 @@
+"""Single-process training: convergence on real data, optimizers, schedule, partitions, buckets."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pydtnn_lite.backend import BackendError, gpu_available, make_backend
+from pydtnn_lite.comm import SerialCommunicator, make_gradient_synchronizer
+from pydtnn_lite.comm.gradients import plan_buckets
+from pydtnn_lite.data import EpochSampler, open_dataset, partition
+from pydtnn_lite.models import create_model, model_names
+from pydtnn_lite.network import Network
+from pydtnn_lite.optim import SGD, LearningRateSchedule
+from pydtnn_lite.training import Trainer
+
+
+def digits_trainer(model, lr, batch=32, epochs_steps=None):
+    data = open_dataset("digits")
+    network = create_model(model, data.input_shape, data.num_classes).build(make_backend(), seed=0)
+    comm = SerialCommunicator()
+    trainer = Trainer(network, SGD(network, momentum=0.9), LearningRateSchedule(lr), comm,
+                      make_gradient_synchronizer(network, comm, 4.0, overlap=True), data, batch, seed=0)
+    return trainer
+
+
+@pytest.mark.parametrize("model,lr,epochs", [("lenet", 0.02, 5), ("mlp", 0.02, 3)])
+def test_converges_on_digits(model, lr, epochs):
+    trainer = digits_trainer(model, lr)
+    for epoch in range(epochs):
+        trainer.train_epoch(epoch)
+    result = trainer.evaluate(open_dataset("digits", "test"), 64)
+    assert result.accuracy >= 0.90, result
+
+
+def test_sgd_matches_pytorch_formula():
+    net = Network("one", (2,), 2)
+    from pydtnn_lite.layers import Dense
+    net.add(Dense(2, use_bias=False))
+    net.build(make_backend("cpu", "float64"))
+    p0 = net.flat_params.copy()
+    opt = SGD(net, momentum=0.5, nesterov=True, weight_decay=0.1)
+    g = np.array([1.0, -2.0, 0.5, 3.0])
+    v = np.zeros(4)
+    p = p0.copy()
+    for _ in range(3):
+        net.flat_grads[...] = g
+        opt.step(0.1)
+        d = g + 0.1 * p
+        v = 0.5 * v + d
+        p = p - 0.1 * (d + 0.5 * v)
+    np.testing.assert_allclose(net.flat_params, p)
+
+
+def test_schedule_warmup_and_decay():
+    schedule = LearningRateSchedule(0.1, warmup_epochs=1, decay_epochs=(2, 3), decay_factor=0.5)
+    assert schedule(0, 10) == pytest.approx(0.01)
+    assert schedule(9, 10) == pytest.approx(0.1)
+    assert schedule(15, 10) == pytest.approx(0.1)
+    assert schedule(20, 10) == pytest.approx(0.05)
+    assert schedule(35, 10) == pytest.approx(0.025)
+
+
+def test_partition_sums_and_follows_weights():
+    assert partition(64, [1, 1]) == [32, 32]
+    assert partition(64, [10, 20, 34]) == [10, 20, 34]
+    assert partition(7, [1, 1, 1]) == [3, 2, 2]
+    assert sum(partition(101, [0.3, 0.5, 0.2])) == 101
+    with pytest.raises(ValueError):
+        partition(8, [0, 0])
+
+
+def test_sampler_covers_each_epoch_once_and_reshuffles():
+    sampler = EpochSampler(10, 4, seed=3)
+    assert sampler.steps_per_epoch == 3
+    epoch0 = np.concatenate([sampler.batch(0, s) for s in range(3)])
+    assert sorted(epoch0.tolist()) == list(range(10))
+    assert len(sampler.batch(0, 2)) == 2
+    assert not np.array_equal(sampler.order(0), sampler.order(1))
+
+
+def test_buckets_tile_the_gradient_in_reverse_layer_order():
+    net = create_model("vgg11", (32, 32, 3), 10).build(make_backend())
+    buckets = plan_buckets(net, 4 << 20, 1 << 20)
+    assert buckets[0].stop == net.flat_grads.size and buckets[-1].start == 0
+    assert all(a.start == b.stop for a, b in zip(buckets, buckets[1:]))
+    assert buckets[0].size * 4 <= 1 << 20
+    assert all(b.size * 4 <= 4 << 20 for b in buckets)
+    assert [b.first_layer for b in buckets] == sorted((b.first_layer for b in buckets), reverse=True)
+
+
+def test_every_model_builds_for_cifar_shapes():
+    expected = {"vgg11": 9_225_610, "resnet18": 11_173_962, "resnet50": 23_520_842, "densenet121": 6_956_426}
+    for name in model_names():
+        net = create_model(name, (32, 32, 3), 10).build(make_backend())
+        assert net.layers[-1].output_shape == (10,)
+        if name in expected:
+            assert net.param_count == expected[name]
+
+
+def test_gpu_request_without_gpu_fails_clearly():
+    if gpu_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(BackendError, match="--device cpu"):
+        make_backend("gpu")
+
+
+def test_weights_round_trip_through_npz(tmp_path):
+    net = create_model("lenet", (8, 8, 1), 10).build(make_backend(), seed=1)
+    net.save(str(tmp_path / "w.npz"))
+    other = create_model("lenet", (8, 8, 1), 10).build(make_backend(), seed=2)
+    other.load(str(tmp_path / "w.npz"))
+    np.testing.assert_array_equal(other.flat_params, net.flat_params)
+    with pytest.raises(ValueError, match="do not fit"):
+        create_model("mlp", (8, 8, 1), 10).build(make_backend()).load(str(tmp_path / "w.npz"))
