@@ -17,6 +17,11 @@ def _position(x: Any, i: int, j: int, stride: int, ho: int, wo: int) -> Any:
     return x[:, i:i + stride * ho:stride, j:j + stride * wo:stride, :]
 
 
+def _exact_cover(h: int, w: int, kh: int, kw: int, stride: int, padding: int) -> bool:
+    """True when the windows tile the input exactly once (e.g. 2x2/2 on an even map)."""
+    return padding == 0 and kh == kw == stride and h % stride == 0 and w % stride == 0
+
+
 def maxpool(x: Any, kh: int, kw: int, stride: int, padding: int) -> tuple[Any, Any]:
     """Return (output, argmax) where argmax holds, per output, the first window position of the max."""
     xp = array_module(x)
@@ -24,12 +29,14 @@ def maxpool(x: Any, kh: int, kw: int, stride: int, padding: int) -> tuple[Any, A
     ho, wo = output_size(h, kh, stride, padding), output_size(w, kw, stride, padding)
     padded = pad_spatial(x, padding, value=-xp.inf)
     out = _position(padded, 0, 0, stride, ho, wo).copy()
-    for k in range(1, kh * kw):
-        xp.maximum(out, _position(padded, k // kw, k % kw, stride, ho, wo), out=out)
     argmax = xp.zeros(out.shape, dtype=xp.uint8)
-    # Walk positions backwards so the first maximum wins a tie, as in the reference frameworks.
-    for k in range(kh * kw - 1, -1, -1):
-        xp.copyto(argmax, k, where=_position(padded, k // kw, k % kw, stride, ho, wo) == out)
+    for k in range(1, kh * kw):
+        candidate = _position(padded, k // kw, k % kw, stride, ho, wo)
+        larger = candidate > out  # strictly: the first maximum keeps a tie, as in the reference frameworks
+        # k exceeds every earlier position, so max(argmax, k * larger) records k exactly where
+        # larger holds; both this and maximum() run far faster than a masked copy.
+        xp.maximum(argmax, larger.view(xp.uint8) * xp.uint8(k), out=argmax)
+        xp.maximum(out, candidate, out=out)
     return out, argmax
 
 
@@ -39,6 +46,12 @@ def maxpool_grad(grad_out: Any, argmax: Any, x_shape: tuple, kh: int, kw: int,
     xp = array_module(grad_out)
     n, h, w, c = x_shape
     ho, wo = grad_out.shape[1:3]
+    if _exact_cover(h, w, kh, kw, stride, padding):
+        # Every input element belongs to one window: write each position once, no zeroing, no adds.
+        grad = xp.empty(x_shape, dtype=grad_out.dtype)
+        for k in range(kh * kw):
+            xp.multiply(grad_out, argmax == k, out=_position(grad, k // kw, k % kw, stride, ho, wo))
+        return grad
     grad = xp.zeros((n, h + 2 * padding, w + 2 * padding, c), dtype=grad_out.dtype)
     for k in range(kh * kw):
         _position(grad, k // kw, k % kw, stride, ho, wo)[...] += xp.where(argmax == k, grad_out, 0)
