@@ -28,7 +28,7 @@ INITIALIZERS: dict[str, Callable[..., np.ndarray]] = {"he": he_normal, "glorot":
 
 
 def get_initializer(name: str) -> Callable[..., np.ndarray]:
-    """Look an initializer up by name ('he' or 'glorot')."""
+    """Look an initializer up by name ('he', 'glorot' or 'small')."""
     try:
         return INITIALIZERS[name]
     except KeyError:

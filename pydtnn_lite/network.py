@@ -175,8 +175,9 @@ class Network:
             target[...] = self.backend.asarray(value)
 
     def save(self, path: str) -> None:
-        """Write every parameter and buffer to an .npz file, keyed by name."""
-        np.savez(path, **self.state_dict())
+        """Write every parameter and buffer to an .npz file at exactly ``path``, keyed by name."""
+        with open(path, "wb") as stream:  # a file object: np.savez would append .npz to a bare name
+            np.savez(stream, **self.state_dict())
 
     def load(self, path: str) -> None:
         """Read weights written by :meth:`save`."""

@@ -8,7 +8,7 @@ from pydtnn_lite.data.cifar import Cifar10Dataset
 from pydtnn_lite.data.digits import DigitsDataset
 from pydtnn_lite.data.mnist import MnistDataset
 from pydtnn_lite.data.npz_shards import NpzShardDataset
-from pydtnn_lite.data.sampler import EpochSampler, partition
+from pydtnn_lite.data.sampler import EpochSampler, local_rows, partition
 from pydtnn_lite.data.synthetic import SyntheticDataset
 
 SYNTHETIC_SIZES = {"train": 50_000, "test": 10_000}
@@ -66,5 +66,5 @@ def open_dataset(name: str, split: str = "train", data_dir: Optional[str] = None
     return DATASETS[name](split, data_dir, seed)
 
 
-__all__ = ["DataError", "Dataset", "EpochSampler", "partition", "open_dataset", "dataset_names",
+__all__ = ["DataError", "Dataset", "EpochSampler", "partition", "local_rows", "open_dataset", "dataset_names",
            "SyntheticDataset", "DigitsDataset", "Cifar10Dataset", "MnistDataset", "NpzShardDataset"]

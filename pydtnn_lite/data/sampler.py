@@ -25,6 +25,13 @@ def partition(total: int, weights: Sequence[float]) -> list[int]:
     return shares.tolist()
 
 
+def local_rows(batch_size: int, weights: Sequence[float], rank: int) -> slice:
+    """Rows of a global batch of ``batch_size`` that ``rank`` trains on, shares following ``weights``."""
+    shares = partition(batch_size, weights)
+    start = sum(shares[:rank])
+    return slice(start, start + shares[rank])
+
+
 @dataclass
 class EpochSampler:
     """Global-batch schedule of one data set: ``steps_per_epoch`` steps of ``global_batch`` samples."""
@@ -47,19 +54,14 @@ class EpochSampler:
         return full if (self.drop_last and full) or rest == 0 else full + 1
 
     def order(self, epoch: int) -> np.ndarray:
-        """Sample order of ``epoch``: identical on every rank."""
-        if not self.shuffle:
-            return np.arange(self.num_samples)
-        return np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+        """Sample order of ``epoch``: identical on every rank (computed once per epoch)."""
+        if getattr(self, "_order_epoch", None) != epoch:
+            self._order = (np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+                           if self.shuffle else np.arange(self.num_samples))
+            self._order_epoch = epoch
+        return self._order
 
     def batch(self, epoch: int, step: int) -> np.ndarray:
         """Indices of the global batch of ``step`` in ``epoch``."""
         start = (step % self.steps_per_epoch) * self.global_batch
         return self.order(epoch)[start:start + self.global_batch]
-
-    @staticmethod
-    def local_slice(batch_size: int, shares_weights: Sequence[float], rank: int) -> slice:
-        """Rows of a global batch of ``batch_size`` that ``rank`` trains on."""
-        shares = partition(batch_size, shares_weights)
-        start = sum(shares[:rank])
-        return slice(start, start + shares[rank])

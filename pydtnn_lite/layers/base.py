@@ -19,7 +19,7 @@ def _identity(array: Any) -> Any:
 class StepContext:
     """What a layer may need to know about the step it runs in.
 
-    ``global_batch`` and ``sample_offset`` place this rank's rows inside the global batch
+    ``seed`` is the run's seed; ``global_batch`` and ``sample_offset`` place this rank's rows inside the global batch
     (dropout draws its mask for the global batch and keeps its own rows, so P ranks draw
     what one rank would); ``sum_across_ranks`` adds an array over all ranks (batch-norm
     statistics) and is the identity in a single process.
@@ -29,6 +29,7 @@ class StepContext:
     global_batch: int
     sample_offset: int = 0
     step: int = 0
+    seed: int = 0
     sum_across_ranks: Callable[[Any], Any] = field(default=_identity)
 
 

@@ -13,7 +13,7 @@ from pydtnn_lite.layers.base import KernelCost, Layer, StepContext
 class Dropout(Layer):
     """Zero each activation with probability ``rate`` in training and scale the rest by 1/(1-rate).
 
-    The mask of sample i at step t depends only on (seed, layer, t, i): it is drawn for the
+    The mask of sample i at step t depends only on (run seed, layer seed, layer, t, i): it is drawn for the
     whole global batch and each rank keeps its own rows, so any split of a batch over ranks
     trains exactly as one process does, and a resumed run draws the masks it would have.
     """
@@ -31,7 +31,7 @@ class Dropout(Layer):
         if not ctx.training or self.rate == 0.0:
             self.mask = None
             return x
-        rng = np.random.default_rng([self.seed, self.index, ctx.step])
+        rng = np.random.default_rng([ctx.seed, self.seed, self.index, ctx.step])
         uniform = rng.random((ctx.global_batch,) + x.shape[1:], dtype=np.float32)
         rows = uniform[ctx.sample_offset:ctx.sample_offset + x.shape[0]]
         self.mask = kernels.dropout_mask(array_module(x).asarray(rows), self.rate, x.dtype)

@@ -86,6 +86,8 @@ class AvgPool2D(_Pool2D):
 class GlobalAvgPool2D(AvgPool2D):
     """Mean over the whole spatial map: (H, W, C) becomes (1, 1, C)."""
 
+    kind = "globalpool"
+
     def __init__(self) -> None:
         super().__init__(pool_size=None)
 

@@ -64,5 +64,9 @@ def load_checkpoint(path: str, network: Network, optimizer: Optimizer) -> tuple[
         network.load_state_dict({k[6:]: v for k, v in contents.items() if k.startswith("param/")})
     except ValueError as error:
         raise UserError(f"checkpoint {path} is for another model ({error}); use the same --model") from None
-    optimizer.load_state_dict({k[6:]: v for k, v in contents.items() if k.startswith("optim/")})
+    try:
+        optimizer.load_state_dict({k[6:]: v for k, v in contents.items() if k.startswith("optim/")})
+    except (KeyError, ValueError) as error:
+        raise UserError(f"checkpoint {path} holds another optimizer's state (no {error}): resume with the "
+                        "--optimizer and --momentum it was written with") from None
     return int(contents["meta/global_step"]), meta

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from pydtnn_lite.comm import Communicator, GradientSynchronizer
-from pydtnn_lite.data import Dataset, EpochSampler, partition
+from pydtnn_lite.data import Dataset, EpochSampler, local_rows
 from pydtnn_lite.errors import TrainingError
 from pydtnn_lite.layers import SoftmaxCrossEntropy, StepContext
 from pydtnn_lite.network import Network
@@ -47,14 +47,13 @@ class Trainer:
         self.steps_per_epoch = min(steps_per_epoch or self.sampler.steps_per_epoch, self.sampler.steps_per_epoch)
         self.share_weights = list(share_weights) if share_weights else [1.0] * comm.size
         self.global_step = 0
+        self.seed = seed
         self.backend = network.backend
 
     # ----------------------------------------------------------------- one step
     def local_rows(self, batch_size: int) -> slice:
         """This rank's rows of a global batch of ``batch_size`` samples."""
-        shares = partition(batch_size, self.share_weights)
-        start = sum(shares[:self.comm.rank])
-        return slice(start, start + shares[self.comm.rank])
+        return local_rows(batch_size, self.share_weights, self.comm.rank)
 
     def _sum_across_ranks(self, array: Any) -> Any:
         return self.comm.allreduce(array)
@@ -67,7 +66,7 @@ class Trainer:
         """
         started = time.perf_counter()
         ctx = StepContext(training=True, global_batch=global_batch, sample_offset=sample_offset,
-                          step=self.global_step, sum_across_ranks=self._sum_across_ranks)
+                          step=self.global_step, seed=self.seed, sum_across_ranks=self._sum_across_ranks)
         logits = self.network.forward(images, ctx)
         loss_sum, correct = self.loss.forward(logits, labels, ctx)
         self.network.backward(self.loss.backward(), on_layer_done=self.synchronizer.layer_done)
