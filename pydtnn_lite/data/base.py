@@ -1,6 +1,8 @@
 """What a data set is to the trainer: random access to labelled images by index."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from pydtnn_lite.errors import UserError
@@ -8,6 +10,16 @@ from pydtnn_lite.errors import UserError
 
 class DataError(UserError, ValueError):
     """Missing, unreadable or inconsistent data; the message says which file and what to do."""
+
+
+def check_data_directory(data_dir: object, split: str, splits: object, what: str, hint: str) -> str:
+    """Validate ``split`` (one of ``splits``) and that ``data_dir`` is a directory; return its path."""
+    if split not in splits:
+        raise DataError(f"unknown split {split!r}: use 'train' or 'test'")
+    directory = os.fspath(data_dir)
+    if not os.path.isdir(directory):
+        raise DataError(f"{what} directory {directory} does not exist: {hint}")
+    return directory
 
 
 class Dataset:

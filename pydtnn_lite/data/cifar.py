@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from pydtnn_lite.data.base import DataError, Dataset
+from pydtnn_lite.data.base import DataError, Dataset, check_data_directory
 
 SIDE, CHANNELS, CLASSES = 32, 3, 10
 RECORD = 1 + SIDE * SIDE * CHANNELS
@@ -38,11 +38,7 @@ class Cifar10Dataset(Dataset):
     num_classes = CLASSES
 
     def __init__(self, data_dir: str | os.PathLike, split: str = "train") -> None:
-        if split not in FILES:
-            raise DataError(f"unknown split {split!r}: use 'train' or 'test'")
-        directory = os.fspath(data_dir)
-        if not os.path.isdir(directory):
-            raise DataError(f"CIFAR-10 directory {directory} does not exist: {ARCHIVE_HINT}")
+        directory = check_data_directory(data_dir, split, FILES, "CIFAR-10", ARCHIVE_HINT)
         # The archive extracts into cifar-10-batches-bin/; accept its parent as well.
         nested = os.path.join(directory, "cifar-10-batches-bin")
         if not os.path.exists(os.path.join(directory, FILES[split][0])) and os.path.isdir(nested):

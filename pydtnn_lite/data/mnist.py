@@ -16,7 +16,7 @@ import zlib
 
 import numpy as np
 
-from pydtnn_lite.data.base import DataError, Dataset
+from pydtnn_lite.data.base import DataError, Dataset, check_data_directory
 
 IMAGES_MAGIC, LABELS_MAGIC = 0x00000803, 0x00000801
 CLASSES = 10
@@ -104,11 +104,7 @@ class MnistDataset(Dataset):
     num_classes = CLASSES
 
     def __init__(self, data_dir: str | os.PathLike, split: str = "train") -> None:
-        if split not in FILES:
-            raise DataError(f"unknown split {split!r}: use 'train' or 'test'")
-        directory = os.fspath(data_dir)
-        if not os.path.isdir(directory):
-            raise DataError(f"MNIST directory {directory} does not exist: {HINT}")
+        directory = check_data_directory(data_dir, split, FILES, "MNIST", HINT)
         images_stem, labels_stem = FILES[split]
         self.images, images_path = _open_idx(directory, images_stem, IMAGES_MAGIC, "image")
         self.labels, labels_path = _open_idx(directory, labels_stem, LABELS_MAGIC, "label")

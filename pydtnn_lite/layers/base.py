@@ -47,6 +47,21 @@ class KernelCost:
     dims: tuple = ()
 
 
+def gemm_layer_costs(m: int, n: int, k: int, itemsize: int, use_bias: bool,
+                     needs_input_grad: bool) -> tuple[list[KernelCost], list[KernelCost]]:
+    """(FP, BP) costs of a layer computed as ``(m x k) @ (k x n)`` plus a bias: the forward
+    GEMM and bias, the weight-gradient GEMM and bias gradient, and the input-gradient GEMM."""
+    gemm_bytes = (m * k + k * n + m * n) * itemsize
+    forward = [KernelCost("FP", "gemm", 2.0 * m * n * k, gemm_bytes, (m, n, k))]
+    backward = [KernelCost("BP", "gemm", 2.0 * m * n * k, gemm_bytes, (k, n, m))]
+    if use_bias:
+        forward.append(KernelCost("FP", "bias", m * n, 2 * m * n * itemsize, (m, n)))
+        backward.append(KernelCost("BP", "bias", m * n, (m * n + n) * itemsize, (m, n)))
+    if needs_input_grad:
+        backward.append(KernelCost("BP", "gemm", 2.0 * m * n * k, gemm_bytes, (m, k, n)))
+    return forward, backward
+
+
 class Layer:
     """Base class. Subclasses set ``kind`` and implement build, forward, backward, costs.
 

@@ -9,7 +9,7 @@ from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.initializers import get_initializer
 from pydtnn_lite.kernels.conv import output_size
-from pydtnn_lite.layers.base import KernelCost, Layer, Shape, StepContext
+from pydtnn_lite.layers.base import KernelCost, Layer, Shape, StepContext, gemm_layer_costs
 
 
 class Conv2D(Layer):
@@ -78,18 +78,10 @@ class Conv2D(Layer):
         x_bytes = self.elements(batch, self.input_shapes[0]) * s
         trivial_im2col = self.kernel_size == 1 and self.padding == 0 and self.stride == 1
         cols_bytes = 0 if trivial_im2col else m * k * s
-        gemm_bytes = (m * k + k * n + m * n) * s
-        out = [KernelCost("FP", "im2col", 0, x_bytes + cols_bytes, (m, k)),
-               KernelCost("FP", "gemm", 2.0 * m * n * k, gemm_bytes, (m, n, k))]
-        if self.use_bias:
-            out.append(KernelCost("FP", "bias", m * n, 2 * m * n * s, (m, n)))
-        out.append(KernelCost("BP", "gemm", 2.0 * m * n * k, gemm_bytes, (k, n, m)))
-        if self.use_bias:
-            out.append(KernelCost("BP", "bias", m * n, (m * n + n) * s, (m, n)))
+        forward, backward = gemm_layer_costs(m, n, k, s, self.use_bias, self.needs_input_grad)
+        out = [KernelCost("FP", "im2col", 0, x_bytes + cols_bytes, (m, k))] + forward + backward
         if self.needs_input_grad:
-            out.append(KernelCost("BP", "gemm", 2.0 * m * n * k, gemm_bytes, (m, k, n)))
-            out.append(KernelCost("BP", "col2im", 0 if trivial_im2col else m * k,
-                                  cols_bytes + 2 * x_bytes, (m, k)))
+            out.append(KernelCost("BP", "col2im", 0 if trivial_im2col else m * k, cols_bytes + 2 * x_bytes, (m, k)))
         return out
 
     def describe(self) -> str:

@@ -8,7 +8,7 @@ import numpy as np
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.initializers import get_initializer
-from pydtnn_lite.layers.base import KernelCost, Layer, Shape, StepContext
+from pydtnn_lite.layers.base import KernelCost, Layer, Shape, StepContext, gemm_layer_costs
 
 
 class Dense(Layer):
@@ -48,18 +48,9 @@ class Dense(Layer):
         return grad_in
 
     def costs(self, batch: int) -> list[KernelCost]:
-        m, n, k = batch, self.units, self.input_shapes[0][0]
-        s = self.itemsize
-        gemm_bytes = (m * k + k * n + m * n) * s
-        out = [KernelCost("FP", "gemm", 2.0 * m * n * k, gemm_bytes, (m, n, k))]
-        if self.use_bias:
-            out.append(KernelCost("FP", "bias", m * n, 2 * m * n * s, (m, n)))
-        out.append(KernelCost("BP", "gemm", 2.0 * m * n * k, gemm_bytes, (k, n, m)))
-        if self.use_bias:
-            out.append(KernelCost("BP", "bias", m * n, (m * n + n) * s, (m, n)))
-        if self.needs_input_grad:
-            out.append(KernelCost("BP", "gemm", 2.0 * m * n * k, gemm_bytes, (m, k, n)))
-        return out
+        forward, backward = gemm_layer_costs(batch, self.units, self.input_shapes[0][0], self.itemsize,
+                                             self.use_bias, self.needs_input_grad)
+        return forward + backward
 
     def describe(self) -> str:
         return f"{self.units} units"
