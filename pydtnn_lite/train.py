@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence, TypeVar
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import Communicator, make_communicator, make_gradient_synchronizer
-from pydtnn_lite.data import Dataset, dataset_names, open_dataset
+from pydtnn_lite.data import Dataset, dataset_names, open_dataset, partition
 from pydtnn_lite.errors import TrainingError, UserError
 from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
@@ -223,8 +223,7 @@ def say(comm: Communicator, text: str) -> None:
 def train(args: argparse.Namespace, job: Job, comm: Communicator) -> StepResult:
     """The epoch loop: progress, validation, history, checkpoints. Returns the last epoch's training figures."""
     trainer, network = job.trainer, job.network
-    shares = [trainer.local_rows(job.global_batch).stop - trainer.local_rows(job.global_batch).start]
-    shares = comm.allgather_object(shares[0])
+    shares = partition(job.global_batch, trainer.share_weights)
     say(comm, f"{network.name} on {args.dataset} {network.input_shape}: {network.param_count:,} parameters, "
               f"{comm.describe()}, {job.blas_threads} BLAS threads per rank, device {network.backend.device}")
     say(comm, f"global batch {job.global_batch}, per-rank shares {shares}; {trainer.steps_per_epoch} steps per "
