@@ -7,3 +7,7 @@ class UserError(Exception):
 
 class TrainingError(UserError):
     """Training cannot go on (e.g. the loss became NaN)."""
+
+
+class CollectiveTimeout(UserError):
+    """A collective waited longer than --collective-timeout: some ranks never arrived."""

@@ -27,6 +27,7 @@ from pydtnn_lite.training import History, StepResult, Trainer, load_checkpoint, 
 PROGRAM = "pydtnn_lite.train"
 SETUP_ERROR_EXIT = 2
 TRAINING_ERROR_EXIT = 3
+STALL_SECONDS = 600  # long enough for any --collective-timeout under test to fire first
 T = TypeVar("T")
 
 
@@ -92,17 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
     testing = parser.add_argument_group("fault injection (for testing the job's failure handling)")
     testing.add_argument("--inject-failure", default=None, metavar="RANK:STEP",
                          help="raise an exception on rank RANK after global step STEP")
+    testing.add_argument("--inject-stall", default=None, metavar="RANK:STEP",
+                         help="make rank RANK hang (sleep) after global step STEP, to test --collective-timeout")
     return parser
 
 
-def parse_injection(text: Optional[str]) -> Optional[tuple[int, int]]:
+def parse_injection(text: Optional[str], flag: str) -> Optional[tuple[int, int]]:
     """'RANK:STEP' as two integers (None when not given)."""
     if text is None:
         return None
     try:
         rank, step = (int(part) for part in text.split(":"))
     except ValueError:
-        raise UserError(f"--inject-failure takes RANK:STEP, e.g. 1:3, got {text!r}") from None
+        raise UserError(f"{flag} takes RANK:STEP, e.g. 1:3, got {text!r}") from None
     return rank, step
 
 
@@ -137,7 +140,8 @@ def check_arguments(args: argparse.Namespace, comm: Communicator) -> int:
             raise UserError(f"--{flag.replace('_', '-')} must be at least {minimum}, got {value}")
     if args.bucket_mb <= 0:
         raise UserError(f"--bucket-mb must be positive, got {args.bucket_mb}")
-    parse_injection(args.inject_failure)
+    parse_injection(args.inject_failure, "--inject-failure")
+    parse_injection(args.inject_stall, "--inject-stall")
     if args.resume is not None and args.resume == "" and not args.checkpoint_dir:
         raise UserError("--resume without a path needs --checkpoint-dir")
     return global_batch
@@ -231,7 +235,8 @@ def train(args: argparse.Namespace, job: Job, comm: Communicator) -> StepResult:
     start_epoch = trainer.global_step // trainer.steps_per_epoch
     if trainer.global_step:
         say(comm, f"resumed at step {trainer.global_step} (epoch {start_epoch + 1})")
-    failure = parse_injection(args.inject_failure)
+    failure = parse_injection(args.inject_failure, "--inject-failure")
+    stall = parse_injection(args.inject_stall, "--inject-stall")
     last = StepResult(float("nan"), 0.0, 0)
     started = time.perf_counter()
     total_samples = 0
@@ -246,6 +251,8 @@ def train(args: argparse.Namespace, job: Job, comm: Communicator) -> StepResult:
                 checkpoint(args, job, comm)
             if failure == (comm.rank, global_step):
                 raise RuntimeError(f"failure injected by --inject-failure after step {global_step}")
+            if stall == (comm.rank, global_step):
+                time.sleep(STALL_SECONDS)
         last = trainer.train_epoch(epoch, on_step)
         if bar is not None:
             bar.close()

@@ -60,6 +60,18 @@ def test_a_failing_rank_ends_the_whole_job_quickly(tmp_path):
     assert "rank 1 of 2 failed" in result.stderr
 
 
+@pytest.mark.parametrize("model", ["lenet", "resnet18"])
+def test_a_stalled_rank_is_named_by_the_collective_timeout(tmp_path, model):
+    # The others wait for rank 2 first in a gradient bucket (lenet) or a batch-norm reduction (resnet18).
+    started = time.monotonic()
+    result = train_cli(3, *QUICK, "--model", model, "--steps-per-epoch", "50", "--inject-stall", "2:2",
+                       "--collective-timeout", "2", "--run-dir", str(tmp_path))
+    assert result.returncode != 0
+    assert time.monotonic() - started < 40
+    assert "waited more than 2 s in collective" in result.stderr
+    assert "rank(s) 2 never arrived" in result.stderr
+
+
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_resumed_run_equals_uninterrupted_run(tmp_path, ranks):
     common = (*QUICK, "--steps-per-epoch", "4", "--run-dir", str(tmp_path), "--checkpoint-every", "3")

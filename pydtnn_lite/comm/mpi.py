@@ -8,19 +8,18 @@ from typing import Any, Sequence
 import numpy as np
 
 from pydtnn_lite.comm.base import Communicator, Request
+from pydtnn_lite.errors import CollectiveTimeout
 
-
-ARRIVAL_TAG = 7301
-POLL_SECONDS = 1e-4
-
-
-class CollectiveTimeout(RuntimeError):
-    """A collective waited longer than the limit: some ranks never arrived."""
+STUCK_TAG = 7301
+SPIN_SECONDS = 0.01  # poll without sleeping this long: most collectives finish within it
 
 
 class MPIRequest(Request):
-    def __init__(self, request: Any) -> None:
-        self.request = request
+    """A non-blocking collective whose wait is bounded by the communicator's timeout."""
+
+    def __init__(self, communicator: "MPICommunicator", request: Any, sequence: int, what: str) -> None:
+        self.communicator, self.request = communicator, request
+        self.sequence, self.what = sequence, what
         self.done = False
 
     def test(self) -> bool:
@@ -30,16 +29,19 @@ class MPIRequest(Request):
 
     def wait(self) -> None:
         if not self.done:
-            self.request.Wait()
+            self.communicator.complete(self)
             self.done = True
 
 
 class MPICommunicator(Communicator):
     """MPI.COMM_WORLD (or a given communicator).
 
-    ``timeout`` seconds bounds the wait of the small host collectives that every step
-    makes (loss, counts): past it, the job reports which ranks have not arrived and
-    aborts, instead of hanging silently.
+    With ``timeout`` > 0 every collective of a step (batch-norm sums, gradient buckets,
+    the loss) waits at most that many seconds. Past it, the ranks that are stuck tell each
+    other where they wait, and the error names the ranks that never arrived, instead of
+    the job hanging silently. Collectives are numbered in the order each rank starts them,
+    which is identical on all ranks in a correct program, so a rank waiting in a
+    different collective is reported too.
     """
 
     name = "mpi"
@@ -54,52 +56,84 @@ class MPICommunicator(Communicator):
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         node.Free()
         self.timeout = timeout
+        self.started = 0  # collectives started by this rank, for matching across ranks
+        self._notices: list[Any] = []  # sends of a timed-out rank, kept alive until the abort
 
+    # ------------------------------------------------------------- collectives
     def allreduce(self, array: Any) -> Any:
-        self.comm.Allreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM)
+        if self.timeout <= 0:
+            self.started += 1
+            self.comm.Allreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM)
+        else:
+            self.iallreduce(array).wait()
         return array
 
     def iallreduce(self, array: Any) -> MPIRequest:
-        return MPIRequest(self.comm.Iallreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM))
+        self.started += 1
+        request = self.comm.Iallreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM)
+        return MPIRequest(self, request, self.started, f"Allreduce of {array.size} values")
 
     def broadcast(self, array: Any, root: int = 0) -> Any:
+        self.started += 1
         self.comm.Bcast(array, root=root)
         return array
 
     def allreduce_host(self, values: Sequence[float]) -> np.ndarray:
         buffer = np.asarray(values, dtype=np.float64).copy()
-        if self.timeout <= 0 or self.size == 1:
-            self.comm.Allreduce(self.MPI.IN_PLACE, buffer, op=self.MPI.SUM)
-            return buffer
-        # Every rank announces its arrival to every other rank before the reduction, so that
-        # a rank that times out can name the ranks whose announcement never came.
-        peers = [r for r in range(self.size) if r != self.rank]
-        arrived = {r: np.zeros(1, dtype=np.int64) for r in peers}
-        receives = {r: self.comm.Irecv(arrived[r], source=r, tag=ARRIVAL_TAG) for r in peers}
-        token = np.ones(1, dtype=np.int64)
-        sends = [self.comm.Isend(token, dest=r, tag=ARRIVAL_TAG) for r in peers]
-        reduction = self.comm.Iallreduce(self.MPI.IN_PLACE, buffer, op=self.MPI.SUM)
-        deadline = time.monotonic() + self.timeout
-        while not reduction.Test():
-            if time.monotonic() > deadline:
-                missing = [r for r in peers if not receives[r].Test()]
-                raise CollectiveTimeout(
-                    f"rank {self.rank} waited more than {self.timeout:g} s for ranks "
-                    f"{', '.join(map(str, missing)) or '(unknown)'} to reach the same collective: "
-                    "one is stuck or far slower; raise --collective-timeout if that is expected")
-            time.sleep(POLL_SECONDS)
-        self.MPI.Request.Waitall(list(receives.values()) + sends)
-        return buffer
+        return self.allreduce(buffer)
 
     def allgather_object(self, obj: Any) -> list:
+        self.started += 1
         return self.comm.allgather(obj)
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        self.started += 1
         return self.comm.bcast(obj, root=root)
 
     def barrier(self) -> None:
+        self.started += 1
         self.comm.Barrier()
 
+    # ------------------------------------------------------------- bounded waits
+    def complete(self, request: MPIRequest) -> None:
+        """Wait for ``request``; past the timeout raise CollectiveTimeout naming the missing ranks."""
+        if self.timeout <= 0:
+            request.request.Wait()
+            return
+        began = time.monotonic()
+        while not request.request.Test():
+            waited = time.monotonic() - began
+            if waited > self.timeout:
+                raise self._timeout_error(request)
+            if waited > SPIN_SECONDS:
+                time.sleep(min(1e-3, waited / 100))
+
+    def _timeout_error(self, request: MPIRequest) -> CollectiveTimeout:
+        """Tell every peer which collective this rank is stuck in, listen for a grace period
+        to the peers that are stuck too, and describe who never arrived."""
+        notice = np.array([request.sequence], dtype=np.int64)
+        peers = [r for r in range(self.size) if r != self.rank]
+        self._notices += [self.comm.Isend(notice, dest=r, tag=STUCK_TAG) for r in peers]
+        heard: dict[int, int] = {}
+        status, received = self.MPI.Status(), np.zeros(1, dtype=np.int64)
+        deadline = time.monotonic() + min(self.timeout, 2.0)
+        while len(heard) < len(peers) and time.monotonic() < deadline:
+            if self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=STUCK_TAG, status=status):
+                self.comm.Recv(received, source=status.Get_source(), tag=STUCK_TAG)
+                heard[status.Get_source()] = int(received[0])
+            else:
+                time.sleep(1e-3)
+        absent = [r for r in peers if r not in heard]
+        elsewhere = [f"rank {r} in collective #{s}" for r, s in sorted(heard.items()) if s != request.sequence]
+        parts = [f"rank {self.rank} waited more than {self.timeout:g} s in collective #{request.sequence} "
+                 f"({request.what})"]
+        if absent:
+            parts.append(f"rank(s) {', '.join(map(str, absent))} never arrived (stuck or far slower)")
+        if elsewhere:
+            parts.append("waiting in a different collective: " + ", ".join(elsewhere))
+        return CollectiveTimeout("; ".join(parts) + "; raise --collective-timeout if such delays are expected")
+
+    # ------------------------------------------------------------- job control
     def abort(self, code: int) -> None:
         self.comm.Abort(code)
         os._exit(code)  # Abort does not return; this line only guards a broken MPI
