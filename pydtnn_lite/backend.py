@@ -5,9 +5,10 @@ Layers, losses and optimizers are written once against the namespace returned by
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -40,6 +41,55 @@ class Backend:
         """Wait until queued device work has finished (a no-op on the CPU)."""
         if self.xp is not np:
             self.xp.cuda.get_current_stream().synchronize()
+
+    def clock(self) -> "HostClock":
+        """A clock that timestamps kernels on this backend's device."""
+        return HostClock() if self.xp is np else DeviceClock(self.xp)
+
+
+class HostClock:
+    """Kernel timestamps from the host's performance counter: CPU kernels run synchronously."""
+
+    def start_step(self) -> None:
+        """Mark the start of a step (nothing to do on the host)."""
+
+    def stamp(self) -> Any:
+        """A timestamp taken now."""
+        return time.perf_counter()
+
+    def resolve(self, stamps: Sequence[Any]) -> list[float]:
+        """Seconds on the host's perf_counter scale of every stamp of this step."""
+        return list(stamps)
+
+
+class DeviceClock(HostClock):
+    """Kernel timestamps as CUDA events on the current stream.
+
+    Recording an event does not wait for the GPU, so timing a kernel adds no
+    synchronisation; the events are read once, at the end of the step, and placed on the
+    host's time scale through an event recorded (and waited for) at the step's start.
+    """
+
+    def __init__(self, cupy: ModuleType) -> None:
+        self.cuda = cupy.cuda
+        self.origin, self.origin_host = None, 0.0
+
+    def start_step(self) -> None:
+        self.origin = self.cuda.Event()
+        self.origin.record()
+        self.origin.synchronize()
+        self.origin_host = time.perf_counter()
+
+    def stamp(self) -> Any:
+        event = self.cuda.Event()
+        event.record()
+        return event
+
+    def resolve(self, stamps: Sequence[Any]) -> list[float]:
+        if not stamps:
+            return []
+        stamps[-1].synchronize()
+        return [self.origin_host + self.cuda.get_elapsed_time(self.origin, event) / 1e3 for event in stamps]
 
 
 def gpu_available() -> bool:

@@ -11,13 +11,23 @@ the optimizer updates a layer's segment with one kernel call.
 """
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
+from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend, make_backend
 from pydtnn_lite.layers.base import KernelCost, Layer, Shape, StepContext
+
+Scope = Callable[[int, str], AbstractContextManager]
+_NO_SCOPE = nullcontext()
+
+
+def no_scope(layer_index: int, stage: str) -> AbstractContextManager:
+    """The default scope: nothing observes the network."""
+    return _NO_SCOPE
 
 
 @dataclass(frozen=True)
@@ -30,7 +40,13 @@ class Segment:
 
 
 class Network:
-    """Layers in execution order, with their wiring, parameters and gradients."""
+    """Layers in execution order, with their wiring, parameters and gradients.
+
+    ``scope(layer_index, stage)`` encloses all work done for one layer in one stage
+    ("FP", "BP", or "WU" by the optimizer; the loss is layer ``loss_index``). It does
+    nothing by default; an observer such as the tracer replaces it to learn which layer
+    and stage the kernels it times belong to, so layer code needs no hooks of its own.
+    """
 
     INPUT = -1
 
@@ -41,6 +57,7 @@ class Network:
         self.layers: list[Layer] = []
         self.inputs: list[list[int]] = []
         self.backend: Optional[Backend] = None
+        self.scope: Scope = no_scope
 
     # ----------------------------------------------------------------- construction
     def add(self, layer: Layer, *inputs: int) -> int:
@@ -97,7 +114,8 @@ class Network:
         remaining = self._consumer_counts()
         outputs: dict[int, Any] = {self.INPUT: x}
         for index, (layer, sources) in enumerate(zip(self.layers, self.inputs)):
-            outputs[index] = layer.forward(*(outputs[s] for s in sources), ctx=ctx)
+            with self.scope(index, "FP"):
+                outputs[index] = layer.forward(*(outputs[s] for s in sources), ctx=ctx)
             for source in sources:
                 remaining[source] -= 1
                 if remaining[source] == 0:
@@ -113,7 +131,8 @@ class Network:
             grad_out = pending.pop(index, None)
             if grad_out is None:  # nothing downstream of the images needs this layer's gradient
                 continue
-            grad_in = layer.backward(grad_out)
+            with self.scope(index, "BP"):
+                grad_in = layer.backward(grad_out)
             if on_layer_done is not None:
                 on_layer_done(index)
             if not layer.needs_input_grad:
@@ -122,7 +141,10 @@ class Network:
             for source, grad in zip(self.inputs[index], grads):
                 if source == self.INPUT:
                     continue
-                pending[source] = grad if source not in pending else pending[source] + grad
+                if source in pending:  # a shortcut: sum the gradients of every consumer
+                    with self.scope(source, "BP"):
+                        grad = kernels.add((pending[source], grad))
+                pending[source] = grad
 
     def _consumer_counts(self) -> dict[int, int]:
         counts = {self.INPUT: 0}
@@ -189,9 +211,32 @@ class Network:
     def param_count(self) -> int:
         return sum(layer.param_count for layer in self.layers)
 
+    @property
+    def loss_index(self) -> int:
+        """The index that stands for the loss in scopes, traces and costs."""
+        return len(self.layers)
+
     def costs(self, batch: int) -> list[tuple[int, KernelCost]]:
-        """(layer index, cost) of every FP and BP kernel for a batch of ``batch`` samples."""
-        return [(layer.index, cost) for layer in self.layers for cost in layer.costs(batch)]
+        """(layer index, cost) of every FP and BP kernel for a batch of ``batch`` samples:
+        the layers' own and the sums of gradients where a layer's output feeds several."""
+        own = [(layer.index, cost) for layer in self.layers for cost in layer.costs(batch)]
+        return own + self._accumulation_costs(batch)
+
+    def _accumulation_costs(self, batch: int) -> list[tuple[int, KernelCost]]:
+        """The ``add`` kernels that backward runs where gradients from several consumers meet."""
+        has_grad = {len(self.layers) - 1}  # layers whose output gradient backward will compute
+        out = []
+        for index in range(len(self.layers) - 1, -1, -1):
+            if index not in has_grad or not self.layers[index].needs_input_grad:
+                continue
+            for source in self.inputs[index]:
+                if source == self.INPUT:
+                    continue
+                if source in has_grad:
+                    n = self.layers[source].elements(batch)
+                    out.append((source, KernelCost("BP", "add", n, 3 * n * self.layers[source].itemsize, (n,))))
+                has_grad.add(source)
+        return out
 
     def flops_per_sample(self, stage: str = "FP") -> float:
         """FLOPs of one sample through the given stage."""

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, TypeVar
+
+import numpy as np
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import Communicator, make_communicator, make_gradient_synchronizer
@@ -22,6 +25,7 @@ from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule, Optimizer
 from pydtnn_lite.runtime import default_blas_threads, install_job_abort, report_and_abort, set_blas_threads
+from pydtnn_lite.tracing import Tracer
 from pydtnn_lite.training import History, StepResult, Trainer, load_checkpoint, save_checkpoint
 
 PROGRAM = "pydtnn_lite.train"
@@ -90,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--save-weights", default=None, help="write the final weights to this .npz file")
     output.add_argument("--no-progress", action="store_true", help="no progress bar, epoch lines only")
 
+    tracing = parser.add_argument_group("tracing (see docs/tracing.md)")
+    tracing.add_argument("--trace", default=None, metavar="DIR",
+                         help="record every kernel of every rank; write a Chrome trace, CSV records and a summary here")
+    tracing.add_argument("--trace-skip", type=int, default=1, metavar="N",
+                         help="warm-up: do not trace the first N training steps of the run (default 1)")
+    tracing.add_argument("--trace-steps", type=int, default=None, metavar="M",
+                         help="trace at most M training steps (default: all after the warm-up)")
+
     testing = parser.add_argument_group("fault injection (for testing the job's failure handling)")
     testing.add_argument("--inject-failure", default=None, metavar="RANK:STEP",
                          help="raise an exception on rank RANK after global step STEP")
@@ -133,9 +145,10 @@ def check_arguments(args: argparse.Namespace, comm: Communicator) -> int:
     if global_batch < comm.size:
         raise UserError(f"the global batch of {global_batch} is smaller than the {comm.size} ranks: "
                         f"use --batch-size {comm.size} or more")
-    for flag in ("epochs", "steps_per_epoch", "blas_threads", "checkpoint_every", "eval_steps"):
+    for flag in ("epochs", "steps_per_epoch", "blas_threads", "checkpoint_every", "eval_steps", "trace_skip",
+                 "trace_steps"):
         value = getattr(args, flag)
-        minimum = 0 if flag in ("checkpoint_every", "eval_steps") else 1
+        minimum = 0 if flag in ("checkpoint_every", "eval_steps", "trace_skip") else 1
         if value is not None and value < minimum:
             raise UserError(f"--{flag.replace('_', '-')} must be at least {minimum}, got {value}")
     if args.bucket_mb <= 0:
@@ -189,6 +202,8 @@ def build_job(args: argparse.Namespace, comm: Communicator) -> Job:
         check_writable(args.run_dir, "--run-dir")
         if args.checkpoint_dir:
             check_writable(args.checkpoint_dir, "--checkpoint-dir")
+        if args.trace:
+            check_writable(args.trace, "--trace")
         if args.save_weights:
             check_writable(os.path.dirname(os.path.abspath(args.save_weights)), "--save-weights")
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -286,6 +301,21 @@ def checkpoint(args: argparse.Namespace, job: Job, comm: Communicator) -> None:
                         {"model": args.model, "dataset": args.dataset, "global_batch": job.global_batch})
 
 
+def write_trace(args: argparse.Namespace, job: Job, comm: Communicator, tracer: Tracer) -> None:
+    """Gather the trace of every rank into ``--trace``, with the description of the run."""
+    trainer = job.trainer
+    meta = {"model": args.model, "dataset": args.dataset, "global_batch": job.global_batch,
+            "shares": partition(job.global_batch, trainer.share_weights), "ranks": comm.size,
+            "communicator": comm.describe(), "device": job.network.backend.device, "dtype": args.dtype,
+            "blas_threads": job.blas_threads, "optimizer": args.optimizer, "bucket_mb": args.bucket_mb,
+            "overlap": not args.no_overlap, "trace_skip": args.trace_skip, "host": platform.node(),
+            "processor": platform.processor() or platform.machine(), "numpy": np.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    tracer.save(args.trace, meta)
+    say(comm, f"trace of {len(tracer.steps)} step(s) per rank written to {args.trace}: open trace.json in "
+              f"https://ui.perfetto.dev; summary: python -m pydtnn_lite.trace summarize {args.trace}")
+
+
 def make_progress(comm: Communicator, args: argparse.Namespace, epoch: int, trainer: Trainer):
     if comm.rank != 0 or args.no_progress:
         return None
@@ -310,7 +340,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Rank 0's weights are everyone's, whatever a rank's RNG, weight file or checkpoint gave.
     comm.broadcast(job.network.flat_params)
     try:
+        tracer = Tracer(job.trainer, args.trace_skip, args.trace_steps).attach() if args.trace else None
         train(args, job, comm)
+        if tracer is not None:
+            tracer.detach()
+            write_trace(args, job, comm, tracer)
     except TrainingError as error:  # the loss is global, so every rank raises it at the same step
         say(comm, f"{PROGRAM}: error: {error}")
         return TRAINING_ERROR_EXIT

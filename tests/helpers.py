@@ -6,8 +6,29 @@ from typing import Callable, Optional
 import numpy as np
 
 from pydtnn_lite.backend import make_backend
+from pydtnn_lite.layers import (Add, AvgPool2D, BatchNorm, Concat, Conv2D, Dense, Dropout, Flatten,
+                                GlobalAvgPool2D, MaxPool2D, ReLU)
+from pydtnn_lite.network import Network
 
 FLOAT64 = make_backend("cpu", "float64")
+
+
+def every_layer_network(input_shape: tuple, num_classes: int) -> Network:
+    """Each layer kind once, wired with a shortcut (so backward sums gradients) and a concatenation."""
+    net = Network("every", input_shape, num_classes)
+    stem = net.add(Conv2D(3, 3, padding=1))
+    a = net.add(BatchNorm(), stem)
+    a = net.add(ReLU(), a)
+    a = net.add(Conv2D(3, 3, padding=1), a)
+    merged = net.add(Add(), a, stem)
+    net.add(Concat(), merged, stem)
+    net.add(MaxPool2D(2))
+    net.add(AvgPool2D(2, stride=1))
+    net.add(GlobalAvgPool2D())
+    net.add(Flatten())
+    net.add(Dropout(0.3, seed=1))
+    net.add(Dense(num_classes))
+    return net
 
 
 def numeric_gradient(f: Callable[[], float], array: np.ndarray, eps: float = 1e-6,

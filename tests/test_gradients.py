@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import FLOAT64, numeric_gradient, relative_error, sample_per_segment
+from helpers import FLOAT64, every_layer_network, numeric_gradient, relative_error, sample_per_segment
 
 from pydtnn_lite.layers import (Add, AvgPool2D, BatchNorm, Concat, Conv2D, Dense, Dropout, Flatten,
                                 GlobalAvgPool2D, MaxPool2D, ReLU, SoftmaxCrossEntropy, StepContext)
@@ -121,19 +121,8 @@ def test_whole_model(name, shape):
 
 
 def test_residual_and_dense_connectivity():
-    """A branchy graph (shortcut Add, Concat, BatchNorm) back-propagates exactly."""
-    from pydtnn_lite.network import Network
-
-    net = Network("branchy", (5, 5, 2), 3)
-    stem = net.add(Conv2D(3, 3, padding=1))
-    a = net.add(BatchNorm(), stem)
-    a = net.add(ReLU(), a)
-    a = net.add(Conv2D(3, 3, padding=1), a)
-    merged = net.add(Add(), a, stem)
-    both = net.add(Concat(), merged, stem)
-    net.add(GlobalAvgPool2D(), both)
-    net.add(Flatten())
-    net.add(Dense(3))
+    """A branchy graph (shortcut Add, Concat, BatchNorm, pooling, dropout) back-propagates exactly."""
+    net = every_layer_network((5, 5, 2), 3)
     net.build(FLOAT64, seed=1)
     rng = np.random.default_rng(2)
     x = rng.normal(size=(3, 5, 5, 2))

@@ -54,6 +54,10 @@ class Communicator:
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         return obj
 
+    def gather_object(self, obj: Any, root: int = 0) -> list | None:
+        """Every rank's ``obj`` in rank order on ``root``; None on the other ranks."""
+        return [obj]
+
     def barrier(self) -> None:
         """Wait for every rank."""
 

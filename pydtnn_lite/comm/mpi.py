@@ -90,6 +90,10 @@ class MPICommunicator(Communicator):
         self.started += 1
         return self.comm.bcast(obj, root=root)
 
+    def gather_object(self, obj: Any, root: int = 0) -> list | None:
+        self.started += 1
+        return self.comm.gather(obj, root=root)
+
     def barrier(self) -> None:
         self.started += 1
         self.comm.Barrier()

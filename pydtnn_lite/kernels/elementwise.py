@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 from pydtnn_lite.backend import array_module
 
 
@@ -16,9 +18,16 @@ def relu_grad(grad_out: Any, out: Any) -> Any:
     return grad_out * (out > 0)
 
 
-def dropout_mask(uniform: Any, rate: float, dtype: Any) -> Any:
-    """Inverted-dropout mask from uniform draws: 0 with probability ``rate``, else 1/(1-rate)."""
-    return (uniform >= rate).astype(dtype) * (1.0 / (1.0 - rate))
+def dropout_mask(x: Any, key: Sequence[int], global_batch: int, offset: int, rate: float) -> Any:
+    """Inverted-dropout mask for ``x``, rows ``offset...`` of a global batch: 0 with
+    probability ``rate``, else 1/(1-rate).
+
+    The draws cover the whole global batch from ``key``, so every rank's rows are what a
+    single process would draw for them.
+    """
+    uniform = np.random.default_rng(list(key)).random((global_batch,) + x.shape[1:], dtype=np.float32)
+    rows = array_module(x).asarray(uniform[offset:offset + x.shape[0]])
+    return (rows >= rate).astype(x.dtype) * (1.0 / (1.0 - rate))
 
 
 def dropout_apply(x: Any, mask: Any) -> Any:

@@ -25,4 +25,4 @@ class ReLU(Layer):
         n = self.elements(batch)
         dims = (n,)
         return [KernelCost("FP", "relu", n, 2 * n * self.itemsize, dims),
-                KernelCost("BP", "relu", n, 3 * n * self.itemsize, dims)]
+                KernelCost("BP", "relu_grad", n, 3 * n * self.itemsize, dims)]

@@ -37,6 +37,10 @@ class StepContext:
 class KernelCost:
     """Analytic cost of one kernel call: the stage it runs in, its FLOPs and bytes moved.
 
+    ``kernel`` is the name of the function in :mod:`pydtnn_lite.kernels` that the call
+    runs, and a layer lists its costs in the order it calls its kernels, so a traced call
+    and its cost pair up by (layer, stage, kernel, occurrence).
+
     ``dims`` are the operand sizes a performance model keys on, e.g. (m, n, k) for a GEMM.
     """
 
@@ -55,8 +59,8 @@ def gemm_layer_costs(m: int, n: int, k: int, itemsize: int, use_bias: bool,
     forward = [KernelCost("FP", "gemm", 2.0 * m * n * k, gemm_bytes, (m, n, k))]
     backward = [KernelCost("BP", "gemm", 2.0 * m * n * k, gemm_bytes, (k, n, m))]
     if use_bias:
-        forward.append(KernelCost("FP", "bias", m * n, 2 * m * n * itemsize, (m, n)))
-        backward.append(KernelCost("BP", "bias", m * n, (m * n + n) * itemsize, (m, n)))
+        forward.append(KernelCost("FP", "bias_add", m * n, 2 * m * n * itemsize, (m, n)))
+        backward.append(KernelCost("BP", "bias_grad", m * n, (m * n + n) * itemsize, (m, n)))
     if needs_input_grad:
         backward.append(KernelCost("BP", "gemm", 2.0 * m * n * k, gemm_bytes, (m, k, n)))
     return forward, backward

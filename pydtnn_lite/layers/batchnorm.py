@@ -71,5 +71,9 @@ class BatchNorm(Layer):
         n = self.elements(batch)
         s = self.itemsize
         dims = (batch,) + tuple(self.output_shape)
-        return [KernelCost("FP", "batchnorm", 6 * n, 3 * n * s, dims),
-                KernelCost("BP", "batchnorm", 8 * n, 4 * n * s, dims)]
+        out = [KernelCost("FP", "batchnorm_sums", 2 * n, n * s, dims),
+               KernelCost("FP", "batchnorm_normalize", 4 * n, 3 * n * s, dims),
+               KernelCost("BP", "batchnorm_grad_sums", 3 * n, 2 * n * s, dims)]
+        if self.needs_input_grad:
+            out.append(KernelCost("BP", "batchnorm_grad_input", 5 * n, 3 * n * s, dims))
+        return out

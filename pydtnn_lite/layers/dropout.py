@@ -3,10 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from pydtnn_lite import kernels
-from pydtnn_lite.backend import array_module
 from pydtnn_lite.layers.base import KernelCost, Layer, StepContext
 
 
@@ -31,10 +28,8 @@ class Dropout(Layer):
         if not ctx.training or self.rate == 0.0:
             self.mask = None
             return x
-        rng = np.random.default_rng([ctx.seed, self.seed, self.index, ctx.step])
-        uniform = rng.random((ctx.global_batch,) + x.shape[1:], dtype=np.float32)
-        rows = uniform[ctx.sample_offset:ctx.sample_offset + x.shape[0]]
-        self.mask = kernels.dropout_mask(array_module(x).asarray(rows), self.rate, x.dtype)
+        self.mask = kernels.dropout_mask(x, (ctx.seed, self.seed, self.index, ctx.step), ctx.global_batch,
+                                         ctx.sample_offset, self.rate)
         return kernels.dropout_apply(x, self.mask)
 
     def backward(self, grad_out: Any) -> Any:
@@ -47,8 +42,9 @@ class Dropout(Layer):
     def costs(self, batch: int) -> list[KernelCost]:
         n = self.elements(batch)
         dims = (n,)
-        return [KernelCost("FP", "dropout", 2 * n, 3 * n * self.itemsize, dims),
-                KernelCost("BP", "dropout", n, 3 * n * self.itemsize, dims)]
+        return [KernelCost("FP", "dropout_mask", 2 * n, 2 * n * self.itemsize, dims),
+                KernelCost("FP", "dropout_apply", n, 3 * n * self.itemsize, dims),
+                KernelCost("BP", "dropout_apply", n, 3 * n * self.itemsize, dims)]
 
     def describe(self) -> str:
         return f"rate {self.rate}"

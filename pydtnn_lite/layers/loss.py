@@ -34,5 +34,5 @@ class SoftmaxCrossEntropy:
     @staticmethod
     def costs(batch: int, classes: int, itemsize: int) -> list[KernelCost]:
         n = batch * classes
-        return [KernelCost("FP", "softmax", 5 * n, 2 * n * itemsize, (batch, classes)),
-                KernelCost("BP", "softmax", 2 * n, 2 * n * itemsize, (batch, classes))]
+        return [KernelCost("FP", "softmax_cross_entropy", 5 * n, 2 * n * itemsize, (batch, classes)),
+                KernelCost("BP", "softmax_cross_entropy_grad", 2 * n, 2 * n * itemsize, (batch, classes))]

@@ -54,4 +54,4 @@ class Concat(Layer):
     def costs(self, batch: int) -> list[KernelCost]:
         n = self.elements(batch)
         return [KernelCost("FP", "concat", 0, 2 * n * self.itemsize, (n,)),
-                KernelCost("BP", "concat", 0, 2 * n * self.itemsize, (n,))]
+                KernelCost("BP", "split", 0, 0, (n,))]  # views, no copy

@@ -41,8 +41,9 @@ class _Pool2D(Layer):
         outputs = self.elements(batch)
         taps = self.pool_size ** 2 * outputs
         s = self.itemsize
-        return [KernelCost("FP", kernel, taps, (inputs + outputs) * s, (batch,) + self.input_shapes[0]),
-                KernelCost("BP", kernel, taps, (inputs + outputs) * s, (batch,) + self.input_shapes[0])]
+        dims = (batch,) + self.input_shapes[0]
+        return [KernelCost("FP", kernel, taps, (inputs + outputs) * s, dims),
+                KernelCost("BP", f"{kernel}_grad", taps, (inputs + outputs) * s, dims)]
 
     def describe(self) -> str:
         return f"{self.pool_size}x{self.pool_size}/{self.stride} pad {self.padding}"

@@ -12,6 +12,7 @@ class Adam(Optimizer):
     """Kingma and Ba (2015) with bias correction and optional L2 weight decay."""
 
     state_names = ("first_moment", "second_moment")
+    kernel = "adam_update"
     flops_per_element = 10
     arrays_touched = 7
 

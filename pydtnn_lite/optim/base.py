@@ -12,11 +12,13 @@ from pydtnn_lite.network import Network
 class Optimizer:
     """Updates a built network's flat parameters from its flat gradients, one layer segment at a time.
 
-    Subclasses name their per-parameter state arrays in ``state_names`` and implement
-    :meth:`update_segment`; the per-layer loop lets the tracer attribute WU time to layers.
+    Subclasses name their per-parameter state arrays in ``state_names``, the kernel they
+    call in ``kernel``, and implement :meth:`update_segment`. Each layer's update runs in
+    the network's scope of that layer, so a tracer attributes WU time to layers.
     """
 
     state_names: tuple[str, ...] = ()
+    kernel = ""
     flops_per_element = 0
     arrays_touched = 0  # arrays read or written per element, for the bytes estimate
 
@@ -31,8 +33,9 @@ class Optimizer:
         self.steps += 1
         for segment in self.network.segments:
             window = slice(segment.start, segment.stop)
-            self.update_segment(self.network.flat_params[window], self.network.flat_grads[window],
-                                {name: array[window] for name, array in self.state.items()}, lr)
+            with self.network.scope(segment.layer, "WU"):
+                self.update_segment(self.network.flat_params[window], self.network.flat_grads[window],
+                                    {name: array[window] for name, array in self.state.items()}, lr)
 
     def update_segment(self, params: Any, grads: Any, state: dict[str, Any], lr: float) -> None:
         raise NotImplementedError
@@ -43,7 +46,7 @@ class Optimizer:
         out = []
         for segment in self.network.segments:
             n = segment.stop - segment.start
-            out.append((segment.layer, KernelCost("WU", "update", self.flops_per_element * n,
+            out.append((segment.layer, KernelCost("WU", self.kernel, self.flops_per_element * n,
                                                   self.arrays_touched * n * itemsize, (n,))))
         return out
 

@@ -11,6 +11,7 @@ from pydtnn_lite.optim.base import Optimizer
 class SGD(Optimizer):
     """PyTorch's SGD: ``v = m v + g + wd p``; ``p -= lr v`` (Nesterov: ``p -= lr (g + wd p + m v)``)."""
 
+    kernel = "sgd_update"
     flops_per_element = 4
     arrays_touched = 5
 

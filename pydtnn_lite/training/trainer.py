@@ -67,9 +67,13 @@ class Trainer:
         started = time.perf_counter()
         ctx = StepContext(training=True, global_batch=global_batch, sample_offset=sample_offset,
                           step=self.global_step, seed=self.seed, sum_across_ranks=self._sum_across_ranks)
+        scope, loss_index = self.network.scope, self.network.loss_index
         logits = self.network.forward(images, ctx)
-        loss_sum, correct = self.loss.forward(logits, labels, ctx)
-        self.network.backward(self.loss.backward(), on_layer_done=self.synchronizer.layer_done)
+        with scope(loss_index, "FP"):
+            loss_sum, correct = self.loss.forward(logits, labels, ctx)
+        with scope(loss_index, "BP"):
+            grad_logits = self.loss.backward()
+        self.network.backward(grad_logits, on_layer_done=self.synchronizer.layer_done)
         self.synchronizer.finish()
         total_loss, total_correct = self.comm.allreduce_host([float(loss_sum), float(correct)])
         if not math.isfinite(total_loss):
@@ -84,8 +88,12 @@ class Trainer:
         """This rank's images and labels of step ``step`` of ``epoch``: (x, y, global batch, offset)."""
         indices = self.sampler.batch(epoch, step)
         rows = self.local_rows(len(indices))
-        images, labels = self.data.load(indices[rows])
-        return self.backend.asarray(images), self.backend.xp.asarray(labels), len(indices), rows.start
+        images, labels = self.to_device(*self.data.load(indices[rows]))
+        return images, labels, len(indices), rows.start
+
+    def to_device(self, images: Any, labels: Any) -> tuple[Any, Any]:
+        """Copy a batch read on the host to the backend's device."""
+        return self.backend.asarray(images), self.backend.xp.asarray(labels)
 
     # ----------------------------------------------------------------- epochs
     def train_epoch(self, epoch: int, on_step: Optional[Callable[[int, StepResult], None]] = None) -> StepResult:
@@ -112,10 +120,11 @@ class Trainer:
         for step in range(steps):
             indices = sampler.batch(0, step)
             rows = self.local_rows(len(indices))
-            images, labels = data.load(indices[rows])
+            images, labels = self.to_device(*data.load(indices[rows]))
             ctx = StepContext(training=False, global_batch=len(indices), sample_offset=rows.start)
-            logits = self.network.forward(self.backend.asarray(images), ctx)
-            batch_loss, batch_correct = self.loss.forward(logits, self.backend.xp.asarray(labels), ctx)
+            logits = self.network.forward(images, ctx)
+            with self.network.scope(self.network.loss_index, "FP"):
+                batch_loss, batch_correct = self.loss.forward(logits, labels, ctx)
             loss += float(batch_loss)
             correct += float(batch_correct)
             samples += len(indices)

@@ -1,0 +1,42 @@
+"""Command line: ``python -m pydtnn_lite.trace summarize DIR`` prints what a trace holds.
+
+The per-stage and per-layer times of a training step, the kernels that take longest with
+the GFLOP/s and GB/s they achieve, and each rank's wait for the others (stragglers).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from pydtnn_lite.tracing import load_trace, report
+
+PROGRAM = "pydtnn_lite.trace"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"python -m {PROGRAM}", description=__doc__.split("\\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    summarize = commands.add_parser("summarize", help="print the per-stage, per-layer, kernel and rank tables")
+    summarize.add_argument("directory", help="a directory written by python -m pydtnn_lite.train --trace DIR")
+    summarize.add_argument("--top", type=int, default=12, help="how many kernels to list (default 12)")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        kernels, steps, meta = load_trace(args.directory)
+    except (OSError, ValueError) as error:
+        print(f"{PROGRAM}: error: {error}", file=sys.stderr)
+        return 2
+    if not steps:
+        print(f"{PROGRAM}: error: {args.directory} holds no traced training step: lower --trace-skip "
+              "or train more steps", file=sys.stderr)
+        return 2
+    print(report(kernels, steps, meta, top=args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

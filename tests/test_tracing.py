@@ -1,0 +1,139 @@
+"""The tracer: complete, correctly attributed and annotated records; valid outputs; no trace when off."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+from helpers import every_layer_network
+from mpi import train_cli
+
+from pydtnn_lite import kernels
+from pydtnn_lite.backend import make_backend
+from pydtnn_lite.comm import SerialCommunicator, make_gradient_synchronizer
+from pydtnn_lite.data import open_dataset
+from pydtnn_lite.kernels import blas
+from pydtnn_lite.models import create_model
+from pydtnn_lite.network import Network
+from pydtnn_lite.optim import SGD, LearningRateSchedule
+from pydtnn_lite.tracing import Tracer, load_trace
+from pydtnn_lite.tracing.records import COMPUTE, EVAL, TRAIN
+from pydtnn_lite.training import Trainer, step_costs
+
+
+def traced_trainer(network: Network, dataset: str = "digits", batch: int = 8, steps: int = 3, skip: int = 1,
+                   max_steps=None):
+    data = open_dataset(dataset)
+    network.build(make_backend(), seed=0)
+    comm = SerialCommunicator()
+    trainer = Trainer(network, SGD(network), LearningRateSchedule(0.01), comm,
+                      make_gradient_synchronizer(network, comm, 4.0, overlap=True), data, batch,
+                      steps_per_epoch=steps)
+    tracer = Tracer(trainer, skip_steps=skip, max_steps=max_steps).attach()
+    trainer.train_epoch(0)
+    trainer.evaluate(open_dataset(dataset, "test"), batch, max_steps=2)
+    tracer.detach()
+    return trainer, tracer
+
+
+def zoo(name: str, dataset: str = "digits") -> Network:
+    data = open_dataset(dataset)
+    return create_model(name, data.input_shape, data.num_classes)
+
+
+@pytest.mark.parametrize("make", [lambda: every_layer_network((8, 8, 1), 10), lambda: zoo("resnet18"),
+                                  lambda: zoo("densenet121")], ids=["every-layer", "resnet18", "densenet121"])
+def test_each_step_records_exactly_the_kernels_the_cost_model_lists(make):
+    trainer, tracer = traced_trainer(make(), batch=6)
+    expected = Counter((layer, cost.stage, cost.kernel) for layer, cost in step_costs(trainer.network,
+                                                                                      trainer.optimizer, 6))
+    assert [s.step for s in tracer.steps] == [1, 2]
+    for step in (1, 2):
+        traced = Counter((k.layer, k.stage, k.kernel) for k in tracer.kernels
+                         if k.step == step and k.phase == TRAIN and k.thread == COMPUTE and k.stage != "DATA")
+        assert traced == expected
+        annotated = [k for k in tracer.kernels if k.step == step and k.phase == TRAIN and k.stage != "DATA"]
+        assert not any(math.isnan(k.flops) or math.isnan(k.bytes) for k in annotated)
+        assert sum(k.flops for k in annotated) == pytest.approx(sum(c.flops for _, c in step_costs(
+            trainer.network, trainer.optimizer, 6)))
+
+
+def test_gemm_flops_agree_with_the_operand_shapes_of_each_call():
+    _, tracer = traced_trainer(every_layer_network((8, 8, 1), 10))
+    gemms = [k for k in tracer.kernels if k.kernel == "gemm" and k.phase == TRAIN]
+    assert gemms
+    for record in gemms:
+        (p, q), (r, s) = (tuple(map(int, shape.split("x"))) for shape in record.shapes.split()[:2])
+        # a (p x q) times b (r x s), either transposed: the contracted size appears in both.
+        candidates = {2 * p * q * r * s // shared for shared in {p, q} & {r, s}}
+        assert record.flops in candidates, record
+
+
+def test_kernel_times_add_up_to_the_step_and_never_overlap():
+    _, tracer = traced_trainer(zoo("vgg11", "synthetic"), dataset="synthetic", batch=8, steps=3)
+    for step in tracer.steps:
+        events = sorted((k for k in tracer.kernels if k.step == step.step and k.phase == TRAIN),
+                        key=lambda k: k.start)
+        for before, after in zip(events, events[1:]):
+            assert after.start >= before.start + before.duration - 1e-7
+        assert events[0].start >= step.start - 1e-7
+        assert events[-1].start + events[-1].duration <= step.start + step.duration + 1e-7
+        covered = sum(k.duration for k in events) / step.duration
+        assert 0.85 <= covered <= 1.0, covered
+
+
+def test_warm_up_limit_and_evaluation_are_kept_apart():
+    _, tracer = traced_trainer(every_layer_network((8, 8, 1), 10), steps=5, skip=2, max_steps=2)
+    assert [s.step for s in tracer.steps] == [2, 3]
+    assert {k.step for k in tracer.kernels if k.phase == TRAIN} == {2, 3}
+    evaluation = [k for k in tracer.kernels if k.phase == EVAL]
+    assert {k.kernel for k in evaluation} >= {"batchnorm_inference", "gemm", "softmax_cross_entropy"}
+    assert not {k.kernel for k in evaluation} & {"batchnorm_sums", "dropout_mask", "sgd_update"}
+
+
+def test_detaching_restores_the_untraced_code():
+    trainer, _ = traced_trainer(every_layer_network((8, 8, 1), 10), steps=2)
+    assert kernels.gemm is blas.gemm
+    assert not {"train_step", "load_step", "evaluate", "to_device"} & set(vars(trainer))
+    assert not {"allreduce", "iallreduce", "allreduce_host"} & set(vars(trainer.comm))
+    assert trainer.network.scope.__name__ == "no_scope"
+
+
+def test_two_rank_trace_holds_every_rank_and_valid_chrome_json(tmp_path):
+    trace = tmp_path / "trace"
+    result = train_cli(2, "--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--steps-per-epoch", "4",
+                       "--eval-steps", "1", "--run-dir", str(tmp_path), "--trace", str(trace), "--trace-skip", "1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    records, steps, meta = load_trace(str(trace))
+    assert meta["ranks"] == 2 and meta["model"] == "lenet"
+    assert sorted((s.rank, s.step) for s in steps) == [(r, s) for r in (0, 1) for s in (1, 2, 3)]
+    assert {k.rank for k in records} == {0, 1}
+    assert {k.kernel for k in records} >= {"gemm", "im2col", "allreduce_start", "sgd_update", "data_load"}
+
+    document = json.loads((trace / "trace.json").read_text())
+    events = document["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert all(isinstance(e["ts"], float) and e["dur"] >= 0 and e["name"] for e in complete)
+    assert {e["pid"] for e in complete} == {0, 1}
+    names = {(e["pid"], e["args"]["name"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {(r, t) for r in (0, 1) for t in ("compute", "communication", "steps")} <= names
+    assert len(complete) == len(records) + len(steps)
+
+    summary = subprocess.run([sys.executable, "-m", "pydtnn_lite.trace", "summarize", str(trace)],
+                             capture_output=True, text=True, timeout=60)
+    assert summary.returncode == 0, summary.stderr
+    for heading in ("Per stage", "Per layer", "Top", "Per rank", "straggler"):
+        assert heading in summary.stdout
+    assert "conv1" in summary.stdout and "gemm" in summary.stdout
+
+
+def test_summarize_names_a_directory_that_holds_no_trace(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "pydtnn_lite.trace", "summarize", str(tmp_path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "is not a trace directory" in result.stderr and "--trace DIR" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
