@@ -1,0 +1,157 @@
+"""Predict a training step, kernel by kernel, from a model's layer shapes and a machine model.
+
+The step is what the trainer runs (``training.step_costs``): every layer's FP kernels,
+the loss, every layer's BP kernels with the gradient buckets reduced as backward
+completes them, the loss reduction, and the WU kernels. Batch-norm layers add the
+reductions of their statistics. Without overlap the bucket reductions follow backward;
+with overlap each starts when its last layer's backward is done and they run one at a
+time on a communication channel beside the computation.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from pydtnn_lite.comm.gradients import MIB, plan_buckets
+from pydtnn_lite.layers.base import KernelCost
+from pydtnn_lite.network import Network
+from pydtnn_lite.optim import Optimizer
+from pydtnn_lite.perfmodel.allreduce import AllreduceModel
+from pydtnn_lite.perfmodel.roofline import Roofline
+from pydtnn_lite.training import step_costs
+
+NO_LAYER = -1
+LOSS_VALUES_BYTES = 16  # the step's loss and correct count, two float64
+STAGES = ("FP", "BP", "WU", "COMM")
+
+
+class Machine(Protocol):
+    """What a prediction needs to know of a machine."""
+
+    def kernel_seconds(self, kernel: str, cost: KernelCost) -> float: ...
+
+    def allreduce_seconds(self, nbytes: float, procs: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class RooflineMachine:
+    """Kernels on a roofline, Allreduce from an alpha-beta-gamma model."""
+
+    roofline: Roofline
+    allreduce: AllreduceModel
+
+    def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
+        return self.roofline.seconds(cost.flops, cost.bytes)
+
+    def allreduce_seconds(self, nbytes: float, procs: int) -> float:
+        return self.allreduce.seconds(nbytes, procs)
+
+
+@dataclass(frozen=True)
+class PredictedKernel:
+    """One kernel call of the step: where it runs, its counts and its predicted time."""
+
+    layer: int
+    layer_name: str
+    stage: str
+    kernel: str
+    occurrence: int  # among calls of the same (layer, stage, kernel)
+    seconds: float
+    flops: float
+    bytes: float
+
+
+@dataclass
+class StepPrediction:
+    """A predicted step: its kernels, bucket reductions and totals with and without overlap."""
+
+    kernels: list[PredictedKernel]
+    bucket_bytes: list[float]
+    bucket_seconds: list[float]
+    procs: int
+    batch: int
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    step_without_overlap: float = 0.0
+    step_with_overlap: float = 0.0
+
+    def step_seconds(self, overlap: bool) -> float:
+        return self.step_with_overlap if overlap else self.step_without_overlap
+
+    def layer_table(self) -> dict[tuple[int, str], dict[str, float]]:
+        """Seconds per (layer, name) and stage."""
+        table: dict[tuple[int, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        for kernel in self.kernels:
+            table[(kernel.layer, kernel.layer_name)][kernel.stage] += kernel.seconds
+        return table
+
+
+def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int, machine: Machine,
+                 bucket_mb: float = 4.0, first_bucket_mb: float = 1.0) -> StepPrediction:
+    """Predict one training step of a rank that holds ``batch`` samples, with ``procs`` ranks."""
+    itemsize = np.dtype(network.backend.dtype).itemsize
+    costs = step_costs(network, optimizer, batch)
+    reductions = _batchnorm_reductions(network, itemsize) if procs > 1 else []
+    calls: dict[tuple, int] = defaultdict(int)
+    kernels = []
+    for layer, cost in costs + reductions:
+        key = (layer, cost.stage, cost.kernel)
+        seconds = (machine.allreduce_seconds(cost.bytes, procs) if cost.kernel == "allreduce"
+                   else machine.kernel_seconds(cost.kernel, cost))
+        name = (network.layers[layer].name if 0 <= layer < len(network.layers)
+                else "loss" if layer == network.loss_index else "")
+        kernels.append(PredictedKernel(layer, name, cost.stage, cost.kernel, calls[key], seconds, cost.flops,
+                                       cost.bytes))
+        calls[key] += 1
+    buckets = plan_buckets(network, bucket_mb * MIB, min(first_bucket_mb, bucket_mb) * MIB) if procs > 1 else []
+    bucket_bytes = [float(b.size * itemsize) for b in buckets]
+    bucket_seconds = [machine.allreduce_seconds(n, procs) for n in bucket_bytes]
+    loss_seconds = machine.allreduce_seconds(LOSS_VALUES_BYTES, procs)
+    if procs > 1:
+        kernels += [PredictedKernel(NO_LAYER, "", "COMM", "allreduce", i, s, 0.0, n)
+                    for i, (n, s) in enumerate(zip(bucket_bytes + [LOSS_VALUES_BYTES], bucket_seconds + [loss_seconds]))]
+    prediction = StepPrediction(kernels, bucket_bytes, bucket_seconds, procs, batch)
+    stage = defaultdict(float)
+    for kernel in kernels:
+        stage[kernel.stage] += kernel.seconds
+    prediction.stage_seconds = {name: stage[name] for name in STAGES}
+    compute = stage["FP"] + stage["BP"] + stage["WU"]
+    prediction.step_without_overlap = compute + stage["COMM"]
+    exposed = _exposed_bucket_seconds(network, kernels, buckets, bucket_seconds)
+    prediction.step_with_overlap = compute + exposed + loss_seconds
+    return prediction
+
+
+def _batchnorm_reductions(network: Network, itemsize: int) -> list[tuple[int, KernelCost]]:
+    """The Allreduce of each batch-norm layer's (sum, sum of squares) in FP, and of its
+    gradient sums in BP when it computes an input gradient."""
+    out = []
+    for layer in network.layers:
+        if layer.kind == "bn":
+            nbytes = 2 * layer.output_shape[-1] * itemsize
+            out.append((layer.index, KernelCost("FP", "allreduce", 0.0, nbytes, (nbytes,))))
+            if layer.needs_input_grad:
+                out.append((layer.index, KernelCost("BP", "allreduce", 0.0, nbytes, (nbytes,))))
+    return out
+
+
+def _exposed_bucket_seconds(network: Network, kernels: list[PredictedKernel], buckets: list,
+                            bucket_seconds: list[float]) -> float:
+    """How long the bucket reductions outlast backward when each starts as soon as its last
+    layer's backward is done and the reductions run one after another."""
+    if not buckets:
+        return 0.0
+    backward = defaultdict(float)
+    for kernel in kernels:
+        if kernel.stage == "BP":
+            backward[kernel.layer] += kernel.seconds
+    clock, done_at = backward.pop(network.loss_index, 0.0), {}
+    for index in range(len(network.layers) - 1, -1, -1):
+        clock += backward.get(index, 0.0)
+        done_at[index] = clock
+    channel_free = 0.0
+    for bucket, seconds in zip(buckets, bucket_seconds):
+        channel_free = max(channel_free, done_at[bucket.first_layer]) + seconds
+    return max(0.0, channel_free - clock)

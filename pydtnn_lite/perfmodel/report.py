@@ -1,0 +1,115 @@
+"""Validation outputs: a CSV per kernel, one plot per stage and a self-contained HTML report."""
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import math
+import os
+
+from pydtnn_lite.errors import UserError
+from pydtnn_lite.perfmodel.validation import COMPUTE_STAGES, Comparison, Validation
+
+KERNELS_FILE, REPORT_FILE = "validation.csv", "report.html"
+
+
+def _percent(value: float) -> str:
+    return "-" if math.isnan(value) else f"{100 * value:+.1f} %"
+
+
+def write_kernels_csv(path: str, validation: Validation) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["layer", "layer_name", "stage", "kernel", "occurrence", "measured_s", "predicted_s",
+                         "relative_error", "wre"])
+        for k in validation.kernels:
+            writer.writerow([k.layer, k.layer_name, k.stage, k.kernel, k.occurrence, k.measured, k.predicted,
+                             k.relative_error, k.wre])
+
+
+def stage_plot(validation: Validation, stage: str) -> bytes:
+    """PNG: measured and predicted time of every kernel of ``stage`` in layer order, with the relative error."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("the plots need matplotlib: pip install 'pydtnn_lite[plot]'") from None
+    kernels = [k for k in validation.kernels if k.stage == stage]
+    labels = [f"{k.layer_name or k.layer} {k.kernel}" + (f"#{k.occurrence}" if k.occurrence else "") for k in kernels]
+    positions = range(len(kernels))
+    figure, axis = plt.subplots(figsize=(max(6.0, 0.28 * len(kernels) + 2), 4.5))
+    axis.bar([p - 0.2 for p in positions], [k.measured * 1e3 for k in kernels], width=0.4, label="measured")
+    axis.bar([p + 0.2 for p in positions], [k.predicted * 1e3 for k in kernels], width=0.4, label="predicted")
+    axis.set_ylabel("ms per call")
+    axis.set_xticks(list(positions), labels, rotation=90, fontsize=7)
+    errors = axis.twinx()
+    errors.plot(list(positions), [100 * k.relative_error for k in kernels], "k.", label="relative error")
+    errors.axhline(0.0, color="grey", linewidth=0.5)
+    errors.set_ylabel("relative error (%)")
+    total = next(s for s in validation.stages if s.name == stage)
+    axis.set_title(f"{stage}: measured {total.measured * 1e3:.1f} ms, predicted {total.predicted * 1e3:.1f} ms, "
+                   f"WRE {_percent(total.wre)}")
+    axis.legend(loc="upper left")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def _rows(comparisons: list[Comparison]) -> str:
+    return "".join(f"<tr><td>{html.escape(c.name)}</td><td>{c.measured * 1e3:.3f}</td><td>{c.predicted * 1e3:.3f}</td>"
+                   f"<td>{_percent(c.relative_error)}</td><td>{_percent(c.wre)}</td></tr>" for c in comparisons)
+
+
+def write_report(directory: str, validation: Validation, title: str) -> list[str]:
+    """Write the CSV, the stage plots and the HTML report into ``directory``; return the paths."""
+    os.makedirs(directory, exist_ok=True)
+    paths = [os.path.join(directory, KERNELS_FILE)]
+    write_kernels_csv(paths[0], validation)
+    images = []
+    for stage in COMPUTE_STAGES:
+        if any(k.stage == stage for k in validation.kernels):
+            png = stage_plot(validation, stage)
+            paths.append(os.path.join(directory, f"stage-{stage}.png"))
+            with open(paths[-1], "wb") as handle:
+                handle.write(png)
+            images.append(f'<h3>{stage}</h3><img alt="{stage} kernels" '
+                          f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
+    kernel_rows = "".join(
+        f"<tr><td>{k.layer} {html.escape(k.layer_name)}</td><td>{k.stage}</td><td>{html.escape(k.kernel)}</td>"
+        f"<td>{k.occurrence}</td><td>{k.measured * 1e3:.3f}</td><td>{k.predicted * 1e3:.3f}</td>"
+        f"<td>{_percent(k.relative_error)}</td><td>{_percent(k.wre)}</td></tr>" for k in validation.kernels)
+    head = "<tr><th>{}</th><th>measured ms</th><th>predicted ms</th><th>relative error</th><th>WRE</th></tr>"
+    document = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}td:first-child{{text-align:left}}
+img{{max-width:100%}}</style></head><body>
+<h1>{html.escape(title)}</h1>
+<h2>Step and stages</h2>
+<table>{head.format("")}{_rows([validation.step] + validation.stages)}</table>
+<p>Relative error = (predicted - measured) / measured. WRE of a stage = mean over its kernels of
+|predicted - measured| / (mean measured kernel time of the stage). The step excludes data loading.
+{validation.unmatched} traced calls had no prediction.</p>
+<h2>Kernels per stage</h2>{''.join(images)}
+<h2>Every kernel</h2>
+<table><tr><th>layer</th><th>stage</th><th>kernel</th><th>#</th><th>measured ms</th><th>predicted ms</th>
+<th>relative error</th><th>WRE</th></tr>{kernel_rows}</table>
+</body></html>
+"""
+    paths.append(os.path.join(directory, REPORT_FILE))
+    with open(paths[-1], "w", encoding="utf-8") as handle:
+        handle.write(document)
+    return paths
+
+
+def summary_text(validation: Validation) -> str:
+    """The step and stage table as text."""
+    lines = [f"{'':<6}{'measured ms':>14}{'predicted ms':>14}{'error':>10}{'WRE':>10}"]
+    for c in [validation.step] + validation.stages:
+        lines.append(f"{c.name:<6}{c.measured * 1e3:>14.3f}{c.predicted * 1e3:>14.3f}{_percent(c.relative_error):>10}"
+                     f"{_percent(c.wre):>10}")
+    return "\n".join(lines)

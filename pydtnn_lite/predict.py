@@ -1,0 +1,100 @@
+"""Command line: ``python -m pydtnn_lite.predict --model vgg11 --batch-size 128 --procs 8``.
+
+Predicts one data-parallel training step, kernel by kernel: the FP, BP and WU time of
+every layer, the Allreduce of every gradient bucket, and the step time with and without
+overlapping the reductions with backward. The machine is a preset cluster (the paper's
+ALTEC and AMPERE), a preset with figures replaced by flags, or a calibration file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence
+
+from pydtnn_lite.data import partition
+from pydtnn_lite.errors import UserError
+from pydtnn_lite.perfmodel.clusters import PRESETS
+from pydtnn_lite.perfmodel.machines import cluster_machine, described_cluster
+from pydtnn_lite.perfmodel.prediction import STAGES, StepPrediction, predict_step
+from pydtnn_lite.perfmodel.workload import DATASET_SHAPES, build_workload
+
+PROGRAM = "pydtnn_lite.predict"
+
+
+def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags that describe the machine, shared with the validator."""
+    machine = parser.add_argument_group("machine (a preset, changed by any of the figures)")
+    machine.add_argument("--preset", choices=sorted(PRESETS), default=None, help="cluster preset (default ampere)")
+    machine.add_argument("--peak-flops", type=float, default=None, help="peak FLOP/s per node")
+    machine.add_argument("--mem-bw", type=float, default=None, help="memory bandwidth per node, bytes/s")
+    machine.add_argument("--link-bw", type=float, default=None, help="link bandwidth, bytes/s")
+    machine.add_argument("--latency", type=float, default=None, help="link latency, seconds")
+    machine.add_argument("--algorithm", choices=("ring", "mst", "bkt"), default="ring",
+                         help="Allreduce algorithm of the model (default ring)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="vgg11")
+    parser.add_argument("--dataset", default="cifar10", choices=sorted(DATASET_SHAPES),
+                        help="the image shape to predict for")
+    parser.add_argument("--batch-size", type=int, default=128, help="global batch (all ranks together)")
+    parser.add_argument("--procs", type=int, default=None, help="ranks (default: the preset's nodes)")
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--bucket-mb", type=float, default=4.0, help="gradient bucket size, MiB")
+    parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    add_machine_arguments(parser)
+    return parser
+
+
+def prediction_json(prediction: StepPrediction, global_batch: int) -> dict:
+    return {"procs": prediction.procs, "global_batch": global_batch, "local_batch": prediction.batch,
+            "stage_seconds": prediction.stage_seconds, "step_seconds_without_overlap": prediction.step_without_overlap,
+            "step_seconds_with_overlap": prediction.step_with_overlap,
+            "buckets": [{"bytes": n, "seconds": s} for n, s in zip(prediction.bucket_bytes, prediction.bucket_seconds)],
+            "kernels": [k.__dict__ for k in prediction.kernels]}
+
+
+def prediction_text(prediction: StepPrediction, title: str, global_batch: int) -> str:
+    lines = [title, f"{'layer':<16}{'FP ms':>10}{'BP ms':>10}{'WU ms':>10}", "-" * 46]
+    for (index, name), stages in sorted(prediction.layer_table().items()):
+        if index >= 0:
+            lines.append(f"{f'{index} {name}':<16}" + "".join(f"{stages.get(s, 0.0) * 1e3:>10.3f}"
+                                                              for s in ("FP", "BP", "WU")))
+    lines.append("-" * 46)
+    lines.append("stages: " + ", ".join(f"{s} {prediction.stage_seconds[s] * 1e3:.3f} ms" for s in STAGES))
+    lines.append(f"{len(prediction.bucket_bytes)} gradient buckets, {sum(prediction.bucket_bytes) / 2**20:.1f} MiB, "
+                 f"Allreduce {sum(prediction.bucket_seconds) * 1e3:.3f} ms")
+    for overlap in (False, True):
+        step = prediction.step_seconds(overlap)
+        lines.append(f"step {'with' if overlap else 'without'} overlap: {step * 1e3:.3f} ms, "
+                     f"{global_batch / step:.1f} img/s")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cluster = described_cluster(args.preset, args.peak_flops, args.mem_bw, args.link_bw, args.latency)
+        procs = args.procs or cluster.nodes
+        if procs < 1 or args.batch_size < procs:
+            raise UserError(f"--batch-size {args.batch_size} must be at least --procs {procs} (one sample per rank)")
+        network, optimizer = build_workload(args.model, args.dataset, args.dtype, args.optimizer)
+    except UserError as error:
+        print(f"{PROGRAM}: error: {error}", file=sys.stderr)
+        return 2
+    machine = cluster_machine(cluster, args.algorithm, 8 if args.dtype == "float64" else 4)
+    local_batch = max(partition(args.batch_size, [1.0] * procs))
+    prediction = predict_step(network, optimizer, local_batch, procs, machine, args.bucket_mb)
+    if args.json:
+        print(json.dumps(prediction_json(prediction, args.batch_size), indent=1))
+    else:
+        print(prediction_text(prediction, f"{args.model} on {args.dataset}, global batch {args.batch_size} over "
+                                          f"{procs} ranks ({local_batch} per rank), {cluster.name}", args.batch_size))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
