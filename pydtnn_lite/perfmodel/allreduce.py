@@ -81,19 +81,17 @@ class AllreduceModel:
                    math.inf if threshold is None else float(threshold))
 
 
-def _fit_link(algorithm: str, samples: Sequence[tuple[int, float, float]], gamma: Optional[float]) -> Link:
-    """Non-negative least squares of relative error for (alpha, beta[, gamma]).
+def _fit_link(algorithm: str, samples: Sequence[tuple[int, float, float]], gamma: float) -> Link:
+    """Non-negative least squares of relative error for alpha and beta, gamma given.
 
-    Relative error weights small and large messages alike. With one process count, beta
-    and gamma multiply proportional terms and cannot be told apart; then ``gamma`` is
-    fixed (e.g. from the memory bandwidth) and only alpha and beta are fitted.
+    Relative error weights small and large messages alike. In all three models the beta
+    and gamma terms are proportional (2:1), so timings cannot tell them apart: gamma is
+    fixed and beta absorbs the rest of the per-byte cost.
     """
     terms = np.array([TERMS[algorithm](p, n) for p, n, _ in samples])
     times = np.array([t for _, _, t in samples])
-    target = times.copy()
-    if gamma is not None:
-        target = target - terms[:, 2] * gamma
-        terms = terms[:, :2]
+    target = times - terms[:, 2] * gamma
+    terms = terms[:, :2]
     weights = 1.0 / times
     best, best_error = None, math.inf
     # Tiny NNLS: try every subset of free parameters and keep the best non-negative solution.
@@ -110,7 +108,7 @@ def _fit_link(algorithm: str, samples: Sequence[tuple[int, float, float]], gamma
                 best, best_error = full, error
     if best is None:
         best = np.zeros(terms.shape[1])
-    return Link(float(best[0]), float(best[1]), float(best[2]) if gamma is None else gamma)
+    return Link(float(best[0]), float(best[1]), gamma)
 
 
 def relative_errors(model: AllreduceModel, samples: Sequence[tuple[int, float, float]]) -> np.ndarray:
@@ -119,19 +117,17 @@ def relative_errors(model: AllreduceModel, samples: Sequence[tuple[int, float, f
 
 
 def fit_allreduce(samples: Sequence[tuple[int, float, float]], algorithm: Optional[str] = None,
-                  gamma: Optional[float] = None) -> AllreduceModel:
+                  gamma: float = 0.0) -> AllreduceModel:
     """Fit an :class:`AllreduceModel` to ``(procs, nbytes, seconds)`` samples.
 
     Every message size is tried as the threshold between the two regimes (and none), and
     with ``algorithm`` None every algorithm; the fit with the smallest mean absolute
-    relative error wins. ``gamma`` fixes the reduction cost per byte; by default it is
-    fitted when the samples hold several process counts, else taken as 0.
+    relative error wins. ``gamma`` fixes the reduction cost per byte (e.g. from the
+    memory bandwidth); with the default 0, beta includes it.
     """
     samples = [(int(p), float(n), float(t)) for p, n, t in samples if p > 1 and t > 0]
     if not samples:
         raise ValueError("no Allreduce samples with 2 or more processes: calibrate under mpiexec -n 2 or more")
-    if gamma is None and len({p for p, _, _ in samples}) == 1:
-        gamma = 0.0
     sizes = sorted({n for _, n, _ in samples})
     best, best_error = None, math.inf
     for name in ([algorithm] if algorithm else list(TERMS)):

@@ -1,0 +1,136 @@
+"""Performance model: the formulas against hand-computed cases, the step prediction, and the CLIs end to end."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from mpi import train_cli
+
+from pydtnn_lite.layers.base import KernelCost
+from pydtnn_lite.perfmodel import AllreduceModel, Link, Roofline, allreduce_seconds, fit_allreduce, predict_step
+from pydtnn_lite.perfmodel.roofline import gemm_intensity
+from pydtnn_lite.perfmodel.workload import build_workload
+
+LINK = Link(alpha=1e-6, beta=1e-9, gamma=1e-10)
+MB = 1e6
+
+
+@pytest.mark.parametrize("algorithm,procs,expected", [
+    # 2(P-1)a + 2(P-1)/P n b + (P-1)/P n g
+    ("ring", 4, 6e-6 + 1.5e-3 + 7.5e-5),
+    # 2 ceil(log2 P)(a + n b) + ceil(log2 P) n g, ceil(log2 5) = 3
+    ("mst", 5, 6 * (1e-6 + 1e-3) + 3e-4),
+    # 2 P a + 2(P-1)/P n b + (P-1)/P n g
+    ("bkt", 4, 8e-6 + 1.5e-3 + 7.5e-5),
+])
+def test_allreduce_formulas(algorithm, procs, expected):
+    assert allreduce_seconds(algorithm, procs, MB, LINK) == pytest.approx(expected, rel=1e-12)
+    assert allreduce_seconds(algorithm, 1, MB, LINK) == 0.0
+
+
+def test_fit_recovers_two_bandwidth_regimes():
+    truth = AllreduceModel("ring", Link(3e-6, 0.2e-9, 0.05e-9), Link(20e-6, 0.5e-9, 0.1e-9), threshold=2 ** 22)
+    sizes = [2 ** k for k in range(10, 29, 2)]
+    samples = [(p, n, truth.seconds(n, p)) for p in (2, 3, 4) for n in sizes]
+    fitted = fit_allreduce(samples, algorithm="ring", gamma=0.1e-9)
+    assert max(abs((fitted.seconds(n, p) - t) / t) for p, n, t in samples) < 0.01
+    assert fitted.threshold == 2 ** 22
+    assert fitted.large.beta == pytest.approx(0.5e-9, rel=0.01)
+    assert fitted.small.alpha == pytest.approx(3e-6, rel=0.05)
+    assert AllreduceModel.from_dict(json.loads(json.dumps(fitted.to_dict()))) == fitted
+
+
+def test_fit_picks_the_algorithm_that_generated_the_samples():
+    truth = AllreduceModel("mst", LINK, LINK)
+    samples = [(p, n, truth.seconds(n, p)) for p in (2, 4, 8) for n in (1e3, 1e5, 1e7)]
+    assert fit_allreduce(samples).algorithm == "mst"
+    with pytest.raises(ValueError, match="mpiexec"):
+        fit_allreduce([(1, 1e3, 1e-6)])
+
+
+def test_roofline_bounds():
+    roof = Roofline(peak_flops=100e9, memory_bandwidth=10e9)
+    assert roof.seconds(1e9, 1e6) == pytest.approx(1e-2)  # compute bound
+    assert roof.seconds(1e6, 1e9) == pytest.approx(1e-1)  # memory bound
+    assert roof.attainable_flops(2.0) == 20e9
+    assert gemm_intensity(100, 100, 100, 4) == pytest.approx(2e6 / (3e4 * 4))
+
+
+class ConstantMachine:
+    """Every kernel ``kernel`` seconds, every Allreduce ``reduce`` seconds (hand-checkable steps)."""
+
+    def __init__(self, kernel: float, reduce: float) -> None:
+        self.kernel, self.reduce = kernel, reduce
+
+    def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
+        return self.kernel
+
+    def allreduce_seconds(self, nbytes: float, procs: int) -> float:
+        return self.reduce if procs > 1 else 0.0
+
+
+def test_prediction_adds_up_and_overlap_hides_communication_behind_backward():
+    network, optimizer = build_workload("vgg11", "cifar10")
+    single = predict_step(network, optimizer, 16, 1, ConstantMachine(1e-3, 1.0))
+    assert single.bucket_bytes == [] and single.stage_seconds["COMM"] == 0.0
+    assert single.step_without_overlap == pytest.approx(1e-3 * len(single.kernels))
+    assert single.step_with_overlap == pytest.approx(single.step_without_overlap)
+
+    slow_network = predict_step(network, optimizer, 16, 4, ConstantMachine(1e-3, 0.5), bucket_mb=4.0)
+    buckets = len(slow_network.bucket_bytes)
+    assert buckets > 3 and sum(slow_network.bucket_bytes) == pytest.approx(network.param_count * 4)
+    compute = sum(slow_network.stage_seconds[s] for s in ("FP", "BP", "WU"))
+    assert slow_network.step_without_overlap == pytest.approx(compute + 0.5 * (buckets + 1))
+    # Communication far longer than backward: at most the backward after the first bucket is hidden.
+    hidden = slow_network.step_without_overlap - slow_network.step_with_overlap
+    assert 0 < hidden < slow_network.stage_seconds["BP"]
+
+    fast_network = predict_step(network, optimizer, 16, 4, ConstantMachine(1e-3, 1e-9), bucket_mb=4.0)
+    # Communication negligible: only the last bucket (started after the first layer) is exposed.
+    assert fast_network.step_with_overlap == pytest.approx(compute + 2e-9, abs=1e-12)
+
+
+def run(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_predict_cli_prints_a_table_and_json():
+    table = run("pydtnn_lite.predict", "--model", "vgg11", "--batch-size", "128", "--procs", "8")
+    assert table.returncode == 0, table.stderr
+    assert "conv1" in table.stdout and "step with overlap" in table.stdout
+    document = json.loads(run("pydtnn_lite.predict", "--model", "resnet18", "--preset", "altec", "--json").stdout)
+    assert document["procs"] == 8 and document["local_batch"] == 16
+    assert document["step_seconds_with_overlap"] <= document["step_seconds_without_overlap"]
+    assert all(math.isfinite(k["seconds"]) and k["seconds"] >= 0 for k in document["kernels"])
+
+
+@pytest.mark.parametrize("flags,message", [
+    (("--batch-size", "4", "--procs", "8"), "at least --procs 8"),
+    (("--model", "vgg99"), "unknown model 'vgg99'"),
+    (("--peak-flops", "-1"), "--peak-flops must be positive"),
+])
+def test_predict_cli_bad_input(flags, message):
+    result = run("pydtnn_lite.predict", *flags)
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_validate_a_short_traced_run_end_to_end(tmp_path):
+    trace = tmp_path / "trace"
+    trained = train_cli(2, "--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--steps-per-epoch", "4",
+                        "--eval-steps", "0", "--run-dir", str(tmp_path), "--trace", str(trace))
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    result = run("pydtnn_lite.validate", str(trace), "--peak-flops", "50e9", "--mem-bw", "10e9",
+                 "--link-bw", "5e9", "--latency", "5e-6")
+    assert result.returncode == 0, result.stderr
+    for name in ("validation.csv", "stage-FP.png", "stage-BP.png", "stage-WU.png", "report.html"):
+        assert (trace / "validation" / name).stat().st_size > 0
+    rows = (trace / "validation" / "validation.csv").read_text().splitlines()
+    assert len(rows) > 20 and rows[0].startswith("layer,layer_name,stage,kernel")
+    assert "gemm" in (trace / "validation" / "report.html").read_text()
+    assert "step" in result.stdout and "WRE" in result.stdout
+    missing = run("pydtnn_lite.validate", str(tmp_path / "nothing"))
+    assert missing.returncode == 2 and "is not a trace directory" in missing.stderr
