@@ -19,7 +19,7 @@ import numpy as np
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import Communicator, make_communicator, make_gradient_synchronizer
-from pydtnn_lite.data import Dataset, dataset_names, open_dataset, partition
+from pydtnn_lite.data import Augmentation, Dataset, dataset_names, open_dataset, partition
 from pydtnn_lite.errors import TrainingError, UserError
 from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dataset", default="synthetic", metavar="NAME",
                        help=f"data set, one of: {', '.join(dataset_names())}")
     model.add_argument("--data-dir", default=None, help="directory of file-based data sets")
+    model.add_argument("--random-crop", type=int, default=0, metavar="PAD",
+                       help="augment training images: pad PAD pixels of zeros on each side, then crop a random "
+                            "window of the original size (0: off)")
+    model.add_argument("--random-flip", action="store_true",
+                       help="augment training images: flip each horizontally with probability 1/2")
     model.add_argument("--summary", action="store_true", help="print the model's layers and FLOPs, then exit")
 
     schedule = parser.add_argument_group("batches and schedule")
@@ -179,6 +184,7 @@ def build_job(args: argparse.Namespace, comm: Communicator) -> Job:
     in it instead of in the agreement of :func:`collectively`.
     """
     global_batch = check_arguments(args, comm)
+    augmentation = Augmentation(args.random_crop, args.random_flip)
     blas_threads = set_blas_threads(args.blas_threads or default_blas_threads(comm))
     backend = make_backend(args.device, args.dtype, gpu_id=comm.local_rank)
     train_data = open_dataset(args.dataset, "train", args.data_dir, seed=args.seed)
@@ -196,7 +202,7 @@ def build_job(args: argparse.Namespace, comm: Communicator) -> Job:
     schedule = LearningRateSchedule(args.lr, args.warmup_epochs, tuple(args.lr_decay_epochs), args.lr_decay_factor)
     synchronizer = make_gradient_synchronizer(network, comm, args.bucket_mb, overlap=not args.no_overlap)
     trainer = Trainer(network, optimizer, schedule, comm, synchronizer, train_data, global_batch,
-                      seed=args.seed, steps_per_epoch=args.steps_per_epoch)
+                      seed=args.seed, steps_per_epoch=args.steps_per_epoch, augmentation=augmentation)
     history = None
     if comm.rank == 0:
         check_writable(args.run_dir, "--run-dir")
@@ -246,7 +252,7 @@ def train(args: argparse.Namespace, job: Job, comm: Communicator) -> StepResult:
     say(comm, f"{network.name} on {args.dataset} {network.input_shape}: {network.param_count:,} parameters, "
               f"{comm.describe()}, {job.blas_threads} BLAS threads per rank, device {network.backend.device}")
     say(comm, f"global batch {job.global_batch}, per-rank shares {shares}; {trainer.steps_per_epoch} steps per "
-              f"epoch; gradients: {trainer.synchronizer.describe()}")
+              f"epoch; augmentation: {trainer.augmentation.describe()}; gradients: {trainer.synchronizer.describe()}")
     start_epoch = trainer.global_step // trainer.steps_per_epoch
     if trainer.global_step:
         say(comm, f"resumed at step {trainer.global_step} (epoch {start_epoch + 1})")

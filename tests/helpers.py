@@ -1,4 +1,4 @@
-"""Test utilities: finite differences and a float64 CPU backend."""
+"""Test utilities: finite differences, a float64 CPU backend, a one-process trainer on digits."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -6,9 +6,14 @@ from typing import Callable, Optional
 import numpy as np
 
 from pydtnn_lite.backend import make_backend
+from pydtnn_lite.comm import SerialCommunicator, make_gradient_synchronizer
+from pydtnn_lite.data import Augmentation, open_dataset
 from pydtnn_lite.layers import (Add, AvgPool2D, BatchNorm, Concat, Conv2D, Dense, Dropout, Flatten,
                                 GlobalAvgPool2D, MaxPool2D, ReLU)
+from pydtnn_lite.models import create_model
 from pydtnn_lite.network import Network
+from pydtnn_lite.optim import SGD, LearningRateSchedule
+from pydtnn_lite.training import Trainer
 
 FLOAT64 = make_backend("cpu", "float64")
 
@@ -60,3 +65,13 @@ def sample_per_segment(network, per_segment: int, seed: int = 0) -> np.ndarray:
     picks = [rng.choice(np.arange(seg.start, seg.stop), size=min(per_segment, seg.stop - seg.start),
                         replace=False) for seg in network.segments]
     return np.concatenate(picks)
+
+
+def digits_trainer(model: str, lr: float, batch: int = 32, augmentation: Augmentation = Augmentation()) -> Trainer:
+    """A one-process Trainer of ``model`` on the digits training split, weights seeded with 0."""
+    data = open_dataset("digits")
+    network = create_model(model, data.input_shape, data.num_classes).build(make_backend(), seed=0)
+    comm = SerialCommunicator()
+    return Trainer(network, SGD(network, momentum=0.9), LearningRateSchedule(lr), comm,
+                   make_gradient_synchronizer(network, comm, 4.0, overlap=True), data, batch, seed=0,
+                   augmentation=augmentation)

@@ -3,24 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import digits_trainer
 
 from pydtnn_lite.backend import BackendError, gpu_available, make_backend
-from pydtnn_lite.comm import SerialCommunicator, make_gradient_synchronizer
 from pydtnn_lite.comm.gradients import plan_buckets
 from pydtnn_lite.data import EpochSampler, open_dataset, partition
 from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, LearningRateSchedule
-from pydtnn_lite.training import Trainer
-
-
-def digits_trainer(model, lr, batch=32, epochs_steps=None):
-    data = open_dataset("digits")
-    network = create_model(model, data.input_shape, data.num_classes).build(make_backend(), seed=0)
-    comm = SerialCommunicator()
-    trainer = Trainer(network, SGD(network, momentum=0.9), LearningRateSchedule(lr), comm,
-                      make_gradient_synchronizer(network, comm, 4.0, overlap=True), data, batch, seed=0)
-    return trainer
 
 
 @pytest.mark.parametrize("model,lr,epochs", [("lenet", 0.02, 5), ("mlp", 0.02, 3)])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from pydtnn_lite.data.augment import Augmentation
 from pydtnn_lite.data.base import DataError, Dataset
 from pydtnn_lite.data.cifar import Cifar10Dataset
 from pydtnn_lite.data.digits import DigitsDataset
@@ -66,5 +67,5 @@ def open_dataset(name: str, split: str = "train", data_dir: Optional[str] = None
     return DATASETS[name](split, data_dir, seed)
 
 
-__all__ = ["DataError", "Dataset", "EpochSampler", "partition", "local_rows", "open_dataset", "dataset_names",
-           "SyntheticDataset", "DigitsDataset", "Cifar10Dataset", "MnistDataset", "NpzShardDataset"]
+__all__ = ["Augmentation", "DataError", "Dataset", "EpochSampler", "partition", "local_rows", "open_dataset",
+           "dataset_names", "SyntheticDataset", "DigitsDataset", "Cifar10Dataset", "MnistDataset", "NpzShardDataset"]

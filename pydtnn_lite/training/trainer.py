@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from pydtnn_lite.comm import Communicator, GradientSynchronizer
-from pydtnn_lite.data import Dataset, EpochSampler, local_rows
+from pydtnn_lite.data import Augmentation, Dataset, EpochSampler, local_rows
 from pydtnn_lite.errors import TrainingError
 from pydtnn_lite.layers import SoftmaxCrossEntropy, StepContext
 from pydtnn_lite.network import Network
@@ -33,13 +33,16 @@ class Trainer:
     """Trains ``network`` on this rank's share of every global batch of ``data``.
 
     ``share_weights`` set how the global batch is split over ranks (equal by default).
+    ``augmentation`` is applied to training batches only, never in ``evaluate``.
     ``on_step(global_step, result)`` is called after each step (progress, checkpoints).
     """
 
     def __init__(self, network: Network, optimizer: Optimizer, schedule: LearningRateSchedule,
                  comm: Communicator, synchronizer: GradientSynchronizer, data: Dataset,
                  global_batch: int, seed: int = 0, steps_per_epoch: Optional[int] = None,
-                 share_weights: Optional[Sequence[float]] = None) -> None:
+                 share_weights: Optional[Sequence[float]] = None,
+                 augmentation: Augmentation = Augmentation()) -> None:
+        augmentation.check(data)
         self.network, self.optimizer, self.schedule = network, optimizer, schedule
         self.comm, self.synchronizer, self.data = comm, synchronizer, data
         self.loss = SoftmaxCrossEntropy()
@@ -48,6 +51,7 @@ class Trainer:
         self.share_weights = list(share_weights) if share_weights else [1.0] * comm.size
         self.global_step = 0
         self.seed = seed
+        self.augmentation = augmentation
         self.backend = network.backend
 
     # ----------------------------------------------------------------- one step
@@ -88,7 +92,12 @@ class Trainer:
         """This rank's images and labels of step ``step`` of ``epoch``: (x, y, global batch, offset)."""
         indices = self.sampler.batch(epoch, step)
         rows = self.local_rows(len(indices))
-        images, labels = self.to_device(*self.data.load(indices[rows]))
+        mine = indices[rows]
+        images, labels = self.data.load(mine)
+        # On the host, before the copy to the device. Choices follow the samples' data-set
+        # indices, not this rank's rows, so any split of the batch trains the same images.
+        images = self.augmentation.apply(images, mine, self.seed, epoch)
+        images, labels = self.to_device(images, labels)
         return images, labels, len(indices), rows.start
 
     def to_device(self, images: Any, labels: Any) -> tuple[Any, Any]:

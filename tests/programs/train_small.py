@@ -1,6 +1,7 @@
 """Train a small network with every layer kind that talks across ranks; rank 0 saves the weights.
 
-Run as ``[mpiexec -n P] python train_small.py OUT.npz --batch B --steps S [--no-overlap]``.
+Run as ``[mpiexec -n P] python train_small.py OUT.npz --batch B --steps S [--no-overlap]
+[--random-crop PAD] [--random-flip]``.
 """
 import argparse
 
@@ -8,7 +9,7 @@ import numpy as np
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import make_communicator, make_gradient_synchronizer
-from pydtnn_lite.data import open_dataset
+from pydtnn_lite.data import Augmentation, open_dataset
 from pydtnn_lite.layers import BatchNorm, Conv2D, Dense, Dropout, Flatten, MaxPool2D, ReLU
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, LearningRateSchedule
@@ -39,6 +40,8 @@ def main() -> None:
     parser.add_argument("--no-overlap", action="store_true")
     parser.add_argument("--bucket-mb", type=float, default=0.002)
     parser.add_argument("--weights", type=float, nargs="*", default=None)
+    parser.add_argument("--random-crop", type=int, default=0)
+    parser.add_argument("--random-flip", action="store_true")
     args = parser.parse_args()
     comm = make_communicator(timeout=60)
     install_job_abort(comm, "train_small")
@@ -48,7 +51,8 @@ def main() -> None:
     optimizer = SGD(network, momentum=0.9, weight_decay=1e-4)
     sync = make_gradient_synchronizer(network, comm, args.bucket_mb, overlap=not args.no_overlap)
     trainer = Trainer(network, optimizer, LearningRateSchedule(0.05), comm, sync, open_dataset("digits"),
-                      args.batch, seed=1, steps_per_epoch=args.steps, share_weights=args.weights)
+                      args.batch, seed=1, steps_per_epoch=args.steps, share_weights=args.weights,
+                      augmentation=Augmentation(args.random_crop, args.random_flip))
     trainer.train_epoch(0)
     if comm.rank == 0:
         np.savez(args.out, **network.state_dict())
