@@ -1,6 +1,7 @@
 """Performance model: the formulas against hand-computed cases, the step prediction, and the CLIs end to end."""
 from __future__ import annotations
 
+import csv
 import json
 import math
 import subprocess
@@ -134,3 +135,22 @@ def test_validate_a_short_traced_run_end_to_end(tmp_path):
     assert "step" in result.stdout and "WRE" in result.stdout
     missing = run("pydtnn_lite.validate", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "is not a trace directory" in missing.stderr
+
+
+def test_scalability_study_writes_csv_and_plots_with_the_expected_trends(tmp_path):
+    result = run("pydtnn_lite.scalability", "--models", "resnet18", "--datasets", "cifar10", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "scalability-cifar10.png").stat().st_size > 0
+    with open(tmp_path / "scalability.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    series = {name: [row for row in rows if row["parameter"] == name] for name in {row["parameter"] for row in rows}}
+    link = [float(r["communication"]) for r in series["link_bandwidth_gbps"]]
+    assert link == sorted(link, reverse=True) and link[0] > 10 * link[-1]
+    nodes = series["nodes"]
+    assert float(nodes[0]["communication"]) == 0.0  # one node reduces nothing
+    computation = [float(r["computation"]) for r in nodes]
+    assert max(computation) == pytest.approx(min(computation), rel=1e-9)  # the per-node batch is fixed
+    memory = [float(r["computation"]) for r in series["memory_bandwidth"]]
+    assert memory == sorted(memory, reverse=True)
+    batch = [float(r["computation"]) for r in series["batch"]]
+    assert batch == sorted(batch)
