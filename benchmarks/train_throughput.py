@@ -9,18 +9,12 @@ images/s, and the fraction of the GEMM peak the whole step reaches:
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
+from common import make_trainer, median_seconds
 
-from pydtnn_lite.backend import make_backend
-from pydtnn_lite.comm import SerialCommunicator, make_gradient_synchronizer
-from pydtnn_lite.data import open_dataset
-from pydtnn_lite.models import create_model
-from pydtnn_lite.optim import SGD, LearningRateSchedule
+from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.runtime import set_blas_threads
-from pydtnn_lite.training import Trainer
 
 
 def gemm_peak(size: int, repeats: int) -> float:
@@ -28,13 +22,7 @@ def gemm_peak(size: int, repeats: int) -> float:
     rng = np.random.default_rng(0)
     a = rng.random((size, size), dtype=np.float32)
     b = rng.random((size, size), dtype=np.float32)
-    a @ b
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - started)
-    return 2.0 * size ** 3 / statistics.median(times)
+    return 2.0 * size ** 3 / median_seconds(lambda: a @ b, repeats)
 
 
 def main() -> None:
@@ -49,18 +37,10 @@ def main() -> None:
 
     set_blas_threads(args.threads)
     peak = gemm_peak(2048, 7)
-    data = open_dataset(args.dataset)
-    network = create_model(args.model, data.input_shape, data.num_classes).build(make_backend(), seed=0)
-    comm = SerialCommunicator()
-    trainer = Trainer(network, SGD(network), LearningRateSchedule(0.001), comm,
-                      make_gradient_synchronizer(network, comm, 4.0, overlap=True), data, args.batch_size)
+    trainer = make_trainer(args.model, args.dataset, args.batch_size, SerialCommunicator())
+    network = trainer.network
     images, labels, batch, _ = trainer.load_step(0, 0)
-    times = []
-    for step in range(args.warmup + args.steps):
-        result = trainer.train_step(images, labels, batch, 0)
-        if step >= args.warmup:
-            times.append(result.seconds)
-    step_time = statistics.median(times)
+    step_time = median_seconds(lambda: trainer.train_step(images, labels, batch, 0), args.steps, args.warmup)
     flops = args.batch_size * (network.flops_per_sample("FP") + network.flops_per_sample("BP"))
     achieved = flops / step_time
     print(f"machine float32 GEMM peak ({args.threads} BLAS threads, 2048^3): {peak / 1e9:.1f} GFLOP/s")

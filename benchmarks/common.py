@@ -1,0 +1,57 @@
+"""Timing helpers shared by the benchmarks: a shared, noisy machine wants interleaved variants and medians."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Mapping, Sequence
+
+from pydtnn_lite.backend import make_backend
+from pydtnn_lite.comm import Communicator, make_gradient_synchronizer
+from pydtnn_lite.data import open_dataset
+from pydtnn_lite.models import create_model
+from pydtnn_lite.optim import SGD, LearningRateSchedule
+from pydtnn_lite.training import Trainer
+
+Timings = Mapping[str, float]
+
+
+def timed(call: Callable[[], object]) -> float:
+    """Wall seconds of one ``call()``."""
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
+def interleave(variants: Sequence[Callable[[], Timings]], rounds: int, warmup: int = 1,
+               before: Callable[[], None] = lambda: None,
+               combine: Callable[[Timings], Timings] = lambda timings: timings) -> dict[str, list[float]]:
+    """Run every variant once per round and collect the named seconds each returns.
+
+    The order rotates every round, so a slow spell of a shared machine hits all variants
+    alike. ``before`` runs ahead of each call (a barrier, for collectives); ``combine``
+    turns one call's figures into the recorded ones (e.g. the slowest rank's). The first
+    ``warmup`` rounds warm caches and allocators and are not recorded.
+    """
+    samples: dict[str, list[float]] = {}
+    for round_ in range(warmup + rounds):
+        for offset in range(len(variants)):
+            before()
+            timings = combine(variants[(round_ + offset) % len(variants)]())
+            if round_ >= warmup:
+                for name, seconds in timings.items():
+                    samples.setdefault(name, []).append(seconds)
+    return samples
+
+
+def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    """Median wall seconds of ``repeats`` calls, after ``warmup`` untimed ones."""
+    return statistics.median(interleave([lambda: {"call": timed(call)}], repeats, warmup)["call"])
+
+
+def make_trainer(model: str, dataset: str, global_batch: int, comm: Communicator, bucket_mb: float = 4.0,
+                 overlap: bool = True) -> Trainer:
+    """A trainer as the command line builds it (SGD, weights seeded 0), on ``comm``'s ranks."""
+    data = open_dataset(dataset)
+    network = create_model(model, data.input_shape, data.num_classes).build(make_backend(), seed=0)
+    synchronizer = make_gradient_synchronizer(network, comm, bucket_mb, overlap=overlap)
+    return Trainer(network, SGD(network), LearningRateSchedule(0.001), comm, synchronizer, data, global_batch)

@@ -1,0 +1,44 @@
+"""The benchmarks' timing helpers and a smoke run of the gradient synchronisation benchmark (no timing asserted)."""
+from __future__ import annotations
+
+import os
+import sys
+
+from mpi import REPO, run
+
+BENCHMARKS = os.path.join(REPO, "benchmarks")
+sys.path.insert(0, BENCHMARKS)
+
+from common import interleave  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
+
+GRADIENT_SYNC = os.path.join(BENCHMARKS, "gradient_sync.py")
+
+
+def test_interleave_rotates_the_order_and_drops_the_warmup():
+    calls = []
+
+    def variant(name):
+        def call():
+            calls.append(name)
+            return {name: float(len(calls))}  # "seconds": this call's position among all calls
+        return call
+
+    samples = interleave([variant("a"), variant("b"), variant("c")], rounds=2, warmup=1,
+                         before=lambda: calls.append("|"), combine=lambda timings: {k: -v for k, v in timings.items()})
+    assert "".join(calls) == "|a|b|c" "|b|c|a" "|c|a|b"
+    assert samples == {"b": [-8.0, -18.0], "c": [-10.0, -14.0], "a": [-12.0, -16.0]}
+
+
+def test_gradient_sync_prints_every_part_on_two_ranks():
+    result = run(2, [GRADIENT_SYNC, "--model", "lenet", "--batch-size", "8", "--repeats", "2", "--steps", "2",
+                     "--bucket-mb", "0.01", "1"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    for title in ("1. sync:", "2. buckets:", "3. overlap:", "4. scaling:", "hidden from step times"):
+        assert result.stdout.count(title) == 1, result.stdout  # rank 0 alone prints
+
+
+def test_gradient_sync_needs_two_ranks():
+    result = run(1, [GRADIENT_SYNC, "--model", "lenet"])
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == ["gradient_sync: needs at least 2 ranks: "
+                                                  "mpiexec -n 2 python benchmarks/gradient_sync.py"]
