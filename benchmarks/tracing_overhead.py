@@ -1,26 +1,22 @@
 """Cost of tracing: training steps with the tracer attached against the same steps without it.
 
-    python benchmarks/tracing_overhead.py [--model vgg11] [--batch-size 64] [--threads 2] [--rounds 6] [--steps 3]
+    python benchmarks/tracing_overhead.py [--model vgg11] [--batch-size 64] [--threads 2] [--rounds 10]
 
-Traced and untraced steps alternate in rounds (the order flips every round) on the same
-trainer and batch, so machine noise hits both alike. A traced step is timed from the
-caller, so the tracer's end-of-step work (pairing calls with their costs) is included.
-Prints the median step time of each and the overhead of tracing.
+Traced and untraced steps alternate (the order rotates every round) on the same trainer
+and batch, so a slow spell of the machine hits both alike. A traced step is timed from
+the caller, so the tracer's end-of-step work (pairing calls with their costs) counts.
+Prints the median step of each and the overhead of tracing.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
-from pydtnn_lite.backend import make_backend
-from pydtnn_lite.comm import SerialCommunicator, make_gradient_synchronizer
-from pydtnn_lite.data import open_dataset
-from pydtnn_lite.models import create_model
-from pydtnn_lite.optim import SGD, LearningRateSchedule
+from common import interleave, make_trainer, timed
+
+from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.runtime import set_blas_threads
 from pydtnn_lite.tracing import Tracer
-from pydtnn_lite.training import Trainer
 
 
 def main() -> None:
@@ -29,35 +25,34 @@ def main() -> None:
     parser.add_argument("--dataset", default="synthetic")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=3, help="steps per mode and round")
+    parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
 
     set_blas_threads(args.threads)
-    data = open_dataset(args.dataset)
-    network = create_model(args.model, data.input_shape, data.num_classes).build(make_backend(), seed=0)
-    comm = SerialCommunicator()
-    trainer = Trainer(network, SGD(network), LearningRateSchedule(0.001), comm,
-                      make_gradient_synchronizer(network, comm, 4.0, overlap=True), data, args.batch_size)
+    trainer = make_trainer(args.model, args.dataset, args.batch_size, SerialCommunicator())
     images, labels, batch, _ = trainer.load_step(0, 0)
-    for _ in range(2):
-        trainer.train_step(images, labels, batch, 0)
-    times: dict[bool, list[float]] = {False: [], True: []}
-    events = 0
-    for round_index in range(args.rounds):
-        for traced in ((False, True) if round_index % 2 == 0 else (True, False)):
-            tracer = Tracer(trainer).attach() if traced else None
-            for _ in range(args.steps):
-                started = time.perf_counter()
-                trainer.train_step(images, labels, batch, 0)
-                times[traced].append(time.perf_counter() - started)
-            if tracer is not None:
-                tracer.detach()
-                events = len(tracer.kernels) // args.steps
-    plain, traced = statistics.median(times[False]), statistics.median(times[True])
-    print(f"{args.model} batch {args.batch_size}, {args.threads} BLAS threads, {args.rounds * args.steps} steps each:")
-    print(f"  untraced step {plain * 1e3:.1f} ms, traced step {traced * 1e3:.1f} ms ({events} kernel records per step)")
-    print(f"  tracing overhead {traced / plain - 1:+.2%} (median traced / median untraced - 1)")
+    tracer = Tracer(trainer)
+
+    def step() -> float:
+        return timed(lambda: trainer.train_step(images, labels, batch, 0))
+
+    def untraced() -> dict[str, float]:
+        return {"untraced": step()}
+
+    def traced() -> dict[str, float]:
+        tracer.attach()
+        try:
+            return {"traced": step()}
+        finally:
+            tracer.detach()
+
+    samples = interleave([untraced, traced], args.rounds, warmup=2)
+    plain, with_tracer = statistics.median(samples["untraced"]), statistics.median(samples["traced"])
+    records = len(tracer.kernels) // max(len(tracer.steps), 1)
+    print(f"{args.model} batch {args.batch_size}, {args.threads} BLAS threads, {args.rounds} steps each "
+          f"(medians): untraced {plain * 1e3:.1f} ms, traced {with_tracer * 1e3:.1f} ms "
+          f"({records} kernel records per step)")
+    print(f"tracing overhead {with_tracer / plain - 1:+.2%}")
 
 
 if __name__ == "__main__":

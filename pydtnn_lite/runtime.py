@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from typing import Optional
 
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.errors import UserError
+
+# mpiexec forwards a rank's output asynchronously; an immediate abort can drop the message.
+ABORT_GRACE_SECONDS = 0.3
 
 
 def usable_cores() -> int:
@@ -51,4 +55,5 @@ def report_and_abort(comm: Communicator, program: str, error: BaseException, tb=
     sys.stderr.write(f"{details}{program}: error: rank {comm.rank} of {comm.size} failed: {error}; "
                      "ending the job\n")
     sys.stderr.flush()
+    time.sleep(ABORT_GRACE_SECONDS)
     comm.abort(1)
