@@ -1,18 +1,19 @@
 """Per-kernel regression models: the run time of one kernel call from its operand sizes.
 
 A sample is one measured call: the ``dims`` of its :class:`~pydtnn_lite.layers.KernelCost`,
-its analytic FLOPs and bytes, and the median seconds it took. Two models learn
+its analytic FLOPs and bytes, and the median seconds it took. Three models learn
 ``seconds`` from them:
 
 - :class:`MLPRegressor`, the model of Barrachina et al. (2021): log-scaled, standardised
   operand sizes in, log(seconds) out, five Dense+ReLU layers of 50 units and one output,
   trained with this framework's own layers, mean squared error and Adam, with early
   stopping on a held-out fifth of its training samples;
-- :class:`RateModel`, ``overhead + flops / flop_rate + bytes / byte_rate``, for kernels
-  measured too few times to train an MLP, and wherever it predicts held-out calls better.
+- two closed-form fallbacks for kernels sampled too few times to train an MLP:
+  :class:`RateModel` (``overhead + flops / flop_rate + bytes / byte_rate``) and
+  :class:`LogLinearModel` (a power law of the sizes).
 
-:func:`fit_kernel_model` fits both, compares them on held-out samples and keeps the
-better one. Every model has ``predict(dims, flops, bytes) -> seconds`` and round-trips
+:func:`fit_kernel_model` fits the candidates, compares them on held-out samples and keeps
+the best. Every model has ``predict(dims, flops, bytes) -> seconds`` and round-trips
 through ``to_dict`` / :func:`model_from_dict` (plain JSON values).
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pydtnn_lite.optim import Adam
 
 MIN_SECONDS = 1e-9  # a timer reading of 0 would have no logarithm
 HELD_OUT = 0.2  # the paper's split: 80 % to train, 20 % to test (and, inside training, to validate)
+STORED_WEIGHTS = np.dtype("<f2")  # little-endian float16: how a calibration file keeps MLP weights
 MLP_MIN_SAMPLES = 30  # below this an MLP's 20 % validation set is too small to stop it in time
 
 
@@ -71,24 +73,19 @@ def _matrix(samples: Sequence[KernelSample]) -> tuple[np.ndarray, np.ndarray]:
     return x, np.maximum(np.array([s.seconds for s in samples]), MIN_SECONDS)
 
 
-def median_relative_error(predicted: np.ndarray, measured: np.ndarray) -> float:
-    """Median of |predicted - measured| / measured (NaN for no samples)."""
-    if len(measured) == 0:
-        return math.nan
-    return float(np.median(np.abs(predicted - measured) / measured))
-
-
 class KernelModel:
     """A fitted model of one kernel's run time.
 
-    ``held_out_error`` is the median relative error on samples the model was not fitted
-    on (NaN when there were too few to hold any out); ``samples`` the number it was fitted on.
+    ``samples`` is the number of samples it was fitted on. ``held_out_error`` is its median
+    relative error on samples it was not fitted on, and ``held_out_time_error`` the total
+    absolute error over the total time of those samples, which weighs each call by its
+    time as a training step does (both NaN when there were too few to hold any out).
     """
 
     kind = ""
 
     def __init__(self) -> None:
-        self.held_out_error = math.nan
+        self.held_out_error = self.held_out_time_error = math.nan
         self.samples = 0
 
     def predict(self, dims: Sequence[int], flops: float, nbytes: float) -> float:
@@ -100,29 +97,28 @@ class KernelModel:
         raise NotImplementedError
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "held_out_error": self.held_out_error, "samples": self.samples,
-                **self._parameters()}
+        return {"kind": self.kind, "samples": self.samples, "held_out_error": self.held_out_error,
+                "held_out_time_error": self.held_out_time_error, **self._parameters()}
 
     def _parameters(self) -> dict:
         raise NotImplementedError
 
     def _restore_fit_figures(self, data: dict) -> "KernelModel":
-        self.held_out_error, self.samples = float(data["held_out_error"]), int(data["samples"])
+        self.samples = int(data["samples"])
+        self.held_out_error, self.held_out_time_error = float(data["held_out_error"]), float(data["held_out_time_error"])
         return self
 
 
 class RateModel(KernelModel):
     """``seconds = overhead + flops / flop_rate + bytes / byte_rate``, each term non-negative.
 
-    The fallback where samples are few. On a CPU a small kernel call costs a fixed few
-    microseconds (Python and NumPy dispatch) and a large one grows linearly with the work
-    it does, so the run time bends from flat to linear as sizes grow. A straight line in
-    log-log space (log seconds on log FLOPs and log bytes) has one slope for all sizes and
-    cannot bend; on the dev-2core calibration (see docs/performance-model.md) it had a
-    larger held-out error than this model for every element-wise kernel. The max of a
-    compute and a memory time (the roofline) needs a non-linear fit and is no closer on
-    kernels whose FLOPs and bytes grow together, which most of them do; the sum is linear
-    in its three coefficients, so a weighted least-squares fit is exact and cheap.
+    On a CPU a small kernel call costs a fixed few microseconds (Python and NumPy
+    dispatch) and a large one grows linearly with the work it does, so its run time bends
+    from flat to linear as sizes grow; a sum of a constant and two rates bends the same
+    way, and its coefficients are the kernel's call overhead and achieved rates. The max
+    of a compute and a memory time (the roofline) would need a non-linear fit and is no
+    closer on kernels whose FLOPs and bytes grow together, which most of them do; the sum
+    is linear in its three coefficients, so its fit is exact and cheap.
 
     Fitted to minimise the squared *relative* error (each row divided by its measured
     time), so small calls weigh as much as large ones; the non-negativity of the three
@@ -171,6 +167,49 @@ class RateModel(KernelModel):
         return model._restore_fit_figures(data)
 
 
+def _check_inputs(x: np.ndarray, expected: int) -> None:
+    """Refuse a feature matrix whose dims do not have the length the model was fitted on."""
+    if x.shape[1] != expected:
+        raise ValueError(f"this model takes {expected - 2} dims, got {x.shape[1] - 2}")
+
+
+class LogLinearModel(KernelModel):
+    """``log(seconds) = w0 + w . features``: a power law of the dims, FLOPs and bytes.
+
+    Where a kernel's time follows its operand sizes but not its FLOPs and bytes (a copy
+    whose speed depends on the shape of what it copies; a view that copies nothing), the
+    dims carry what :class:`RateModel` cannot see. One straight line in log-log space has
+    one slope for all sizes, so it misses the bend from call overhead to linear growth;
+    the held-out comparison in :func:`fit_kernel_model` decides per kernel. Fitted by
+    least squares on log(seconds), i.e. on relative errors.
+    """
+
+    kind = "loglinear"
+
+    def __init__(self, weights: Sequence[float]) -> None:
+        super().__init__()
+        self.weights = np.asarray(weights, dtype=np.float64)
+
+    @classmethod
+    def fit(cls, samples: Sequence[KernelSample]) -> "LogLinearModel":
+        x, seconds = _matrix(samples)
+        design = np.hstack([np.ones((len(x), 1)), x])
+        model = cls(np.linalg.lstsq(design, np.log(seconds), rcond=None)[0])
+        model.samples = len(samples)
+        return model
+
+    def predict_features(self, x: np.ndarray) -> np.ndarray:
+        _check_inputs(x, len(self.weights) - 1)
+        return np.exp(self.weights[0] + x @ self.weights[1:])
+
+    def _parameters(self) -> dict:
+        return {"weights": self.weights.tolist()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LogLinearModel":
+        return cls(data["weights"])._restore_fit_figures(data)
+
+
 def _standardise(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mean and scale of each column; a constant column gets scale 1 (it standardises to 0)."""
     scale = values.std(axis=0)
@@ -181,8 +220,11 @@ class MLPRegressor(KernelModel):
     """Log(seconds) from standardised log sizes by an MLP built from this framework's layers.
 
     ``hidden`` Dense+ReLU layers (the paper: five of 50 units) and a Dense layer with one
-    output, in float32 so that the weights stored in a calibration file (base64 of the
-    flat parameter array) reproduce the predictions bit for bit.
+    output, trained in float32. After training the weights are rounded to float16, the
+    precision a calibration file stores them in (base64 of the flat parameter array: a
+    calibration's models then fit in under 1 MB), so a model read back predicts exactly
+    what the fitted one did. The rounding moves a prediction by about 0.1 %, far below
+    the run-to-run noise of the timings.
     """
 
     kind = "mlp"
@@ -254,30 +296,29 @@ class MLPRegressor(KernelModel):
                 lr *= 0.1
             if waited >= patience:
                 break
-        network.flat_params[...] = best_params
+        network.flat_params[...] = best_params.astype(STORED_WEIGHTS)
 
     def _forward(self, inputs: np.ndarray) -> np.ndarray:
         ctx = StepContext(training=False, global_batch=len(inputs))
         return self.network.forward(inputs, ctx)
 
     def predict_features(self, x: np.ndarray) -> np.ndarray:
-        if x.shape[1] != len(self.x_mean):
-            raise ValueError(f"this model takes {len(self.x_mean) - 2} dims, got {x.shape[1] - 2}")
+        _check_inputs(x, len(self.x_mean))
         inputs = ((x - self.x_mean) / self.x_scale).astype(np.float32)
         return np.exp(self._forward(inputs)[:, 0].astype(np.float64) * self.y_scale + self.y_mean)
 
     def _parameters(self) -> dict:
         hidden = [layer.units for layer in self.network.layers if isinstance(layer, Dense)][:-1]
-        weights = np.ascontiguousarray(self.network.flat_params, dtype="<f4")
+        weights = np.ascontiguousarray(self.network.flat_params, dtype=STORED_WEIGHTS)
         return {"hidden": hidden, "x_mean": self.x_mean.tolist(), "x_scale": self.x_scale.tolist(),
                 "y_mean": self.y_mean, "y_scale": self.y_scale,
-                "weights_float32_base64": base64.b64encode(weights.tobytes()).decode("ascii")}
+                "weights_float16_base64": base64.b64encode(weights.tobytes()).decode("ascii")}
 
     @classmethod
     def from_dict(cls, data: dict) -> "MLPRegressor":
         x_mean = np.array(data["x_mean"], dtype=np.float64)
         network = cls._network(len(x_mean), data["hidden"], seed=0)
-        weights = np.frombuffer(base64.b64decode(data["weights_float32_base64"]), dtype="<f4")
+        weights = np.frombuffer(base64.b64decode(data["weights_float16_base64"]), dtype=STORED_WEIGHTS)
         if weights.size != network.flat_params.size:
             raise ValueError(f"an MLP with hidden layers {data['hidden']} has {network.flat_params.size} "
                              f"weights, the file holds {weights.size}")
@@ -286,7 +327,8 @@ class MLPRegressor(KernelModel):
         return model._restore_fit_figures(data)
 
 
-MODEL_KINDS = {RateModel.kind: RateModel, MLPRegressor.kind: MLPRegressor}
+MODEL_KINDS = {model.kind: model for model in (RateModel, LogLinearModel, MLPRegressor)}
+FALLBACKS = (RateModel, LogLinearModel)
 
 
 def model_from_dict(data: dict) -> KernelModel:
@@ -304,34 +346,38 @@ def _held_out_split(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return order[cut:], order[:cut]
 
 
+def held_out_errors(model: KernelModel, test: Sequence[KernelSample]) -> tuple[float, float]:
+    """(median relative error, total absolute error / total time) of ``model`` on ``test``."""
+    if not test:
+        return math.nan, math.nan
+    x, seconds = _matrix(test)
+    error = np.abs(model.predict_features(x) - seconds)
+    return float(np.median(error / seconds)), float(error.sum() / seconds.sum())
+
+
 def fit_kernel_model(samples: Sequence[KernelSample], seed: int = 0,
                      mlp_min_samples: int = MLP_MIN_SAMPLES) -> KernelModel:
-    """The better of an MLP and a :class:`RateModel` for one kernel's ``samples``.
+    """The best of the closed-form fallbacks and, given enough samples, an MLP, for one
+    kernel's ``samples``.
 
-    A fifth of the samples is held out. The rate model is fitted on the rest; with at
-    least ``mlp_min_samples`` samples an MLP is trained on them too. The model with the
-    lower median relative error on the held-out fifth is kept; a kept rate model is then
-    refitted on all samples (three coefficients: the held-out error stays a fair
-    estimate), a kept MLP stays as trained. ``held_out_error`` records the held-out error.
+    A fifth of the samples is held out; each candidate is fitted on the rest, and the one
+    with the lowest median relative error on the held-out fifth is kept. The MLP is a
+    candidate once at least ``mlp_min_samples`` samples remain to train it. A kept
+    closed-form model is refitted on all samples (a few coefficients: the held-out error
+    stays a fair estimate); a kept MLP stays as trained. The kept model records its
+    held-out errors.
     """
     if not samples:
         raise ValueError("no samples to fit")
     fit_rows, test_rows = _held_out_split(len(samples), seed)
     fit = [samples[i] for i in fit_rows]
     test = [samples[i] for i in test_rows]
-    test_x, test_seconds = _matrix(test) if test else (np.zeros((0, 0)), np.zeros(0))
-
-    def error(model: KernelModel) -> float:
-        return median_relative_error(model.predict_features(test_x), test_seconds) if test else math.nan
-
-    rate_error = error(RateModel.fit(fit))
-    chosen: Optional[KernelModel] = None
+    candidates: list[KernelModel] = [kind.fit(fit) for kind in FALLBACKS]
     if len(fit) >= mlp_min_samples:
-        mlp = MLPRegressor.fit(fit, seed=seed)
-        mlp_error = error(mlp)
-        if mlp_error < rate_error:
-            chosen, chosen_error = mlp, mlp_error
-    if chosen is None:
-        chosen, chosen_error = RateModel.fit(samples), rate_error
-    chosen.held_out_error = chosen_error
+        candidates.append(MLPRegressor.fit(fit, seed=seed))
+    scored = [(held_out_errors(model, test), model) for model in candidates]
+    # Without held-out samples (NaN errors) the first fallback is kept.
+    errors, best = min(scored, key=lambda entry: 0.0 if math.isnan(entry[0][0]) else entry[0][0])
+    chosen = best if isinstance(best, MLPRegressor) else type(best).fit(samples)
+    chosen.held_out_error, chosen.held_out_time_error = errors
     return chosen

@@ -1,0 +1,1 @@
+"""The performance model: per-kernel regressions calibrated on this machine."""
