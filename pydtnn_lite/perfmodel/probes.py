@@ -145,7 +145,7 @@ class GridSize:
 
 # About 2-3 minutes of probes on 2 cores; large enough for VGG11's and ResNet18's layers at
 # batch 64 on CIFAR-sized images.
-FULL = GridSize({"conv": 200, "dense": 40, "pool": 32, "merge": 24}, 8e9, 1 << 22)
+FULL = GridSize({"conv": 200, "dense": 48, "pool": 96, "merge": 64}, 8e9, 1 << 22)
 QUICK = GridSize({"conv": 6, "dense": 4, "pool": 3, "merge": 3}, 5e7, 1 << 16)
 
 
