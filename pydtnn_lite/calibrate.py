@@ -92,7 +92,8 @@ def report(calibration: Calibration) -> str:
         rates = calibration.kernel_rates.get(name, {})
         rows.append((name, str(len(calibration.kernel_samples.get(name, ()))), model.kind,
                      _percent(model.held_out_error), _percent(model.held_out_time_error),
-                     f"{rates.get('flops_per_second', 0.0) / 1e9:.1f}", f"{rates.get('bytes_per_second', 0.0) / 1e9:.1f}"))
+                     f"{rates.get('flops_per_second', 0.0) / 1e9:.1f}",
+                     f"{rates.get('bytes_per_second', 0.0) / 1e9:.1f}"))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
     return "\n".join(lines + [line(header), "-" * (sum(widths) + 2 * len(widths) - 2)] + [line(row) for row in rows])

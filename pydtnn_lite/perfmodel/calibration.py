@@ -25,7 +25,7 @@ from pydtnn_lite.perfmodel.allreduce_timing import FULL_SIZES, allreduce_samples
 from pydtnn_lite.perfmodel.machine import describe_machine, gemm_peak, memory_bandwidth
 from pydtnn_lite.perfmodel.probes import FULL, GridSize, calibration_grid
 from pydtnn_lite.perfmodel.regression import KernelModel, KernelSample, fit_kernel_model, model_from_dict
-from pydtnn_lite.perfmodel.sampling import probe_samples
+from pydtnn_lite.perfmodel.sampling import probe_samples, rounded
 
 FORMAT, VERSION = "pydtnn_lite calibration", 1
 
@@ -153,7 +153,7 @@ def _median_over_ranks(per_rank: list[dict[str, list[KernelSample]]]) -> dict[st
         if any(len(column) != len(first) for column in columns):
             raise RuntimeError(f"the ranks measured different numbers of {name} calls")
         merged[name] = [KernelSample(calls[0].dims, calls[0].flops, calls[0].bytes,
-                                     float(np.median([call.seconds for call in calls])))
+                                     rounded(float(np.median([call.seconds for call in calls]))))
                         for calls in zip(*columns)]
     return merged
 

@@ -22,7 +22,7 @@ import base64
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -97,15 +97,19 @@ class KernelModel:
         raise NotImplementedError
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "samples": self.samples, "held_out_error": self.held_out_error,
-                "held_out_time_error": self.held_out_time_error, **self._parameters()}
+        """Plain JSON values (an error that could not be measured is None, not NaN)."""
+        errors = {"held_out_error": self.held_out_error, "held_out_time_error": self.held_out_time_error}
+        return {"kind": self.kind, "samples": self.samples,
+                **{name: None if math.isnan(value) else value for name, value in errors.items()},
+                **self._parameters()}
 
     def _parameters(self) -> dict:
         raise NotImplementedError
 
     def _restore_fit_figures(self, data: dict) -> "KernelModel":
         self.samples = int(data["samples"])
-        self.held_out_error, self.held_out_time_error = float(data["held_out_error"]), float(data["held_out_time_error"])
+        self.held_out_error, self.held_out_time_error = (
+            math.nan if data[name] is None else float(data[name]) for name in ("held_out_error", "held_out_time_error"))
         return self
 
 

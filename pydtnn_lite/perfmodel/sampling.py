@@ -32,6 +32,12 @@ LEARNING_RATE = 1e-4  # small enough that no probe's loss diverges on random lab
 MAX_STEPS = 20
 
 
+def rounded(seconds: float) -> float:
+    """A measured time kept to 4 significant digits: the noise of a timing on a shared machine
+    is far larger, and the calibration file a third smaller."""
+    return float(f"{seconds:.4g}")
+
+
 def h2d_copy_cost(batch: int, input_shape: Sequence[int]) -> KernelCost:
     """Cost of copying a batch of float32 images to the device: dims (batch, elements per sample)."""
     per_sample = int(np.prod(input_shape))
@@ -91,7 +97,8 @@ def probe_samples(probe: Probe, backend: Backend, repeats: int, min_seconds: flo
     return paired_samples(tracer.kernels, costs)
 
 
-def paired_samples(records: Sequence[KernelRecord], costs: dict[tuple, list[KernelCost]]) -> dict[str, list[KernelSample]]:
+def paired_samples(records: Sequence[KernelRecord],
+                   costs: dict[tuple, list[KernelCost]]) -> dict[str, list[KernelSample]]:
     """One sample per (layer, stage, kernel, occurrence) of a step that ``costs`` lists: its
     cost, and the median duration of its calls over the traced training steps."""
     durations: dict[tuple, list[float]] = defaultdict(list)
@@ -106,5 +113,6 @@ def paired_samples(records: Sequence[KernelRecord], costs: dict[tuple, list[Kern
     samples: dict[str, list[KernelSample]] = defaultdict(list)
     for (layer, stage, kernel, occurrence), seconds in durations.items():
         cost = costs[(layer, stage, kernel)][occurrence]
-        samples[kernel].append(KernelSample(tuple(cost.dims), cost.flops, cost.bytes, statistics.median(seconds)))
+        median = rounded(statistics.median(seconds))
+        samples[kernel].append(KernelSample(tuple(cost.dims), cost.flops, cost.bytes, median))
     return dict(samples)
