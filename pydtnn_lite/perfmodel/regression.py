@@ -119,10 +119,10 @@ class RateModel(KernelModel):
     On a CPU a small kernel call costs a fixed few microseconds (Python and NumPy
     dispatch) and a large one grows linearly with the work it does, so its run time bends
     from flat to linear as sizes grow; a sum of a constant and two rates bends the same
-    way, and its coefficients are the kernel's call overhead and achieved rates. The max
-    of a compute and a memory time (the roofline) would need a non-linear fit and is no
-    closer on kernels whose FLOPs and bytes grow together, which most of them do; the sum
-    is linear in its three coefficients, so its fit is exact and cheap.
+    way, and its coefficients are the kernel's call overhead and achieved rates. Where
+    FLOPs and bytes grow together, as they do for most kernels, the roofline's max of a
+    compute and a memory time has the same shape as their sum; the sum is linear in its
+    three coefficients, so its fit is exact and cheap, where the max needs a non-linear one.
 
     Fitted to minimise the squared *relative* error (each row divided by its measured
     time), so small calls weigh as much as large ones; the non-negativity of the three
@@ -370,6 +370,12 @@ def fit_kernel_model(samples: Sequence[KernelSample], seed: int = 0,
     closed-form model is refitted on all samples (a few coefficients: the held-out error
     stays a fair estimate); a kept MLP stays as trained. The kept model records its
     held-out errors.
+
+    Both fallbacks stay candidates because neither fits every kernel: on the dev-2core
+    calibration (docs/performance-model.md) the rate model held out better for relu,
+    sgd_update and maxpool (12, 29, 25 % median error against 23, 45, 36 %), the
+    log-linear model for concat, split, maxpool_grad and im2col (19, 12, 20, 68 % against
+    46, 48, 63, 98 %), whose time the dims tell better than FLOPs and bytes do.
     """
     if not samples:
         raise ValueError("no samples to fit")
