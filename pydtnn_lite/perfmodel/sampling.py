@@ -73,17 +73,18 @@ def probe_samples(probe: Probe, backend: Backend, repeats: int, min_seconds: flo
     few milliseconds, and its median over a longer span is less at the mercy of whatever
     else the machine runs at that moment.
     """
+    most = max(repeats, MAX_STEPS)
     network = probe.network().build(backend, seed=seed)
     optimizer = Adam(network) if probe.optimizer == "adam" else SGD(network)
     comm = SerialCommunicator()
-    data = RandomImages(probe.batch * (MAX_STEPS + 1), probe.batch, probe.input_shape, probe.classes, seed)
+    data = RandomImages(probe.batch * (most + 1), probe.batch, probe.input_shape, probe.classes, seed)
     trainer = Trainer(network, optimizer, LearningRateSchedule(LEARNING_RATE), comm,
                       make_gradient_synchronizer(network, comm, 4.0, overlap=False), data, probe.batch,
                       seed=seed, steps_per_epoch=1)
     started = time.perf_counter()
     trainer.train_epoch(0)
     warm_up = time.perf_counter() - started
-    steps = int(np.clip(math.ceil(min_seconds / max(warm_up, 1e-6)), repeats, max(repeats, MAX_STEPS)))
+    steps = int(np.clip(math.ceil(min_seconds / max(warm_up, 1e-6)), repeats, most))
     trainer.steps_per_epoch = 1 + steps
     tracer = Tracer(trainer, skip_steps=1).attach()
     try:
