@@ -371,11 +371,11 @@ def fit_kernel_model(samples: Sequence[KernelSample], seed: int = 0,
     stays a fair estimate); a kept MLP stays as trained. The kept model records its
     held-out errors.
 
-    Both fallbacks stay candidates because neither fits every kernel: on the dev-2core
-    calibration (docs/performance-model.md) the rate model held out better for relu,
-    sgd_update and maxpool (12, 29, 25 % median error against 23, 45, 36 %), the
-    log-linear model for concat, split, maxpool_grad and im2col (19, 12, 20, 68 % against
-    46, 48, 63, 98 %), whose time the dims tell better than FLOPs and bytes do.
+    Both fallbacks stay candidates because neither fits every kernel: on
+    calibration/dev-2core.json the rate model held out better for relu, sgd_update,
+    maxpool and add (7, 27, 24, 45 % median error against 12, 43, 42, 58 %), the
+    log-linear model for concat, split, maxpool_grad and im2col (19, 8, 20, 61 % against
+    50, 39, 63, 98 %), whose time the dims tell better than their FLOPs and bytes do.
     """
     if not samples:
         raise ValueError("no samples to fit")
