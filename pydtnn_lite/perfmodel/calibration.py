@@ -176,6 +176,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     """Measure and fit on every rank of ``comm`` (collective); rank 0 gets the Calibration,
     the other ranks None. ``log`` is called with a line after each phase."""
     started = time.perf_counter()
+    load_before = os.getloadavg()
     timings: dict[str, float] = {}
 
     def phase_done(name: str, detail: str) -> None:
@@ -211,7 +212,9 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     recorded = {"batch_sizes": list(settings.batch_sizes), "repeats": settings.repeats,
                 "min_seconds": settings.min_seconds, "grid": grid_settings,
                 "allreduce_sizes": list(settings.allreduce_sizes), "seed": settings.seed,
-                "seconds": dict(timings, total=round(time.perf_counter() - started, 2))}
+                "seconds": dict(timings, total=round(time.perf_counter() - started, 2)),
+                # Other jobs slow the kernels down: the 1-minute load average, this job's ranks included.
+                "load_average": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)}}
     return Calibration(describe_machine(backend, blas_threads, comm.size), peak, bandwidth, models, reductions,
                        allreduce_ranks=comm.size, kernel_samples=samples,
                        kernel_rates={name: best_rates(s) for name, s in sorted(samples.items())},

@@ -24,9 +24,9 @@ from pydtnn_lite.layers import (Add, AvgPool2D, BatchNorm, Concat, Conv2D, Dense
 from pydtnn_lite.network import Network
 
 CLASSES = (10, 100, 1000)  # the head's width: the loss kernels' (batch, classes)
-SIZES = (8, 16, 32)  # feature map height = width
-CHANNELS = (3, 16, 64, 128)
-FILTERS = (16, 64, 128)
+SIZES = (4, 8, 16, 32)  # feature map height = width
+CHANNELS = (3, 16, 64, 128, 256, 512)
+FILTERS = (16, 64, 128, 256, 512)
 KERNELS = (1, 3, 5)
 STRIDES = (1, 2)
 WIDTHS = (64, 256, 512, 1024, 2048, 4096)  # Dense inputs and outputs
@@ -143,9 +143,9 @@ class GridSize:
     max_activations: int
 
 
-# About 2-3 minutes of probes on 2 cores; large enough for VGG11's and ResNet18's layers at
-# batch 64 on CIFAR-sized images.
-FULL = GridSize({"conv": 200, "dense": 48, "pool": 96, "merge": 64}, 8e9, 1 << 22)
+# About 2-3 minutes of probes on 2 cores; covers the layers of VGG11 and ResNet18 at batch
+# 64 on CIFAR-sized images (up to 512 channels).
+FULL = GridSize({"conv": 300, "dense": 48, "pool": 96, "merge": 64}, 8e9, 1 << 22)
 QUICK = GridSize({"conv": 6, "dense": 4, "pool": 3, "merge": 3}, 5e7, 1 << 16)
 
 
