@@ -372,10 +372,10 @@ def fit_kernel_model(samples: Sequence[KernelSample], seed: int = 0,
     held-out errors.
 
     Both fallbacks stay candidates because neither fits every kernel: on
-    calibration/dev-2core.json the rate model held out better for relu, sgd_update,
-    maxpool and add (7, 27, 24, 45 % median error against 12, 43, 42, 58 %), the
-    log-linear model for concat, split, maxpool_grad and im2col (19, 8, 20, 61 % against
-    50, 39, 63, 98 %), whose time the dims tell better than their FLOPs and bytes do.
+    calibration/dev-2core.json the rate model held out better for relu, relu_grad,
+    sgd_update and gemm (4, 12, 29, 15 % median error against 16, 30, 47, 39 %), the
+    log-linear model for split, maxpool_grad, im2col and h2d_copy (11, 20, 50, 15 % against
+    28, 60, 98, 26 %), whose time the dims tell better than their FLOPs and bytes do.
     """
     if not samples:
         raise ValueError("no samples to fit")
