@@ -46,11 +46,9 @@ class KernelSample:
     bytes: float
     seconds: float
 
-    def to_list(self) -> list:
-        return [list(self.dims), self.flops, self.bytes, self.seconds]
-
     @classmethod
     def from_list(cls, row: Sequence) -> "KernelSample":
+        """A sample from its four values, as a calibration file's columns hold them."""
         dims, flops, nbytes, seconds = row
         return cls(tuple(int(d) for d in dims), float(flops), float(nbytes), float(seconds))
 
