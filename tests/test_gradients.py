@@ -6,7 +6,8 @@ import pytest
 from helpers import FLOAT64, every_layer_network, numeric_gradient, relative_error, sample_per_segment
 
 from pydtnn_lite.layers import (Add, AvgPool2D, BatchNorm, Concat, Conv2D, Dense, Dropout, Flatten,
-                                GlobalAvgPool2D, MaxPool2D, ReLU, SoftmaxCrossEntropy, StepContext)
+                                GlobalAvgPool2D, MaxPool2D, MeanSquaredError, ReLU, SoftmaxCrossEntropy,
+                                StepContext)
 from pydtnn_lite.models import create_model
 
 TOLERANCE = 1e-6
@@ -137,3 +138,18 @@ def test_residual_and_dense_connectivity():
     net.backward(loss.backward())
     analytic = net.flat_grads.copy()
     assert relative_error(analytic, numeric_gradient(objective, net.flat_params)) <= TOLERANCE
+
+
+def test_mean_squared_error():
+    rng = np.random.default_rng(3)
+    predictions = rng.normal(size=(4, 3))
+    targets = rng.normal(size=(4, 3))
+    loss = MeanSquaredError()
+    ctx = StepContext(training=True, global_batch=10)  # a share of a larger global batch
+
+    def objective():
+        return float(loss.forward(predictions, targets, ctx)) / ctx.global_batch
+
+    assert objective() * ctx.global_batch == pytest.approx(((predictions - targets) ** 2).mean(axis=1).sum())
+    analytic = loss.backward()
+    assert relative_error(analytic, numeric_gradient(objective, predictions)) <= TOLERANCE

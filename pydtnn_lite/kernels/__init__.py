@@ -10,7 +10,8 @@ from pydtnn_lite.kernels.blas import bias_add, bias_grad, gemm
 from pydtnn_lite.kernels.conv import col2im, im2col
 from pydtnn_lite.kernels.elementwise import (add, concat, dropout_mask, dropout_apply, relu,
                                              relu_grad, split)
-from pydtnn_lite.kernels.loss import softmax_cross_entropy, softmax_cross_entropy_grad
+from pydtnn_lite.kernels.loss import (softmax_cross_entropy, softmax_cross_entropy_grad, squared_error,
+                                      squared_error_grad)
 from pydtnn_lite.kernels.normalization import (batchnorm_grad_input, batchnorm_grad_sums,
                                                batchnorm_inference, batchnorm_normalize,
                                                batchnorm_sums)
@@ -20,7 +21,8 @@ from pydtnn_lite.kernels.update import adam_update, sgd_update
 __all__ = [
     "gemm", "bias_add", "bias_grad", "im2col", "col2im", "relu", "relu_grad",
     "dropout_mask", "dropout_apply", "add", "concat", "split", "softmax_cross_entropy",
-    "softmax_cross_entropy_grad", "batchnorm_sums", "batchnorm_normalize", "batchnorm_grad_sums",
+    "softmax_cross_entropy_grad", "squared_error", "squared_error_grad", "batchnorm_sums",
+    "batchnorm_normalize", "batchnorm_grad_sums",
     "batchnorm_grad_input",
     "batchnorm_inference", "maxpool", "maxpool_grad", "avgpool", "avgpool_grad",
     "sgd_update", "adam_update",

@@ -1,4 +1,4 @@
-"""Softmax fused with cross-entropy, written to be stable for any logit magnitude."""
+"""Loss kernels: softmax fused with cross-entropy (stable for any logit magnitude), and squared error."""
 from __future__ import annotations
 
 from typing import Any
@@ -29,3 +29,15 @@ def softmax_cross_entropy_grad(probs: Any, labels: Any, scale: float) -> Any:
     grad[xp.arange(probs.shape[0]), labels] -= 1.0
     grad *= scale
     return grad
+
+
+def squared_error(predictions: Any, targets: Any) -> tuple[Any, Any]:
+    """Return (predictions - targets, per-sample loss) for (N, K) arrays; the loss of a
+    sample is the mean over its K outputs of the squared difference."""
+    diff = predictions - targets
+    return diff, (diff * diff).mean(axis=1)
+
+
+def squared_error_grad(diff: Any, scale: float) -> Any:
+    """d(sum of per-sample losses * scale)/d(predictions) = 2 * diff / K * scale."""
+    return diff * (2.0 * scale / diff.shape[1])

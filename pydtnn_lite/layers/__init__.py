@@ -5,11 +5,11 @@ from pydtnn_lite.layers.batchnorm import BatchNorm
 from pydtnn_lite.layers.conv import Conv2D
 from pydtnn_lite.layers.dense import Dense
 from pydtnn_lite.layers.dropout import Dropout
-from pydtnn_lite.layers.loss import SoftmaxCrossEntropy
+from pydtnn_lite.layers.loss import MeanSquaredError, SoftmaxCrossEntropy
 from pydtnn_lite.layers.merge import Add, Concat
 from pydtnn_lite.layers.pooling import AvgPool2D, GlobalAvgPool2D, MaxPool2D
 from pydtnn_lite.layers.reshape import Flatten
 
 __all__ = ["Layer", "KernelCost", "StepContext", "Conv2D", "Dense", "MaxPool2D", "AvgPool2D",
            "GlobalAvgPool2D", "BatchNorm", "ReLU", "Flatten", "Dropout", "Add", "Concat",
-           "SoftmaxCrossEntropy"]
+           "SoftmaxCrossEntropy", "MeanSquaredError"]

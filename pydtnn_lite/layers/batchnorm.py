@@ -70,7 +70,8 @@ class BatchNorm(Layer):
     def costs(self, batch: int) -> list[KernelCost]:
         n = self.elements(batch)
         s = self.itemsize
-        dims = (batch,) + tuple(self.output_shape)
+        shape = tuple(self.output_shape)
+        dims = (batch,) + (1,) * (3 - len(shape)) + shape  # (batch, H, W, C); a vector is a 1x1 map
         out = [KernelCost("FP", "batchnorm_sums", 2 * n, n * s, dims),
                KernelCost("FP", "batchnorm_normalize", 4 * n, 3 * n * s, dims),
                KernelCost("BP", "batchnorm_grad_sums", 3 * n, 2 * n * s, dims)]

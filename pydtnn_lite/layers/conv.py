@@ -79,9 +79,12 @@ class Conv2D(Layer):
         trivial_im2col = self.kernel_size == 1 and self.padding == 0 and self.stride == 1
         cols_bytes = 0 if trivial_im2col else m * k * s
         forward, backward = gemm_layer_costs(m, n, k, s, self.use_bias, self.needs_input_grad)
-        out = [KernelCost("FP", "im2col", 0, x_bytes + cols_bytes, (m, k))] + forward + backward
+        # The patch copy's speed depends on the window, not only on the matrix it fills:
+        # (m, k, input channels, kernel size, stride, padding).
+        patches = (m, k, self.input_shapes[0][2], self.kernel_size, self.stride, self.padding)
+        out = [KernelCost("FP", "im2col", 0, x_bytes + cols_bytes, patches)] + forward + backward
         if self.needs_input_grad:
-            out.append(KernelCost("BP", "col2im", 0 if trivial_im2col else m * k, cols_bytes + 2 * x_bytes, (m, k)))
+            out.append(KernelCost("BP", "col2im", 0 if trivial_im2col else m * k, cols_bytes + 2 * x_bytes, patches))
         return out
 
     def describe(self) -> str:

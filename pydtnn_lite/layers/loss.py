@@ -1,4 +1,4 @@
-"""Softmax fused with cross-entropy: the training loss of every model in the zoo."""
+"""Losses: softmax fused with cross-entropy (every model of the zoo) and mean squared error (regression)."""
 from __future__ import annotations
 
 from typing import Any
@@ -36,3 +36,26 @@ class SoftmaxCrossEntropy:
         n = batch * classes
         return [KernelCost("FP", "softmax_cross_entropy", 5 * n, 2 * n * itemsize, (batch, classes)),
                 KernelCost("BP", "softmax_cross_entropy_grad", 2 * n, 2 * n * itemsize, (batch, classes))]
+
+
+class MeanSquaredError:
+    """Mean over the GLOBAL batch of each sample's mean squared error over its outputs.
+
+    The regression loss of the performance model's MLPs. Same conventions as
+    :class:`SoftmaxCrossEntropy`: ``forward`` returns this rank's *sum* of per-sample
+    losses and ``backward`` divides by the global batch size, so a SUM Allreduce of the
+    ranks' gradients is the gradient of the full-batch mean.
+    """
+
+    kind = "mse"
+
+    def forward(self, predictions: Any, targets: Any, ctx: StepContext) -> Any:
+        """Return the sum of per-sample losses on this rank; ``targets`` has the shape of ``predictions``."""
+        self.diff, losses = kernels.squared_error(predictions, targets)
+        self.scale = 1.0 / ctx.global_batch
+        return losses.sum()
+
+    def backward(self) -> Any:
+        grad = kernels.squared_error_grad(self.diff, self.scale)
+        self.diff = None
+        return grad

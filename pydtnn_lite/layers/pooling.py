@@ -41,7 +41,7 @@ class _Pool2D(Layer):
         outputs = self.elements(batch)
         taps = self.pool_size ** 2 * outputs
         s = self.itemsize
-        dims = (batch,) + self.input_shapes[0]
+        dims = (batch,) + tuple(self.input_shapes[0]) + (self.pool_size, self.stride, self.padding)
         return [KernelCost("FP", kernel, taps, (inputs + outputs) * s, dims),
                 KernelCost("BP", f"{kernel}_grad", taps, (inputs + outputs) * s, dims)]
 

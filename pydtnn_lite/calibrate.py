@@ -1,0 +1,135 @@
+"""Command line: ``[mpiexec -n P] python -m pydtnn_lite.calibrate [--out FILE] [--quick] [options]``.
+
+Measures every kernel of a training step over a grid of layer shapes, the GEMM peak,
+the memory bandwidth and (with P >= 2 ranks) Allreduce, fits a run-time model per
+kernel, writes the calibration file (rank 0) and prints each model's held-out error.
+The ranks measure at the same time, each with its share of the cores, as the ranks of a
+training job on this machine compute; run it with the ranks per node you will train
+with. ``--refit FILE`` fits the models again from the samples a file holds, measuring
+nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from typing import Optional, Sequence
+
+from pydtnn_lite.backend import make_backend
+from pydtnn_lite.comm import make_communicator
+from pydtnn_lite.errors import UserError
+from pydtnn_lite.perfmodel.allreduce_timing import QUICK_SIZES
+from pydtnn_lite.perfmodel.calibration import Calibration, CalibrationSettings, calibrate, fit_models
+from pydtnn_lite.perfmodel.probes import QUICK
+from pydtnn_lite.runtime import default_blas_threads, install_job_abort, set_blas_threads
+
+PROGRAM = "pydtnn_lite.calibrate"
+SETUP_ERROR_EXIT = 2
+DEFAULT_OUT = "calibration.json"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[1],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--out", default=None,
+                        help=f"calibration file to write (default {DEFAULT_OUT}; with --refit, the file refitted)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few probes, one step each, Allreduce up to 4 MiB: seconds, for a smoke test")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(CalibrationSettings.batch_sizes),
+                        help="batch sizes of the probe networks")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="traced steps per probe, at least (default 3; 1 with --quick)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="BLAS threads per rank (default: the node's cores divided by its ranks)")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the grid's sampling and the MLPs")
+    parser.add_argument("--refit", metavar="FILE", default=None,
+                        help="fit the kernel models again from the samples FILE holds; measure nothing")
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> CalibrationSettings:
+    """The measurement settings the flags ask for; UserError for impossible values."""
+    if any(batch < 1 for batch in args.batch_sizes):
+        raise UserError(f"--batch-sizes must be positive, got {args.batch_sizes}")
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else CalibrationSettings.repeats)
+    if repeats < 1:
+        raise UserError(f"--repeats must be at least 1, got {repeats}")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be at least 1, got {args.threads}")
+    if args.quick:
+        return CalibrationSettings(tuple(args.batch_sizes), repeats, 0.0, QUICK, QUICK_SIZES, 1, args.seed)
+    return CalibrationSettings(batch_sizes=tuple(args.batch_sizes), repeats=repeats, seed=args.seed)
+
+
+def check_writable(path: str) -> None:
+    """Make the output's folder now, and refuse one that cannot be written, rather than
+    failing after minutes of measuring."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    if os.path.isdir(path) or not os.access(folder, os.W_OK):
+        raise UserError(f"cannot write the calibration file {path}: pass a writable --out FILE")
+
+
+def _percent(value: float) -> str:
+    return "-" if math.isnan(value) else f"{100 * value:.1f}"
+
+
+def report(calibration: Calibration) -> str:
+    """The roofs, and per kernel: samples, model, held-out errors and best achieved rates."""
+    machine = calibration.machine
+    lines = [f"{machine.get('cpu_model', '?')}, {machine.get('ranks', '?')} rank(s) x "
+             f"{machine.get('blas_threads', '?')} BLAS thread(s), {machine.get('dtype', '?')} on "
+             f"{machine.get('device', '?')}: GEMM peak {calibration.peak_flops / 1e9:.1f} GFLOP/s, memory "
+             f"bandwidth {calibration.memory_bandwidth / 1e9:.1f} GB/s per rank; "
+             f"{len(calibration.allreduce_samples)} Allreduce samples", "",
+             "held-out error: median |predicted - measured| / measured, and total |error| / total time"]
+    header = ("kernel", "samples", "model", "median %", "time %", "best GFLOP/s", "best GB/s")
+    rows = []
+    for name, model in sorted(calibration.kernel_models.items()):
+        rates = calibration.kernel_rates.get(name, {})
+        rows.append((name, str(len(calibration.kernel_samples.get(name, ()))), model.kind,
+                     _percent(model.held_out_error), _percent(model.held_out_time_error),
+                     f"{rates.get('flops_per_second', 0.0) / 1e9:.1f}",
+                     f"{rates.get('bytes_per_second', 0.0) / 1e9:.1f}"))
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join(lines + [line(header), "-" * (sum(widths) + 2 * len(widths) - 2)] + [line(row) for row in rows])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    comm = make_communicator()
+    install_job_abort(comm, PROGRAM)
+    # Every rank checks the same flags and reads the same file, so all of them fail alike
+    # here, before the first collective.
+    out = args.out or args.refit or DEFAULT_OUT
+    try:
+        settings = settings_from(args)
+        previous = Calibration.load(args.refit) if args.refit else None
+        backend = make_backend(args.device, args.dtype)
+        check_writable(out)
+    except (UserError, OSError, ValueError) as error:
+        if comm.rank == 0:
+            print(f"{PROGRAM}: error: {error}", file=sys.stderr)
+        return SETUP_ERROR_EXIT
+    threads = set_blas_threads(args.threads or default_blas_threads(comm))
+    log = (lambda line: print(line, flush=True)) if comm.rank == 0 else (lambda line: None)
+    if previous is not None:
+        previous.kernel_models = fit_models(previous.kernel_samples, comm, args.seed)
+        calibration = previous
+    else:
+        log(f"calibrating: {comm.size} rank(s) x {threads} BLAS thread(s), {args.dtype} on {backend.device}"
+            f"{', quick' if args.quick else ''}")
+        calibration = calibrate(backend, comm, settings, threads, log)
+    if comm.rank == 0:
+        calibration.save(out)
+        print(report(calibration))
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Calibration: measure this machine's kernels and Allreduce, fit the kernel models, keep them in a file.
+
+:func:`calibrate` runs the probe grid (``probes.py``) under the tracer on every rank at
+once, each rank with its share of the cores, as the ranks of a data-parallel training
+step run; the per-call medians of all ranks are combined (median over ranks), and the
+kernel models are fitted, the kernels shared out over the ranks. It also measures the
+GEMM peak and the memory bandwidth on every rank at once, and times Allreduce over the
+ranks. :class:`Calibration` holds the result and reads and writes the calibration file
+(JSON, described in docs/performance-model.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from pydtnn_lite.backend import Backend
+from pydtnn_lite.comm import Communicator
+from pydtnn_lite.layers import KernelCost
+from pydtnn_lite.perfmodel.allreduce_timing import FULL_SIZES, allreduce_samples
+from pydtnn_lite.perfmodel.machine import describe_machine, gemm_peak, memory_bandwidth
+from pydtnn_lite.perfmodel.probes import FULL, GridSize, calibration_grid
+from pydtnn_lite.perfmodel.regression import KernelModel, KernelSample, fit_kernel_model, model_from_dict
+from pydtnn_lite.perfmodel.sampling import probe_samples, rounded
+
+FORMAT, VERSION = "pydtnn_lite calibration", 1
+
+
+@dataclass
+class Calibration:
+    """What the performance model knows about one machine (per rank of a job like the calibration's).
+
+    ``kernel_models`` predict each kernel's seconds from its cost; ``peak_flops`` (a
+    2048-cubed GEMM) and ``memory_bandwidth`` (a large copy, bytes read plus written)
+    are the roofs, ``kernel_rates`` the best FLOP/s and bytes/s each kernel reached.
+    ``allreduce_samples`` are (ranks, bytes, seconds) of in-place Allreduce;
+    ``allreduce_ranks`` the ranks the calibration ran on. ``kernel_samples`` are the
+    measurements the models were fitted on, so that fits can be redone.
+    """
+
+    machine: dict
+    peak_flops: float
+    memory_bandwidth: float
+    kernel_models: dict[str, KernelModel]
+    allreduce_samples: list[tuple[int, float, float]]
+    allreduce_ranks: int = 1
+    kernel_samples: dict[str, list[KernelSample]] = field(default_factory=dict)
+    kernel_rates: dict[str, dict[str, float]] = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
+
+    def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
+        """Predicted seconds of one call of ``kernel`` with ``cost``; a kernel without a model
+        gets the roofline time max(flops / peak_flops, bytes / memory_bandwidth)."""
+        model = self.kernel_models.get(kernel)
+        if model is not None:
+            return model.predict(cost.dims, cost.flops, cost.bytes)
+        return max(cost.flops / self.peak_flops, cost.bytes / self.memory_bandwidth)
+
+    # ------------------------------------------------------------------ file
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "machine": self.machine, "settings": self.settings,
+                "roofline": {"peak_flops": self.peak_flops, "memory_bandwidth": self.memory_bandwidth,
+                             "kernels": self.kernel_rates},
+                "kernel_models": {name: model.to_dict() for name, model in sorted(self.kernel_models.items())},
+                "kernel_samples": {name: _columns(samples) for name, samples in sorted(self.kernel_samples.items())},
+                "allreduce_ranks": self.allreduce_ranks,
+                "allreduce_samples": [list(sample) for sample in self.allreduce_samples]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Calibration":
+        roofline = data["roofline"]
+        return cls(machine=dict(data["machine"]), peak_flops=float(roofline["peak_flops"]),
+                   memory_bandwidth=float(roofline["memory_bandwidth"]),
+                   kernel_models={name: model_from_dict(model) for name, model in data["kernel_models"].items()},
+                   allreduce_samples=[(int(p), float(n), float(s)) for p, n, s in data["allreduce_samples"]],
+                   allreduce_ranks=int(data["allreduce_ranks"]),
+                   kernel_samples={name: _rows(columns) for name, columns in data["kernel_samples"].items()},
+                   kernel_rates={name: dict(rates) for name, rates in roofline["kernels"].items()},
+                   settings=dict(data["settings"]))
+
+    def save(self, path: str) -> None:
+        """Write the calibration file at ``path`` (its folder is created; the file is replaced
+        whole, never left half written)."""
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        partial = f"{path}.partial"
+        with open(partial, "w", encoding="utf-8") as handle:
+            json.dump(self.to_dict(), handle, separators=(",", ":"))
+        os.replace(partial, path)
+
+    @classmethod
+    def load(cls, path: str) -> "Calibration":
+        """Read a file written by :meth:`save`. Raises OSError if it cannot be read and
+        ValueError if it is not a calibration file or is damaged."""
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except OSError as error:
+            raise OSError(error.errno, f"cannot read calibration file {path}: {error.strerror}") from error
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ValueError(f"{path} is not a calibration file (not JSON: {error}): write one with "
+                             "python -m pydtnn_lite.calibrate --out FILE") from error
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a calibration file (no \"format\": \"{FORMAT}\"): write one with "
+                             "python -m pydtnn_lite.calibrate --out FILE")
+        if data.get("version") != VERSION:
+            raise ValueError(f"{path} is a calibration file of version {data.get('version')}, this program reads "
+                             f"version {VERSION}: calibrate again")
+        try:
+            return cls.from_dict(data)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{path} is a damaged calibration file ({type(error).__name__}: {error}): "
+                             "calibrate again") from error
+
+
+def _columns(samples: list[KernelSample]) -> dict:
+    """Samples as four parallel lists: a third of the size of one list per sample."""
+    return {"dims": [list(s.dims) for s in samples], "flops": [s.flops for s in samples],
+            "bytes": [s.bytes for s in samples], "seconds": [s.seconds for s in samples]}
+
+
+def _rows(columns: dict) -> list[KernelSample]:
+    return [KernelSample.from_list(row) for row in zip(columns["dims"], columns["flops"], columns["bytes"],
+                                                       columns["seconds"], strict=True)]
+
+
+def best_rates(samples: list[KernelSample]) -> dict[str, float]:
+    """The highest FLOP/s and bytes/s of a kernel's samples (0 where it counts none)."""
+    flops = max((s.flops / s.seconds for s in samples if s.seconds > 0), default=0.0)
+    nbytes = max((s.bytes / s.seconds for s in samples if s.seconds > 0), default=0.0)
+    return {"flops_per_second": flops, "bytes_per_second": nbytes}
+
+
+def fit_models(samples: dict[str, list[KernelSample]], comm: Communicator, seed: int = 0) -> dict[str, KernelModel]:
+    """Fit every kernel's model, the kernels shared out over the ranks; every rank gets all
+    models. Collective."""
+    names = sorted(samples)
+    mine = {name: fit_kernel_model(samples[name], seed=seed).to_dict() for name in names[comm.rank::comm.size]}
+    fitted = {name: model for part in comm.allgather_object(mine) for name, model in part.items()}
+    return {name: model_from_dict(fitted[name]) for name in names}
+
+
+def _median_over_ranks(per_rank: list[dict[str, list[KernelSample]]]) -> dict[str, list[KernelSample]]:
+    """Every rank ran the same grid in the same order: one sample per call, its seconds the
+    median over the ranks."""
+    merged = {}
+    for name, first in per_rank[0].items():
+        columns = [rank_samples[name] for rank_samples in per_rank]
+        if any(len(column) != len(first) for column in columns):
+            raise RuntimeError(f"the ranks measured different numbers of {name} calls")
+        merged[name] = [KernelSample(calls[0].dims, calls[0].flops, calls[0].bytes,
+                                     rounded(float(np.median([call.seconds for call in calls]))))
+                        for calls in zip(*columns)]
+    return merged
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """What :func:`calibrate` measures: the grid, the steps per probe, the Allreduce sizes."""
+
+    batch_sizes: tuple = (8, 16, 32, 64)
+    repeats: int = 3  # traced steps per probe at least
+    min_seconds: float = 0.1  # ... and at least this long (small probes: more steps)
+    grid: GridSize = FULL
+    allreduce_sizes: tuple = FULL_SIZES
+    roof_repeats: int = 3
+    seed: int = 0
+
+
+def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSettings, blas_threads: int,
+              log: Callable[[str], None] = lambda line: None) -> Optional[Calibration]:
+    """Measure and fit on every rank of ``comm`` (collective); rank 0 gets the Calibration,
+    the other ranks None. ``log`` is called with a line after each phase."""
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    timings: dict[str, float] = {}
+
+    def phase_done(name: str, detail: str) -> None:
+        timings[name] = max(0.0, round(time.perf_counter() - started - sum(timings.values()), 2))
+        log(f"{name}: {detail} ({timings[name]:.1f} s)")
+
+    comm.barrier()
+    peak = float(np.median(comm.allgather_object(gemm_peak(backend, repeats=settings.roof_repeats))))
+    bandwidth = float(np.median(comm.allgather_object(memory_bandwidth(backend, repeats=settings.roof_repeats))))
+    phase_done("roofs", f"GEMM peak {peak / 1e9:.1f} GFLOP/s, memory bandwidth {bandwidth / 1e9:.1f} GB/s per rank")
+
+    grid = calibration_grid(settings.batch_sizes, settings.grid, settings.seed)
+    mine: dict[str, list[KernelSample]] = {}
+    for probe in grid:
+        comm.barrier()  # the ranks run each probe together, as they run a training step
+        for name, samples in probe_samples(probe, backend, settings.repeats, settings.min_seconds,
+                                           settings.seed).items():
+            mine.setdefault(name, []).extend(samples)
+    samples = _median_over_ranks(comm.allgather_object(mine))
+    phase_done("kernels", f"{len(grid)} probe networks, {sum(map(len, samples.values()))} samples of "
+                          f"{len(samples)} kernels")
+
+    reductions = allreduce_samples(comm.comm, settings.allreduce_sizes) if comm.size > 1 else []
+    phase_done("allreduce", f"{len(reductions)} samples" if reductions else "skipped: one rank (run under mpiexec)")
+
+    models = fit_models(samples, comm, settings.seed)
+    phase_done("fit", f"{sum(m.kind == 'mlp' for m in models.values())} MLPs, "
+                      f"{sum(m.kind != 'mlp' for m in models.values())} closed-form models")
+    if comm.rank != 0:
+        return None
+    grid_settings = {"points": dict(settings.grid.points), "max_step_flops": settings.grid.max_step_flops,
+                     "max_activations": settings.grid.max_activations, "probes": len(grid)}
+    recorded = {"batch_sizes": list(settings.batch_sizes), "repeats": settings.repeats,
+                "min_seconds": settings.min_seconds, "grid": grid_settings,
+                "allreduce_sizes": list(settings.allreduce_sizes), "seed": settings.seed,
+                "seconds": dict(timings, total=round(time.perf_counter() - started, 2)),
+                # Other jobs slow the kernels down: the 1-minute load average, this job's ranks included.
+                "load_average": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)}}
+    return Calibration(describe_machine(backend, blas_threads, comm.size), peak, bandwidth, models, reductions,
+                       allreduce_ranks=comm.size, kernel_samples=samples,
+                       kernel_rates={name: best_rates(s) for name, s in sorted(samples.items())},
+                       settings=recorded)
+

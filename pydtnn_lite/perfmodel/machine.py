@@ -1,0 +1,89 @@
+"""The machine a calibration describes: what it is, and its two roofs (GEMM peak, memory bandwidth)."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import time
+from typing import Callable
+
+import numpy as np
+
+from pydtnn_lite.backend import Backend
+from pydtnn_lite.runtime import usable_cores
+
+PEAK_GEMM_SIZE = 2048  # n of the n x n x n matrix product that measures the compute roof
+BANDWIDTH_BYTES = 256 << 20  # copied array: far beyond any cache, small enough for every machine here
+
+
+def cpu_model() -> str:
+    """The processor's name from /proc/cpuinfo, or what the platform module knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def blas_info() -> list[dict]:
+    """The BLAS libraries NumPy loaded, with their version and threads (threadpoolctl)."""
+    from threadpoolctl import threadpool_info
+
+    keep = ("internal_api", "version", "threading_layer", "architecture", "num_threads")
+    return [{key: library.get(key) for key in keep} for library in threadpool_info()
+            if library.get("user_api") == "blas"]
+
+
+def mpi_library() -> str:
+    """The first line of the MPI library's version string ('' without mpi4py)."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return ""
+    return MPI.Get_library_version().strip().splitlines()[0]
+
+
+def describe_machine(backend: Backend, blas_threads: int, ranks: int) -> dict:
+    """What a calibration's figures hold for: processor, cores, libraries, precision, date."""
+    machine = {"host": platform.node(), "cpu_model": cpu_model(), "cores": os.cpu_count(),
+               "usable_cores": usable_cores(), "blas": blas_info(), "blas_threads": blas_threads,
+               "ranks": ranks, "dtype": np.dtype(backend.dtype).name, "device": backend.device,
+               "mpi_library": mpi_library(), "numpy": np.__version__, "python": platform.python_version(),
+               "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+    if backend.xp is not np:
+        properties = backend.xp.cuda.runtime.getDeviceProperties(backend.xp.cuda.Device().id)
+        machine["gpu_model"] = properties["name"].decode()
+    return machine
+
+
+def _fastest(run: Callable[[], object], backend: Backend, repeats: int) -> float:
+    """The shortest of ``repeats`` timed runs of ``run`` after one warm-up: a roof is the
+    best the machine does, and interference only ever slows a run down."""
+    run()
+    backend.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        backend.synchronize()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def gemm_peak(backend: Backend, size: int = PEAK_GEMM_SIZE, repeats: int = 3) -> float:
+    """FLOP/s of a ``size``-cubed matrix product in the backend's dtype."""
+    rng = np.random.default_rng(0)
+    a, b = (backend.asarray(rng.standard_normal((size, size))) for _ in range(2))
+    out = backend.xp.empty_like(a)
+    return 2.0 * size ** 3 / _fastest(lambda: backend.xp.matmul(a, b, out=out), backend, repeats)
+
+
+def memory_bandwidth(backend: Backend, nbytes: int = BANDWIDTH_BYTES, repeats: int = 3) -> float:
+    """Bytes/s of copying a large array, counting the bytes read and the bytes written as the
+    kernels' byte counts do."""
+    source = backend.xp.ones(nbytes // 4, dtype=np.float32)
+    target = backend.xp.empty_like(source)
+    return 2.0 * nbytes / _fastest(lambda: backend.xp.copyto(target, source), backend, repeats)

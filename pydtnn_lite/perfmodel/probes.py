@@ -1,0 +1,166 @@
+"""The calibration grid: small networks whose training steps run every kernel over a range of shapes.
+
+A :class:`Probe` is one grid point: a family of network, its shape parameters, a batch
+size and an optimizer. Its network is a few layers around the layer of interest, chosen
+so that one training step runs each kernel of that layer (a layer with parameters comes
+first, so that even the first convolution computes its input gradient) and ends in a
+Dense head, a loss and an update, which are sampled too.
+
+The shape ranges follow Table 3 of Barrachina et al. (2021), scaled down so that a full
+calibration runs in minutes on a few cores; the grid is a seeded random subset of their
+product, under a budget of FLOPs per training step.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from pydtnn_lite.kernels.conv import output_size
+from pydtnn_lite.layers import (Add, AvgPool2D, BatchNorm, Concat, Conv2D, Dense, Dropout, Flatten,
+                                GlobalAvgPool2D, MaxPool2D, ReLU)
+from pydtnn_lite.network import Network
+
+CLASSES = (10, 100, 1000)  # the head's width: the loss kernels' (batch, classes)
+SIZES = (4, 8, 16, 32)  # feature map height = width
+CHANNELS = (3, 16, 64, 128, 256, 512)
+FILTERS = (16, 64, 128, 256, 512)
+KERNELS = (1, 3, 5)
+STRIDES = (1, 2)
+WIDTHS = (64, 256, 512, 1024, 2048, 4096)  # Dense inputs and outputs
+MAX_DENSE_WEIGHTS = 1 << 22  # larger weight matrices take longer to initialise than to time
+POOLS = ((2, 2, 0), (3, 2, 1), (3, 1, 1), (2, 1, 0))  # (window, stride, padding)
+MERGE_CHANNELS = (16, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One grid point. ``family`` is conv, dense, pool or merge; ``shape`` its parameters:
+
+    - conv: (size, in channels, filters, kernel, stride, padding);
+    - dense: (inputs, units, classes);
+    - pool: (size, channels, window, stride, padding);
+    - merge: (size, channels).
+    """
+
+    family: str
+    batch: int
+    shape: tuple
+    optimizer: str = "sgd"
+
+    @property
+    def input_shape(self) -> tuple:
+        if self.family == "dense":
+            return (self.shape[0],)
+        return (self.shape[0], self.shape[0], self.shape[1])
+
+    @property
+    def classes(self) -> int:
+        return self.shape[2] if self.family == "dense" else CLASSES[0]
+
+    def activations(self) -> int:
+        """Elements of the probe's input batch: what its element-wise kernels scale with."""
+        return self.batch * int(np.prod(self.input_shape))
+
+    def step_flops(self) -> float:
+        """FLOPs of the GEMMs of one training step (the rest is small next to them)."""
+        if self.family == "conv":
+            size, c_in, filters, kernel, stride, padding = self.shape
+            pixels = output_size(size, kernel, stride, padding) ** 2
+            return 6.0 * self.batch * pixels * filters * kernel * kernel * c_in
+        if self.family == "dense":
+            inputs, units, classes = self.shape
+            return 6.0 * self.batch * units * (inputs + classes)
+        return 0.0
+
+    def network(self) -> Network:
+        """The probe's network, not yet built."""
+        net = Network(f"probe-{self.family}", self.input_shape, self.classes)
+        # Parameters before the layer of interest, so that it computes its input gradient.
+        first = net.add(BatchNorm())
+        if self.family == "conv":
+            _, _, filters, kernel, stride, padding = self.shape
+            net.add(Conv2D(filters, kernel, stride=stride, padding=padding))
+            net.add(BatchNorm())  # after a layer with parameters: it computes its input gradient
+            net.add(ReLU())
+        elif self.family == "dense":
+            net.add(Dense(self.shape[1]))
+            net.add(ReLU())
+            net.add(Dropout(0.5))
+        elif self.family == "pool":
+            _, _, window, stride, padding = self.shape
+            net.add(MaxPool2D(window, stride=stride, padding=padding))
+            net.add(AvgPool2D(window, stride=stride, padding=padding))
+        else:  # merge: a shortcut and a concatenation, so backward also sums gradients
+            activation = net.add(ReLU(), first)
+            total = net.add(Add(), activation, first)
+            net.add(Concat(), total, first)
+            net.add(Dropout(0.5))
+        if self.family != "dense":
+            net.add(GlobalAvgPool2D())
+            net.add(Flatten())
+        net.add(Dense(self.classes))
+        return net
+
+
+def _pool_fits(size: int, window: int, stride: int, padding: int) -> bool:
+    """A max pool then an average pool of the same window both fit a ``size`` map."""
+    once = output_size(size, window, stride, padding)
+    return once >= 1 and output_size(once, window, stride, padding) >= 1 and 2 * padding < window
+
+
+def _candidates(family: str, batch_sizes: Sequence[int]) -> Iterator[Probe]:
+    """Every valid grid point of ``family`` (before sampling)."""
+    if family == "conv":
+        for batch, size, c_in, filters, kernel, stride in itertools.product(
+                batch_sizes, SIZES, CHANNELS, FILTERS, KERNELS, STRIDES):
+            for padding in sorted({0, kernel // 2}):
+                if output_size(size, kernel, stride, padding) >= 1:
+                    yield Probe("conv", batch, (size, c_in, filters, kernel, stride, padding))
+    elif family == "dense":
+        for batch, inputs, units, classes in itertools.product(batch_sizes, WIDTHS, WIDTHS, CLASSES):
+            if inputs * units <= MAX_DENSE_WEIGHTS:
+                yield Probe("dense", batch, (inputs, units, classes))
+    elif family == "pool":
+        for batch, size, channels, (window, stride, padding) in itertools.product(
+                batch_sizes, SIZES, CHANNELS[1:], POOLS):
+            if _pool_fits(size, window, stride, padding):
+                yield Probe("pool", batch, (size, channels, window, stride, padding))
+    else:
+        for batch, size, channels in itertools.product(batch_sizes, SIZES, MERGE_CHANNELS):
+            yield Probe("merge", batch, (size, channels))
+
+
+@dataclass(frozen=True)
+class GridSize:
+    """How much of the grid to run: probes per family, and the largest training step
+    (GEMM FLOPs, and elements of the input batch) a probe may have."""
+
+    points: dict
+    max_step_flops: float
+    max_activations: int
+
+
+# About 2-3 minutes of probes on 2 cores; covers the layers of VGG11 and ResNet18 at batch
+# 64 on CIFAR-sized images (up to 512 channels).
+FULL = GridSize({"conv": 300, "dense": 48, "pool": 96, "merge": 64}, 8e9, 1 << 22)
+QUICK = GridSize({"conv": 6, "dense": 4, "pool": 3, "merge": 3}, 5e7, 1 << 16)
+
+
+def calibration_grid(batch_sizes: Sequence[int], size: GridSize, seed: int = 0) -> list[Probe]:
+    """``size.points[family]`` probes of each family, drawn with ``seed`` from the valid grid
+    points within the size's limits. Dense probes alternate between SGD and Adam, so both
+    update kernels are sampled."""
+    rng = np.random.default_rng(seed)
+    grid: list[Probe] = []
+    for family, count in size.points.items():
+        candidates = [p for p in _candidates(family, batch_sizes)
+                      if p.step_flops() <= size.max_step_flops and p.activations() <= size.max_activations]
+        picks = rng.choice(len(candidates), size=min(count, len(candidates)), replace=False)
+        chosen = [candidates[i] for i in sorted(picks)]
+        if family == "dense":
+            chosen = [Probe(p.family, p.batch, p.shape, "adam" if i % 2 else "sgd") for i, p in enumerate(chosen)]
+        grid += chosen
+    return grid

@@ -1,0 +1,119 @@
+"""Kernel samples: train a probe network for a few steps under the tracer and pair each call with its cost.
+
+The tracer times every kernel call of a step with its (layer, stage, kernel); the i-th
+call of a kernel by a layer in a stage is the i-th matching entry of
+:func:`~pydtnn_lite.training.step_costs`, which gives its ``dims``, FLOPs and bytes. A
+sample is one call of the step with the median of its times over the repeated steps.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import Counter, defaultdict
+from typing import Sequence
+
+import numpy as np
+
+from pydtnn_lite.backend import Backend
+from pydtnn_lite.comm import SerialCommunicator, make_gradient_synchronizer
+from pydtnn_lite.data import Dataset
+from pydtnn_lite.layers import KernelCost
+from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule
+from pydtnn_lite.perfmodel.probes import Probe
+from pydtnn_lite.perfmodel.regression import KernelSample
+from pydtnn_lite.tracing import KernelRecord, Tracer
+from pydtnn_lite.tracing.records import COMPUTE, TRAIN
+from pydtnn_lite.training import Trainer, step_costs
+
+H2D_COPY = "h2d_copy"
+HOST_ITEMSIZE = 4  # data sets load float32 images, whatever the device's dtype
+LEARNING_RATE = 1e-4  # small enough that no probe's loss diverges on random labels
+MAX_STEPS = 20
+
+
+def rounded(seconds: float) -> float:
+    """A measured time kept to 4 significant digits: the noise of a timing on a shared machine
+    is far larger, and the calibration file a third smaller."""
+    return float(f"{seconds:.4g}")
+
+
+def h2d_copy_cost(batch: int, input_shape: Sequence[int]) -> KernelCost:
+    """Cost of copying a batch of float32 images to the device: dims (batch, elements per sample)."""
+    per_sample = int(np.prod(input_shape))
+    return KernelCost("DATA", H2D_COPY, 0, batch * per_sample * HOST_ITEMSIZE, (batch, per_sample))
+
+
+class RandomImages(Dataset):
+    """Any number of samples of ``input_shape``, served from one random batch: the probes
+    time the kernels of a step, so the loading must cost little and fit any shape."""
+
+    name = "random"
+
+    def __init__(self, size: int, batch: int, input_shape: tuple, num_classes: int, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.size, self.input_shape, self.num_classes = size, tuple(input_shape), num_classes
+        self.images = rng.standard_normal((batch,) + self.input_shape, dtype=np.float32)
+        self.labels = rng.integers(num_classes, size=batch)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def load(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows = np.asarray(indices) % len(self.images)
+        return self.images[rows], self.labels[rows]
+
+
+def probe_samples(probe: Probe, backend: Backend, repeats: int, min_seconds: float = 0.0,
+                  seed: int = 0) -> dict[str, list[KernelSample]]:
+    """Samples of every kernel call of the probe's training step, by kernel name.
+
+    After one untraced warm-up step, ``repeats`` steps are traced, or more (up to
+    ``MAX_STEPS``) until they span about ``min_seconds``: a step of a small probe takes a
+    few milliseconds, and its median over a longer span is less at the mercy of whatever
+    else the machine runs at that moment.
+    """
+    most = max(repeats, MAX_STEPS)
+    network = probe.network().build(backend, seed=seed)
+    optimizer = Adam(network) if probe.optimizer == "adam" else SGD(network)
+    comm = SerialCommunicator()
+    data = RandomImages(probe.batch * (most + 1), probe.batch, probe.input_shape, probe.classes, seed)
+    trainer = Trainer(network, optimizer, LearningRateSchedule(LEARNING_RATE), comm,
+                      make_gradient_synchronizer(network, comm, 4.0, overlap=False), data, probe.batch,
+                      seed=seed, steps_per_epoch=1)
+    started = time.perf_counter()
+    trainer.train_epoch(0)
+    warm_up = time.perf_counter() - started
+    steps = int(np.clip(math.ceil(min_seconds / max(warm_up, 1e-6)), repeats, most))
+    trainer.steps_per_epoch = 1 + steps
+    tracer = Tracer(trainer, skip_steps=1).attach()
+    try:
+        trainer.train_epoch(0)
+    finally:
+        tracer.detach()
+    costs: dict[tuple, list[KernelCost]] = defaultdict(list)
+    for layer, cost in step_costs(network, optimizer, probe.batch):
+        costs[(layer, cost.stage, cost.kernel)].append(cost)
+    costs[(-1, "DATA", H2D_COPY)] = [h2d_copy_cost(probe.batch, probe.input_shape)]
+    return paired_samples(tracer.kernels, costs)
+
+
+def paired_samples(records: Sequence[KernelRecord],
+                   costs: dict[tuple, list[KernelCost]]) -> dict[str, list[KernelSample]]:
+    """One sample per (layer, stage, kernel, occurrence) of a step that ``costs`` lists: its
+    cost, and the median duration of its calls over the traced training steps."""
+    durations: dict[tuple, list[float]] = defaultdict(list)
+    for step in sorted({r.step for r in records}):
+        seen: Counter = Counter()
+        for record in records:
+            key = (record.layer, record.stage, record.kernel)
+            if record.step != step or record.phase != TRAIN or record.thread != COMPUTE or key not in costs:
+                continue
+            durations[key + (seen[key],)].append(record.duration)
+            seen[key] += 1
+    samples: dict[str, list[KernelSample]] = defaultdict(list)
+    for (layer, stage, kernel, occurrence), seconds in durations.items():
+        cost = costs[(layer, stage, kernel)][occurrence]
+        median = rounded(statistics.median(seconds))
+        samples[kernel].append(KernelSample(tuple(cost.dims), cost.flops, cost.bytes, median))
+    return dict(samples)

@@ -1,0 +1,184 @@
+"""Calibration: the kernel regressions, the probe grid, the calibration file and its command line."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+from mpi import run
+
+from pydtnn_lite.backend import make_backend
+from pydtnn_lite.comm import SerialCommunicator
+from pydtnn_lite.layers import KernelCost
+from pydtnn_lite.models import create_model
+from pydtnn_lite.optim import SGD, Adam
+from pydtnn_lite.perfmodel import (QUICK, Calibration, CalibrationSettings, KernelSample, MLPRegressor,
+                                   calibrate, calibration_grid, fit_kernel_model, model_from_dict)
+from pydtnn_lite.perfmodel.allreduce_timing import QUICK_SIZES
+from pydtnn_lite.perfmodel.probes import Probe
+from pydtnn_lite.perfmodel.sampling import probe_samples
+from pydtnn_lite.training import step_costs
+
+TINY = CalibrationSettings(batch_sizes=(4, 8), repeats=1, min_seconds=0.0, grid=QUICK, roof_repeats=1)
+
+
+def gemm_like(count: int, seed: int) -> list[KernelSample]:
+    """Calls whose seconds are 1e-9 * m * n * k, sizes log-uniform in 16..4096; no FLOPs or
+    bytes given, so a model must learn the function from the dims alone."""
+    dims = np.exp(np.random.default_rng(seed).uniform(np.log(16), np.log(4096), size=(count, 3))).astype(int)
+    return [KernelSample(tuple(int(d) for d in row), 0.0, 0.0, 1e-9 * float(np.prod(row))) for row in dims]
+
+
+def median_error(model, samples) -> float:
+    predicted = np.array([model.predict(s.dims, s.flops, s.bytes) for s in samples])
+    measured = np.array([s.seconds for s in samples])
+    return float(np.median(np.abs(predicted - measured) / measured))
+
+
+def test_mlp_learns_a_product_of_sizes_deterministically():
+    train, test = gemm_like(400, seed=1), gemm_like(100, seed=2)
+    model = MLPRegressor.fit(train, seed=3)
+    assert median_error(model, test) < 0.10
+    again = MLPRegressor.fit(train, seed=3)
+    restored = model_from_dict(json.loads(json.dumps(model.to_dict())))
+    for sample in test[:20]:
+        expected = model.predict(sample.dims, 0.0, 0.0)
+        assert again.predict(sample.dims, 0.0, 0.0) == expected
+        assert restored.predict(sample.dims, 0.0, 0.0) == expected
+
+
+def test_the_mlp_is_kept_only_where_it_predicts_held_out_calls_better():
+    # A bumpy function of one size: no power law and no sum of rates follows it.
+    rng = np.random.default_rng(0)
+    sizes = np.exp(rng.uniform(0, np.log(1e5), size=300))
+    bumpy = [KernelSample((int(n),), n, 4 * n, 1e-6 * np.exp(np.sin(2 * np.log(n)))) for n in sizes]
+    assert fit_kernel_model(bumpy).kind == "mlp"
+    linear = [KernelSample((int(n),), n, 4 * n, 2e-6 + 4 * n / 1e10) for n in sizes]
+    model = fit_kernel_model(linear)
+    assert model.kind == "rate" and model.held_out_error < 1e-6
+
+
+def test_fallback_fits_a_handful_of_samples():
+    sizes = [2 ** i for i in range(6, 18)]  # 12 calls
+    samples = [KernelSample((n,), n, 12.0 * n, 3e-6 + 12.0 * n / 2e10) for n in sizes]
+    model = fit_kernel_model(samples)
+    assert model.kind != "mlp" and model.samples == 12
+    assert model.predict((3000,), 3000, 36000) == pytest.approx(3e-6 + 36000 / 2e10, rel=0.02)
+    assert model_from_dict(model.to_dict()).predict((3000,), 3000, 36000) == model.predict((3000,), 3000, 36000)
+    single = fit_kernel_model(samples[:1])  # nothing to hold out
+    assert math.isnan(single.held_out_error) and single.predict((64,), 64, 768) > 0
+
+
+def test_grid_respects_its_limits_and_samples_both_optimizers():
+    grid = calibration_grid((8, 16), QUICK, seed=0)
+    assert Counter(p.family for p in grid) == Counter(QUICK.points)
+    assert all(p.step_flops() <= QUICK.max_step_flops and p.activations() <= QUICK.max_activations for p in grid)
+    assert {p.optimizer for p in grid if p.family == "dense"} == {"sgd", "adam"}
+    assert calibration_grid((8, 16), QUICK, seed=0) == grid
+
+
+@pytest.mark.parametrize("probe", [Probe("conv", 4, (8, 3, 4, 3, 2, 1)), Probe("dense", 4, (16, 8, 10), "adam"),
+                                   Probe("pool", 4, (8, 4, 3, 2, 1)), Probe("merge", 4, (4, 4))],
+                         ids=["conv", "dense", "pool", "merge"])
+def test_every_kernel_call_of_a_probe_step_becomes_one_sample(probe):
+    backend = make_backend()
+    samples = probe_samples(probe, backend, repeats=2)
+    network = probe.network().build(backend)
+    optimizer = Adam(network) if probe.optimizer == "adam" else SGD(network)
+    expected = Counter(cost.kernel for _, cost in step_costs(network, optimizer, probe.batch))
+    expected["h2d_copy"] += 1
+    assert Counter({name: len(calls) for name, calls in samples.items()}) == expected
+    assert all(s.seconds > 0 for calls in samples.values() for s in calls)
+    im2col = samples.get("im2col", [KernelSample((0,) * 6, 0, 0, 1)])[0]
+    assert len(im2col.dims) == 6
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A calibration of the quick grid at batch sizes 4 and 8, one step per probe, saved and read back."""
+    calibration = calibrate(make_backend(), SerialCommunicator(), TINY, blas_threads=1)
+    # One MLP in the file, whatever the tiny grid's samples chose.
+    calibration.kernel_models["gemm"] = MLPRegressor.fit(gemm_like(60, seed=4), max_epochs=5)
+    path = str(tmp_path_factory.mktemp("calibration") / "tiny.json")
+    calibration.save(path)
+    return calibration, path
+
+
+def test_a_tiny_calibration_reads_back_with_identical_predictions(tiny):
+    calibration, path = tiny
+    loaded = Calibration.load(path)
+    assert loaded.machine["cpu_model"] and loaded.machine["dtype"] == "float32" and loaded.machine["numpy"]
+    assert loaded.peak_flops == calibration.peak_flops > 0 and loaded.memory_bandwidth > 0
+    assert loaded.allreduce_samples == [] and loaded.allreduce_ranks == 1
+    assert set(loaded.kernel_models) == set(calibration.kernel_models)
+    assert loaded.kernel_samples == calibration.kernel_samples
+    for name, samples in calibration.kernel_samples.items():
+        for sample in samples:
+            cost = KernelCost("FP", name, sample.flops, sample.bytes, sample.dims)
+            assert loaded.kernel_seconds(name, cost) == calibration.kernel_seconds(name, cost)
+
+
+@pytest.mark.parametrize("name", ["vgg11", "resnet18", "densenet121"])
+def test_every_kernel_of_a_zoo_model_step_has_a_model_and_a_positive_time(tiny, name):
+    calibration = Calibration.load(tiny[1])
+    network = create_model(name, (32, 32, 3), 10).build(make_backend())
+    for optimizer in (SGD(network), Adam(network)):
+        for _, cost in step_costs(network, optimizer, 16):
+            assert cost.kernel in calibration.kernel_models, cost.kernel
+            seconds = calibration.kernel_seconds(cost.kernel, cost)
+            assert math.isfinite(seconds) and seconds > 0, (cost, seconds)
+
+
+def test_a_kernel_without_model_gets_its_roofline_time(tiny):
+    calibration = tiny[0]
+    cost = KernelCost("FP", "batchnorm_inference", 4e9, 1e6, (8, 4, 4, 16))
+    assert calibration.kernel_seconds("batchnorm_inference", cost) == 4e9 / calibration.peak_flops
+    cost = KernelCost("FP", "batchnorm_inference", 1.0, 4e9, (8, 4, 4, 16))
+    assert calibration.kernel_seconds("batchnorm_inference", cost) == 4e9 / calibration.memory_bandwidth
+
+
+def test_missing_and_damaged_files_raise_clear_errors(tmp_path, tiny):
+    with pytest.raises(OSError, match="cannot read calibration file"):
+        Calibration.load(str(tmp_path / "missing.json"))
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text('{"format": "pydtnn_lite calibration", "version": 1, "machi')
+    with pytest.raises(ValueError, match="is not a calibration file"):
+        Calibration.load(str(corrupt))
+    damaged = json.loads(open(tiny[1]).read())
+    del damaged["roofline"]["peak_flops"]
+    (tmp_path / "damaged.json").write_text(json.dumps(damaged))
+    with pytest.raises(ValueError, match="damaged calibration file.*peak_flops"):
+        Calibration.load(str(tmp_path / "damaged.json"))
+
+
+def calibrate_cli(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pydtnn_lite.calibrate", *flags], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_names_a_corrupt_calibration_file_in_one_line(tmp_path):
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text("not json at all")
+    result = calibrate_cli("--refit", str(corrupt))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "corrupt.json is not a calibration file" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path):
+    out = tmp_path / "quick.json"
+    result = run(2, ["-m", "pydtnn_lite.calibrate", "--quick", "--batch-sizes", "4", "8", "--out", str(out)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("wrote") == 1  # rank 0 alone writes and reports
+    calibration = Calibration.load(str(out))
+    assert calibration.allreduce_ranks == 2 and calibration.machine["ranks"] == 2
+    assert [(p, n) for p, n, _ in calibration.allreduce_samples] == [(2, float(n)) for n in QUICK_SIZES]
+    assert all(seconds > 0 for _, _, seconds in calibration.allreduce_samples)
+    refitted = tmp_path / "refitted.json"
+    result = calibrate_cli("--refit", str(out), "--out", str(refitted))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert Calibration.load(str(refitted)).kernel_models.keys() == calibration.kernel_models.keys()
