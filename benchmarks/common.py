@@ -10,6 +10,7 @@ from pydtnn_lite.comm import Communicator, make_gradient_synchronizer
 from pydtnn_lite.data import open_dataset
 from pydtnn_lite.models import create_model
 from pydtnn_lite.optim import SGD, LearningRateSchedule
+from pydtnn_lite.runtime import keep_freed_memory
 from pydtnn_lite.training import Trainer
 
 Timings = Mapping[str, float]
@@ -51,6 +52,7 @@ def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) ->
 def make_trainer(model: str, dataset: str, global_batch: int, comm: Communicator, bucket_mb: float = 4.0,
                  overlap: bool = True) -> Trainer:
     """A trainer as the command line builds it (SGD, weights seeded 0), on ``comm``'s ranks."""
+    keep_freed_memory()
     data = open_dataset(dataset)
     network = create_model(model, data.input_shape, data.num_classes).build(make_backend(), seed=0)
     synchronizer = make_gradient_synchronizer(network, comm, bucket_mb, overlap=overlap)

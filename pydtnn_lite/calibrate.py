@@ -22,7 +22,7 @@ from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.allreduce_timing import QUICK_SIZES
 from pydtnn_lite.perfmodel.calibration import Calibration, CalibrationSettings, calibrate, fit_models
 from pydtnn_lite.perfmodel.probes import QUICK
-from pydtnn_lite.runtime import default_blas_threads, install_job_abort, set_blas_threads
+from pydtnn_lite.runtime import default_blas_threads, install_job_abort, keep_freed_memory, set_blas_threads
 
 PROGRAM = "pydtnn_lite.calibrate"
 SETUP_ERROR_EXIT = 2
@@ -103,6 +103,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     comm = make_communicator()
     install_job_abort(comm, PROGRAM)
+    keep_freed_memory()
     # Every rank checks the same flags and reads the same file, so all of them fail alike
     # here, before the first collective.
     out = args.out or args.refit or DEFAULT_OUT

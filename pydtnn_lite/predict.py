@@ -15,8 +15,8 @@ from typing import Optional, Sequence
 from pydtnn_lite.data import partition
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.clusters import PRESETS
-from pydtnn_lite.perfmodel.machines import cluster_machine, described_cluster
-from pydtnn_lite.perfmodel.prediction import STAGES, StepPrediction, predict_step
+from pydtnn_lite.perfmodel.machines import calibrated_machine, cluster_machine, described_cluster
+from pydtnn_lite.perfmodel.prediction import STAGES, Machine, StepPrediction, predict_step
 from pydtnn_lite.perfmodel.workload import DATASET_SHAPES, build_workload
 
 PROGRAM = "pydtnn_lite.predict"
@@ -24,14 +24,26 @@ PROGRAM = "pydtnn_lite.predict"
 
 def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags that describe the machine, shared with the validator."""
-    machine = parser.add_argument_group("machine (a preset, changed by any of the figures)")
+    machine = parser.add_argument_group("machine: a calibration file, or a preset changed by any of the figures")
+    machine.add_argument("--calibration", default=None, metavar="FILE",
+                         help="kernel and Allreduce models from python -m pydtnn_lite.calibrate")
     machine.add_argument("--preset", choices=sorted(PRESETS), default=None, help="cluster preset (default ampere)")
     machine.add_argument("--peak-flops", type=float, default=None, help="peak FLOP/s per node")
     machine.add_argument("--mem-bw", type=float, default=None, help="memory bandwidth per node, bytes/s")
     machine.add_argument("--link-bw", type=float, default=None, help="link bandwidth, bytes/s")
     machine.add_argument("--latency", type=float, default=None, help="link latency, seconds")
-    machine.add_argument("--algorithm", choices=("ring", "mst", "bkt"), default="ring",
-                         help="Allreduce algorithm of the model (default ring)")
+    machine.add_argument("--algorithm", choices=("ring", "mst", "bkt"), default=None,
+                         help="Allreduce algorithm of the model (default: ring for a preset, the best fit for "
+                              "a calibration)")
+
+
+def machine_from_arguments(args: argparse.Namespace, itemsize: int) -> tuple[Machine, str, int]:
+    """The machine the flags describe, its name, and its nodes (the default number of ranks)."""
+    if args.calibration:
+        machine = calibrated_machine(args.calibration, args.algorithm)
+        return machine, f"calibration {args.calibration}", machine.calibration.allreduce_ranks
+    cluster = described_cluster(args.preset, args.peak_flops, args.mem_bw, args.link_bw, args.latency)
+    return cluster_machine(cluster, args.algorithm or "ring", itemsize), cluster.name, cluster.nodes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,22 +89,21 @@ def prediction_text(prediction: StepPrediction, title: str, global_batch: int) -
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        cluster = described_cluster(args.preset, args.peak_flops, args.mem_bw, args.link_bw, args.latency)
-        procs = args.procs or cluster.nodes
+        machine, machine_name, nodes = machine_from_arguments(args, 8 if args.dtype == "float64" else 4)
+        procs = args.procs or nodes
         if procs < 1 or args.batch_size < procs:
             raise UserError(f"--batch-size {args.batch_size} must be at least --procs {procs} (one sample per rank)")
         network, optimizer = build_workload(args.model, args.dataset, args.dtype, args.optimizer)
+        local_batch = max(partition(args.batch_size, [1.0] * procs))
+        prediction = predict_step(network, optimizer, local_batch, procs, machine, args.bucket_mb)
     except UserError as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 2
-    machine = cluster_machine(cluster, args.algorithm, 8 if args.dtype == "float64" else 4)
-    local_batch = max(partition(args.batch_size, [1.0] * procs))
-    prediction = predict_step(network, optimizer, local_batch, procs, machine, args.bucket_mb)
     if args.json:
         print(json.dumps(prediction_json(prediction, args.batch_size), indent=1))
     else:
         print(prediction_text(prediction, f"{args.model} on {args.dataset}, global batch {args.batch_size} over "
-                                          f"{procs} ranks ({local_batch} per rank), {cluster.name}", args.batch_size))
+                                          f"{procs} ranks ({local_batch} per rank), {machine_name}", args.batch_size))
     return 0
 
 

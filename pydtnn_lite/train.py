@@ -24,9 +24,12 @@ from pydtnn_lite.errors import TrainingError, UserError
 from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule, Optimizer
-from pydtnn_lite.runtime import default_blas_threads, install_job_abort, report_and_abort, set_blas_threads
+from pydtnn_lite.runtime import (default_blas_threads, install_job_abort, keep_freed_memory, report_and_abort,
+                                 set_blas_threads)
+from pydtnn_lite.perfmodel.machines import calibrated_machine
 from pydtnn_lite.tracing import Tracer
 from pydtnn_lite.training import History, StepResult, Trainer, load_checkpoint, save_checkpoint
+from pydtnn_lite.validate import validate_trace
 
 PROGRAM = "pydtnn_lite.train"
 SETUP_ERROR_EXIT = 2
@@ -106,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="warm-up: do not trace the first N training steps of the run (default 1)")
     tracing.add_argument("--trace-steps", type=int, default=None, metavar="M",
                          help="trace at most M training steps (default: all after the warm-up)")
+    tracing.add_argument("--validate", default=None, metavar="CALIBRATION",
+                         help="after the run, set the trace against the performance model of this calibration file "
+                              "(python -m pydtnn_lite.calibrate); needs --trace")
 
     testing = parser.add_argument_group("fault injection (for testing the job's failure handling)")
     testing.add_argument("--inject-failure", default=None, metavar="RANK:STEP",
@@ -162,6 +168,8 @@ def check_arguments(args: argparse.Namespace, comm: Communicator) -> int:
     parse_injection(args.inject_stall, "--inject-stall")
     if args.resume is not None and args.resume == "" and not args.checkpoint_dir:
         raise UserError("--resume without a path needs --checkpoint-dir")
+    if args.validate and not args.trace:
+        raise UserError("--validate sets a trace against the model: add --trace DIR")
     return global_batch
 
 
@@ -210,6 +218,8 @@ def build_job(args: argparse.Namespace, comm: Communicator) -> Job:
             check_writable(args.checkpoint_dir, "--checkpoint-dir")
         if args.trace:
             check_writable(args.trace, "--trace")
+        if args.validate:
+            calibrated_machine(args.validate)  # a bad file is a set-up error, found before training
         if args.save_weights:
             check_writable(os.path.dirname(os.path.abspath(args.save_weights)), "--save-weights")
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -320,6 +330,9 @@ def write_trace(args: argparse.Namespace, job: Job, comm: Communicator, tracer: 
     tracer.save(args.trace, meta)
     say(comm, f"trace of {len(tracer.steps)} step(s) per rank written to {args.trace}: open trace.json in "
               f"https://ui.perfetto.dev; summary: python -m pydtnn_lite.trace summarize {args.trace}")
+    if args.validate and comm.rank == 0:
+        print(validate_trace(args.trace, calibrated_machine(args.validate), f"calibration {args.validate}"),
+              flush=True)
 
 
 def make_progress(comm: Communicator, args: argparse.Namespace, epoch: int, trainer: Trainer):
@@ -336,6 +349,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     comm = make_communicator(timeout=args.collective_timeout)
     install_job_abort(comm, PROGRAM)
+    keep_freed_memory()
     if args.summary:
         return print_summary(args, comm)
     try:

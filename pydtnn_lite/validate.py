@@ -12,12 +12,11 @@ import sys
 from typing import Optional, Sequence
 
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.machines import cluster_machine, described_cluster
-from pydtnn_lite.perfmodel.prediction import predict_step
+from pydtnn_lite.perfmodel.prediction import Machine, predict_step
 from pydtnn_lite.perfmodel.report import summary_text, write_report
 from pydtnn_lite.perfmodel.validation import validate
 from pydtnn_lite.perfmodel.workload import build_workload
-from pydtnn_lite.predict import add_machine_arguments
+from pydtnn_lite.predict import add_machine_arguments, machine_from_arguments
 from pydtnn_lite.tracing import load_trace
 
 PROGRAM = "pydtnn_lite.validate"
@@ -31,29 +30,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def validate_trace(trace: str, machine: Machine, machine_name: str, out: Optional[str] = None) -> str:
+    """Validate the trace in directory ``trace`` on ``machine``, write the report (to
+    ``out``, default ``trace/validation``) and return the text summary."""
+    records, steps, meta = load_trace(trace)
+    if not steps:
+        raise UserError(f"{trace} holds no traced training step: lower --trace-skip or train more steps")
+    network, optimizer = build_workload(meta["model"], meta["dataset"], meta.get("dtype", "float32"),
+                                        meta.get("optimizer", "sgd"))
+    procs, bucket_mb = int(meta["ranks"]), float(meta.get("bucket_mb", 4.0))
+    validation = validate(records, steps, bool(meta.get("overlap", True)),
+                          lambda batch: predict_step(network, optimizer, batch, procs, machine, bucket_mb))
+    title = (f"{meta['model']} on {meta['dataset']}, global batch {meta['global_batch']}, {procs} rank(s), "
+             f"{meta.get('device', '?')}: measured against predicted ({machine_name})")
+    paths = write_report(out or os.path.join(trace, "validation"), validation, title)
+    return "\n".join([title, summary_text(validation), "wrote " + ", ".join(paths)])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        records, steps, meta = load_trace(args.trace)
-        if not steps:
-            raise UserError(f"{args.trace} holds no traced training step: lower --trace-skip or train more steps")
-        cluster = described_cluster(args.preset, args.peak_flops, args.mem_bw, args.link_bw, args.latency)
-        network, optimizer = build_workload(meta["model"], meta["dataset"], meta.get("dtype", "float32"),
-                                            meta.get("optimizer", "sgd"))
-        machine = cluster_machine(cluster, args.algorithm, 8 if meta.get("dtype") == "float64" else 4)
-        procs, bucket_mb = int(meta["ranks"]), float(meta.get("bucket_mb", 4.0))
-        validation = validate(records, steps, bool(meta.get("overlap", True)),
-                              lambda batch: predict_step(network, optimizer, batch, procs, machine, bucket_mb))
-        title = (f"{meta['model']} on {meta['dataset']}, global batch {meta['global_batch']}, {procs} rank(s), "
-                 f"{meta.get('device', '?')}: measured against predicted ({cluster.name})")
-        paths = write_report(args.out or os.path.join(args.trace, "validation"), validation, title)
+        dtype = load_trace(args.trace)[2].get("dtype", "float32")
+        machine, machine_name, _ = machine_from_arguments(args, 8 if dtype == "float64" else 4)
+        print(validate_trace(args.trace, machine, machine_name, args.out))
     except (OSError, ValueError, KeyError, UserError) as error:
         detail = f"the trace's meta.json lacks {error}" if isinstance(error, KeyError) else str(error)
         print(f"{PROGRAM}: error: {detail}", file=sys.stderr)
         return 2
-    print(title)
-    print(summary_text(validation))
-    print("wrote " + ", ".join(paths))
     return 0
 
 

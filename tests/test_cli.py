@@ -25,11 +25,13 @@ def load(path):
     (("--batch-size", "0"), "smaller than the 2 ranks"),
     (("--model", "vgg11", "--dataset", "digits"), "does not fit digits"),
     (("--resume",), "--resume without a path needs --checkpoint-dir"),
+    (("--validate", "calibration.json"), "add --trace DIR"),
+    (("--validate", "/nonexistent.json", "--trace", "traces"), "cannot read calibration file /nonexistent.json"),
     (("--run-dir", "/proc/forbidden"), "cannot write to --run-dir"),
 ])
 def test_bad_input_gives_one_line_error_on_every_rank(tmp_path, flags, message):
     started = time.monotonic()
-    result = train_cli(2, "--model", "lenet", "--dataset", "digits", "--run-dir", str(tmp_path), *flags)
+    result = train_cli(2, "--model", "lenet", "--dataset", "digits", "--run-dir", str(tmp_path), *flags, cwd=str(tmp_path))
     assert time.monotonic() - started < 60
     assert_one_line_error(result, message)
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import subprocess
 import sys
 
 import pytest
-from mpi import train_cli
+from mpi import REPO, train_cli
 
 from pydtnn_lite.layers.base import KernelCost
 from pydtnn_lite.perfmodel import AllreduceModel, Link, Roofline, allreduce_seconds, fit_allreduce, predict_step
@@ -63,8 +64,8 @@ def test_roofline_bounds():
 class ConstantMachine:
     """Every kernel ``kernel`` seconds, every Allreduce ``reduce`` seconds (hand-checkable steps)."""
 
-    def __init__(self, kernel: float, reduce: float) -> None:
-        self.kernel, self.reduce = kernel, reduce
+    def __init__(self, kernel: float, reduce: float, overlaps_communication: bool = True) -> None:
+        self.kernel, self.reduce, self.overlaps_communication = kernel, reduce, overlaps_communication
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         return self.kernel
@@ -92,6 +93,19 @@ def test_prediction_adds_up_and_overlap_hides_communication_behind_backward():
     fast_network = predict_step(network, optimizer, 16, 4, ConstantMachine(1e-3, 1e-9), bucket_mb=4.0)
     # Communication negligible: only the last bucket (started after the first layer) is exposed.
     assert fast_network.step_with_overlap == pytest.approx(compute + 2e-9, abs=1e-12)
+
+    host_mpi = predict_step(network, optimizer, 16, 4, ConstantMachine(1e-3, 0.5, overlaps_communication=False))
+    assert host_mpi.step_with_overlap == pytest.approx(host_mpi.step_without_overlap)
+
+
+def test_predict_and_validate_with_the_reference_calibration(tmp_path):
+    calibration = os.path.join(REPO, "calibration", "dev-2core.json")
+    document = json.loads(run("pydtnn_lite.predict", "--model", "vgg11", "--batch-size", "64", "--procs", "2",
+                              "--calibration", calibration, "--json").stdout)
+    assert document["procs"] == 2 and document["step_seconds_with_overlap"] > 0
+    assert document["step_seconds_with_overlap"] == pytest.approx(document["step_seconds_without_overlap"])
+    no_mpi = run("pydtnn_lite.predict", "--model", "vgg11", "--procs", "4", "--calibration", str(tmp_path / "x.json"))
+    assert no_mpi.returncode == 2 and "cannot read calibration file" in no_mpi.stderr
 
 
 def run(module: str, *args: str) -> subprocess.CompletedProcess:
@@ -121,9 +135,12 @@ def test_predict_cli_bad_input(flags, message):
 
 def test_validate_a_short_traced_run_end_to_end(tmp_path):
     trace = tmp_path / "trace"
+    calibration = os.path.join(REPO, "calibration", "dev-2core.json")
     trained = train_cli(2, "--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--steps-per-epoch", "4",
-                        "--eval-steps", "0", "--run-dir", str(tmp_path), "--trace", str(trace))
+                        "--eval-steps", "0", "--run-dir", str(tmp_path), "--trace", str(trace),
+                        "--validate", calibration)
     assert trained.returncode == 0, trained.stderr[-2000:]
+    assert "measured against predicted (calibration" in trained.stdout and "WRE" in trained.stdout
     result = run("pydtnn_lite.validate", str(trace), "--peak-flops", "50e9", "--mem-bw", "10e9",
                  "--link-bw", "5e9", "--latency", "5e-6")
     assert result.returncode == 0, result.stderr

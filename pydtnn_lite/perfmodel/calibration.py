@@ -22,7 +22,7 @@ from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.layers import KernelCost
 from pydtnn_lite.perfmodel.allreduce_timing import FULL_SIZES, allreduce_samples
-from pydtnn_lite.perfmodel.machine import describe_machine, gemm_peak, memory_bandwidth
+from pydtnn_lite.perfmodel.host import describe_machine, gemm_peak, memory_bandwidth
 from pydtnn_lite.perfmodel.probes import FULL, GridSize, calibration_grid
 from pydtnn_lite.perfmodel.regression import KernelModel, KernelSample, fit_kernel_model, model_from_dict
 from pydtnn_lite.perfmodel.sampling import probe_samples, rounded

@@ -1,13 +1,52 @@
 """The machine a prediction assumes: a preset cluster, figures given on the command line, or a calibration."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.allreduce import AllreduceModel, Link
+from pydtnn_lite.layers.base import KernelCost
+from pydtnn_lite.perfmodel.allreduce import AllreduceModel, Link, fit_allreduce
+from pydtnn_lite.perfmodel.calibration import Calibration
 from pydtnn_lite.perfmodel.clusters import PRESETS, Cluster
 from pydtnn_lite.perfmodel.prediction import RooflineMachine
 from pydtnn_lite.perfmodel.roofline import Roofline
+
+
+@dataclass(frozen=True)
+class CalibratedMachine:
+    """Kernels from a calibration's per-kernel models, Allreduce from a model fitted to its timings.
+
+    Calibrations are taken with MPI on the host, which moves data only inside MPI calls on
+    the cores that also run backward: overlap hides no communication (docs/performance.md).
+    """
+
+    calibration: Calibration
+    allreduce: Optional[AllreduceModel]
+    overlaps_communication: bool = False
+
+    def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
+        return self.calibration.kernel_seconds(kernel, cost)
+
+    def allreduce_seconds(self, nbytes: float, procs: int) -> float:
+        if procs <= 1:
+            return 0.0
+        if self.allreduce is None:
+            raise UserError("the calibration holds no Allreduce timings: calibrate under mpiexec -n 2 or more "
+                            "to predict several ranks")
+        return self.allreduce.seconds(nbytes, procs)
+
+
+def calibrated_machine(path: str, algorithm: Optional[str] = None) -> CalibratedMachine:
+    """The machine of calibration file ``path``; the Allreduce model is fitted to its samples."""
+    try:
+        calibration = Calibration.load(path)
+    except OSError as error:
+        raise UserError(f"{error.strerror or error}: give a file written by python -m pydtnn_lite.calibrate") from None
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    samples = calibration.allreduce_samples
+    return CalibratedMachine(calibration, fit_allreduce(samples, algorithm) if samples else None)
 
 
 def cluster_machine(cluster: Cluster, algorithm: str = "ring", itemsize: int = 4) -> RooflineMachine:

@@ -29,7 +29,14 @@ STAGES = ("FP", "BP", "WU", "COMM")
 
 
 class Machine(Protocol):
-    """What a prediction needs to know of a machine."""
+    """What a prediction needs to know of a machine.
+
+    ``overlaps_communication`` says whether an Allreduce advances while the rank computes
+    (NCCL, RDMA networks) or only inside MPI calls on the computing cores (MPI on the
+    host, as MPICH on this machine), where overlap hides nothing.
+    """
+
+    overlaps_communication: bool
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float: ...
 
@@ -42,6 +49,7 @@ class RooflineMachine:
 
     roofline: Roofline
     allreduce: AllreduceModel
+    overlaps_communication: bool = True
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         return self.roofline.seconds(cost.flops, cost.bytes)
@@ -119,7 +127,8 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     prediction.stage_seconds = {name: stage[name] for name in STAGES}
     compute = stage["FP"] + stage["BP"] + stage["WU"]
     prediction.step_without_overlap = compute + stage["COMM"]
-    exposed = _exposed_bucket_seconds(network, kernels, buckets, bucket_seconds)
+    exposed = (_exposed_bucket_seconds(network, kernels, buckets, bucket_seconds)
+               if machine.overlaps_communication else sum(bucket_seconds))
     prediction.step_with_overlap = compute + exposed + loss_seconds
     return prediction
 
