@@ -1,6 +1,7 @@
 """Timing helpers shared by the benchmarks: a shared, noisy machine wants interleaved variants and medians."""
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from typing import Callable, Mapping, Sequence
@@ -57,3 +58,13 @@ def make_trainer(model: str, dataset: str, global_batch: int, comm: Communicator
     network = create_model(model, data.input_shape, data.num_classes).build(make_backend(), seed=0)
     synchronizer = make_gradient_synchronizer(network, comm, bucket_mb, overlap=overlap)
     return Trainer(network, SGD(network), LearningRateSchedule(0.001), comm, synchronizer, data, global_batch)
+
+
+def model_parser(description: str) -> argparse.ArgumentParser:
+    """A parser with the flags of a single-process model benchmark: model, data set, batch, BLAS threads."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="vgg11")
+    parser.add_argument("--dataset", default="synthetic")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2, help="BLAS threads")
+    return parser

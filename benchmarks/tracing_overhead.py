@@ -9,10 +9,9 @@ Prints the median step of each and the overhead of tracing.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 
-from common import interleave, make_trainer, timed
+from common import interleave, make_trainer, model_parser, timed
 
 from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.runtime import set_blas_threads
@@ -20,11 +19,7 @@ from pydtnn_lite.tracing import Tracer
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="vgg11")
-    parser.add_argument("--dataset", default="synthetic")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
+    parser = model_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
 

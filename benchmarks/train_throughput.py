@@ -8,10 +8,8 @@ images/s, and the fraction of the GEMM peak the whole step reaches:
 """
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
-from common import make_trainer, median_seconds
+from common import make_trainer, median_seconds, model_parser
 
 from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.runtime import set_blas_threads
@@ -26,11 +24,7 @@ def gemm_peak(size: int, repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="vgg11")
-    parser.add_argument("--dataset", default="synthetic")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
+    parser = model_parser(__doc__)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args()
