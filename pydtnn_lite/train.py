@@ -19,7 +19,7 @@ import numpy as np
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import Communicator, make_communicator, make_gradient_synchronizer
-from pydtnn_lite.data import Augmentation, Dataset, dataset_names, open_dataset, partition
+from pydtnn_lite.data import Augmentation, Dataset, SlowedDataset, dataset_names, open_dataset, partition
 from pydtnn_lite.errors import TrainingError, UserError
 from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
@@ -29,6 +29,7 @@ from pydtnn_lite.runtime import (default_blas_threads, install_job_abort, keep_f
 from pydtnn_lite.perfmodel.machines import calibrated_machine
 from pydtnn_lite.tracing import Tracer
 from pydtnn_lite.training import History, StepResult, Trainer, load_checkpoint, save_checkpoint
+from pydtnn_lite.training.balance import LoadBalancer
 from pydtnn_lite.validate import validate_trace
 
 PROGRAM = "pydtnn_lite.train"
@@ -84,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
     system.add_argument("--seed", type=int, default=0, help="seeds weights, shuffles and dropout")
     system.add_argument("--blas-threads", type=int, default=None,
                         help="BLAS threads per rank (default: the node's cores divided by its ranks)")
+    system.add_argument("--partition", default=None, metavar="W,W,...",
+                        help="fixed shares of the global batch, one weight per rank (e.g. 1,3 gives rank 1 three "
+                             "times rank 0's samples); default equal")
+    system.add_argument("--balance", action="store_true",
+                        help="make the shares follow each rank's measured speed (re-weighted while training)")
+    system.add_argument("--balance-warmup", type=int, default=3, metavar="N",
+                        help="steps measured before the first re-weighting (default 3)")
+    system.add_argument("--balance-every", type=int, default=10, metavar="N",
+                        help="steps between re-weightings after the warm-up (default 10)")
     system.add_argument("--bucket-mb", type=float, default=4.0, help="gradient Allreduce bucket size, MiB")
     system.add_argument("--no-overlap", action="store_true",
                         help="reduce gradients after backward instead of overlapping with it")
@@ -116,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     testing = parser.add_argument_group("fault injection (for testing the job's failure handling)")
     testing.add_argument("--inject-failure", default=None, metavar="RANK:STEP",
                          help="raise an exception on rank RANK after global step STEP")
+    testing.add_argument("--inject-delay", default=None, metavar="RANK:MS",
+                         help="make rank RANK load each sample MS milliseconds slower (a slower rank, for --balance)")
     testing.add_argument("--inject-stall", default=None, metavar="RANK:STEP",
                          help="make rank RANK hang (sleep) after global step STEP, to test --collective-timeout")
     return parser
@@ -132,6 +144,31 @@ def parse_injection(text: Optional[str], flag: str) -> Optional[tuple[int, int]]
     return rank, step
 
 
+def parse_partition(text: Optional[str], ranks: int) -> Optional[list[float]]:
+    """--partition as one positive weight per rank (None when not given)."""
+    if text is None:
+        return None
+    try:
+        weights = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise UserError(f"--partition takes one number per rank, e.g. 1,3, got {text!r}") from None
+    if len(weights) != ranks or min(weights) < 0 or sum(weights) <= 0:
+        raise UserError(f"--partition needs {ranks} non-negative weights (one per rank) with a positive sum, "
+                        f"got {text!r}")
+    return weights
+
+
+def parse_delay(text: Optional[str]) -> Optional[tuple[int, float]]:
+    """--inject-delay RANK:MS as (rank, seconds per sample)."""
+    if text is None:
+        return None
+    try:
+        rank, milliseconds = text.split(":")
+        return int(rank), float(milliseconds) / 1e3
+    except ValueError:
+        raise UserError(f"--inject-delay takes RANK:MS, e.g. 1:2.5, got {text!r}") from None
+
+
 @dataclass
 class Job:
     """Everything one rank needs to train."""
@@ -143,6 +180,7 @@ class Job:
     history: Optional[History]
     global_batch: int
     blas_threads: int
+    reported_shares: Optional[list[int]] = None
 
 
 def check_arguments(args: argparse.Namespace, comm: Communicator) -> int:
@@ -157,7 +195,7 @@ def check_arguments(args: argparse.Namespace, comm: Communicator) -> int:
         raise UserError(f"the global batch of {global_batch} is smaller than the {comm.size} ranks: "
                         f"use --batch-size {comm.size} or more")
     for flag in ("epochs", "steps_per_epoch", "blas_threads", "checkpoint_every", "eval_steps", "trace_skip",
-                 "trace_steps"):
+                 "trace_steps", "balance_warmup", "balance_every"):
         value = getattr(args, flag)
         minimum = 0 if flag in ("checkpoint_every", "eval_steps", "trace_skip") else 1
         if value is not None and value < minimum:
@@ -166,6 +204,8 @@ def check_arguments(args: argparse.Namespace, comm: Communicator) -> int:
         raise UserError(f"--bucket-mb must be positive, got {args.bucket_mb}")
     parse_injection(args.inject_failure, "--inject-failure")
     parse_injection(args.inject_stall, "--inject-stall")
+    parse_delay(args.inject_delay)
+    parse_partition(args.partition, comm.size)
     if args.resume is not None and args.resume == "" and not args.checkpoint_dir:
         raise UserError("--resume without a path needs --checkpoint-dir")
     if args.validate and not args.trace:
@@ -209,8 +249,13 @@ def build_job(args: argparse.Namespace, comm: Communicator) -> Job:
         optimizer = Adam(network, weight_decay=args.weight_decay)
     schedule = LearningRateSchedule(args.lr, args.warmup_epochs, tuple(args.lr_decay_epochs), args.lr_decay_factor)
     synchronizer = make_gradient_synchronizer(network, comm, args.bucket_mb, overlap=not args.no_overlap)
+    delay = parse_delay(args.inject_delay)
+    if delay is not None and delay[0] == comm.rank:
+        train_data = SlowedDataset(train_data, delay[1])
+    balancer = LoadBalancer(comm.size, args.balance_warmup, args.balance_every) if args.balance else None
     trainer = Trainer(network, optimizer, schedule, comm, synchronizer, train_data, global_batch,
-                      seed=args.seed, steps_per_epoch=args.steps_per_epoch, augmentation=augmentation)
+                      seed=args.seed, steps_per_epoch=args.steps_per_epoch, augmentation=augmentation,
+                      share_weights=parse_partition(args.partition, comm.size), balancer=balancer)
     history = None
     if comm.rank == 0:
         check_writable(args.run_dir, "--run-dir")
@@ -258,7 +303,7 @@ def say(comm: Communicator, text: str) -> None:
 def train(args: argparse.Namespace, job: Job, comm: Communicator) -> StepResult:
     """The epoch loop: progress, validation, history, checkpoints. Returns the last epoch's training figures."""
     trainer, network = job.trainer, job.network
-    shares = partition(job.global_batch, trainer.share_weights)
+    shares = job.reported_shares = partition(job.global_batch, trainer.share_weights)
     say(comm, f"{network.name} on {args.dataset} {network.input_shape}: {network.param_count:,} parameters, "
               f"{comm.describe()}, {job.blas_threads} BLAS threads per rank, device {network.backend.device}")
     say(comm, f"global batch {job.global_batch}, per-rank shares {shares}; {trainer.steps_per_epoch} steps per "
@@ -280,6 +325,8 @@ def train(args: argparse.Namespace, job: Job, comm: Communicator) -> StepResult:
                                 img_s=f"{result.samples / max(result.seconds, 1e-9):.1f}")
             if args.checkpoint_dir and args.checkpoint_every and global_step % args.checkpoint_every == 0:
                 checkpoint(args, job, comm)
+            if trainer.rebalanced_at == global_step:
+                report_shares(comm, job, global_step)
             if failure == (comm.rank, global_step):
                 raise RuntimeError(f"failure injected by --inject-failure after step {global_step}")
             if stall == (comm.rank, global_step):
@@ -315,6 +362,15 @@ def checkpoint(args: argparse.Namespace, job: Job, comm: Communicator) -> None:
     if comm.rank == 0:
         save_checkpoint(args.checkpoint_dir, job.network, job.optimizer, job.trainer.global_step,
                         {"model": args.model, "dataset": args.dataset, "global_batch": job.global_batch})
+
+
+def report_shares(comm: Communicator, job: Job, global_step: int) -> None:
+    """Say the per-rank shares after a re-weighting that moved samples between ranks."""
+    shares = partition(job.global_batch, job.trainer.share_weights)
+    if shares != job.reported_shares:
+        speeds = ", ".join(f"{v:.1f}" for v in job.trainer.balancer.speeds)
+        say(comm, f"step {global_step}: per-rank shares now {shares} (measured speeds {speeds} img/s per rank)")
+        job.reported_shares = shares
 
 
 def write_trace(args: argparse.Namespace, job: Job, comm: Communicator, tracer: Tracer) -> None:

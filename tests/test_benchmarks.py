@@ -1,4 +1,4 @@
-"""The benchmarks' timing helpers and a smoke run of the gradient synchronisation benchmark (no timing asserted)."""
+"""The benchmarks' timing helpers, and smoke runs of the multi-rank benchmarks (no timing asserted)."""
 from __future__ import annotations
 
 import os
@@ -42,3 +42,11 @@ def test_gradient_sync_needs_two_ranks():
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == ["gradient_sync: needs at least 2 ranks: "
                                                   "mpiexec -n 2 python benchmarks/gradient_sync.py"]
+
+
+def test_heterogeneous_benchmark_balances_a_slowed_rank():
+    result = run(2, [os.path.join(BENCHMARKS, "heterogeneous.py"), "--model", "lenet", "--dataset", "digits",
+                     "--batch-size", "16", "--steps", "2"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    for line in ("equal shares [8, 8]", "balanced shares", "step time reduced by", "rank 1: blocked"):
+        assert result.stdout.count(line) == 1, result.stdout

@@ -30,6 +30,7 @@ class Communicator:
     local_rank = 0  # rank among the processes of this node
     local_size = 1  # processes of this job on this node
     name = "serial"
+    blocked_seconds = 0.0  # time spent blocked in collectives so far (waiting for data or other ranks)
 
     def allreduce(self, array: Any) -> Any:
         """Sum ``array`` over all ranks, in place; return it."""

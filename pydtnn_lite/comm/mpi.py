@@ -63,7 +63,9 @@ class MPICommunicator(Communicator):
     def allreduce(self, array: Any) -> Any:
         if self.timeout <= 0:
             self.started += 1
+            began = time.perf_counter()
             self.comm.Allreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM)
+            self.blocked_seconds += time.perf_counter() - began
         else:
             self.iallreduce(array).wait()
         return array
@@ -101,16 +103,19 @@ class MPICommunicator(Communicator):
     # ------------------------------------------------------------- bounded waits
     def complete(self, request: MPIRequest) -> None:
         """Wait for ``request``; past the timeout raise CollectiveTimeout naming the missing ranks."""
-        if self.timeout <= 0:
-            request.request.Wait()
-            return
-        began = time.monotonic()
-        while not request.request.Test():
-            waited = time.monotonic() - began
-            if waited > self.timeout:
-                raise self._timeout_error(request)
-            if waited > SPIN_SECONDS:
-                time.sleep(min(1e-3, waited / 100))
+        began = time.perf_counter()
+        try:
+            if self.timeout <= 0:
+                request.request.Wait()
+                return
+            while not request.request.Test():
+                waited = time.perf_counter() - began
+                if waited > self.timeout:
+                    raise self._timeout_error(request)
+                if waited > SPIN_SECONDS:
+                    time.sleep(min(1e-3, waited / 100))
+        finally:
+            self.blocked_seconds += time.perf_counter() - began
 
     def _timeout_error(self, request: MPIRequest) -> CollectiveTimeout:
         """Tell every peer which collective this rank is stuck in, listen for a grace period

@@ -10,6 +10,7 @@ from pydtnn_lite.data.digits import DigitsDataset
 from pydtnn_lite.data.mnist import MnistDataset
 from pydtnn_lite.data.npz_shards import NpzShardDataset
 from pydtnn_lite.data.sampler import EpochSampler, local_rows, partition
+from pydtnn_lite.data.slowed import SlowedDataset
 from pydtnn_lite.data.synthetic import SyntheticDataset
 
 SYNTHETIC_SIZES = {"train": 50_000, "test": 10_000}
@@ -68,4 +69,4 @@ def open_dataset(name: str, split: str = "train", data_dir: Optional[str] = None
 
 
 __all__ = ["Augmentation", "DataError", "Dataset", "EpochSampler", "partition", "local_rows", "open_dataset",
-           "dataset_names", "SyntheticDataset", "DigitsDataset", "Cifar10Dataset", "MnistDataset", "NpzShardDataset"]
+           "dataset_names", "SlowedDataset", "SyntheticDataset", "DigitsDataset", "Cifar10Dataset", "MnistDataset", "NpzShardDataset"]

@@ -17,6 +17,7 @@ from pydtnn_lite.errors import TrainingError
 from pydtnn_lite.layers import SoftmaxCrossEntropy, StepContext
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import LearningRateSchedule, Optimizer
+from pydtnn_lite.training.balance import LoadBalancer
 
 
 @dataclass
@@ -41,7 +42,7 @@ class Trainer:
                  comm: Communicator, synchronizer: GradientSynchronizer, data: Dataset,
                  global_batch: int, seed: int = 0, steps_per_epoch: Optional[int] = None,
                  share_weights: Optional[Sequence[float]] = None,
-                 augmentation: Augmentation = Augmentation()) -> None:
+                 augmentation: Augmentation = Augmentation(), balancer: Optional[LoadBalancer] = None) -> None:
         augmentation.check(data)
         self.network, self.optimizer, self.schedule = network, optimizer, schedule
         self.comm, self.synchronizer, self.data = comm, synchronizer, data
@@ -52,6 +53,8 @@ class Trainer:
         self.global_step = 0
         self.seed = seed
         self.augmentation = augmentation
+        self.balancer = balancer
+        self.rebalanced_at: Optional[int] = None  # the global step after which the shares last changed
         self.backend = network.backend
 
     # ----------------------------------------------------------------- one step
@@ -110,8 +113,12 @@ class Trainer:
         loss = correct = samples = 0.0
         started = time.perf_counter()
         for step in range(self.global_step % self.steps_per_epoch, self.steps_per_epoch):
+            step_started, blocked = time.perf_counter(), self.comm.blocked_seconds
             images, labels, global_batch, offset = self.load_step(epoch, step)
             result = self.train_step(images, labels, global_batch, offset)
+            if self.balancer is not None:
+                busy = time.perf_counter() - step_started - (self.comm.blocked_seconds - blocked)
+                self._balance(len(images), busy)
             loss += result.loss * global_batch
             correct += result.accuracy * global_batch
             samples += global_batch
@@ -119,6 +126,17 @@ class Trainer:
                 on_step(self.global_step, result)
         samples = max(samples, 1)
         return StepResult(loss / samples, correct / samples, int(samples), time.perf_counter() - started)
+
+    def _balance(self, samples: int, busy_seconds: float) -> None:
+        """Share this rank's samples and busy time with all ranks; re-weight the shares when the balancer says so."""
+        size, rank = self.comm.size, self.comm.rank
+        values = [0.0] * (2 * size)
+        values[rank], values[size + rank] = float(samples), busy_seconds
+        totals = self.comm.allreduce_host(values)
+        self.balancer.observe(totals[:size], totals[size:])
+        proposal = self.balancer.propose(self.share_weights)
+        if proposal is not None:
+            self.share_weights, self.rebalanced_at = proposal, self.global_step
 
     def evaluate(self, data: Dataset, batch_size: int, max_steps: Optional[int] = None) -> StepResult:
         """Global loss and accuracy over ``data`` (or its first ``max_steps`` batches), ranks sharing each batch."""
