@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Optional, Sequence
 
 from pydtnn_lite.data import partition
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.clusters import PRESETS
 from pydtnn_lite.perfmodel.machines import calibrated_machine, cluster_machine, described_cluster
-from pydtnn_lite.perfmodel.prediction import STAGES, Machine, StepPrediction, predict_step
+from pydtnn_lite.perfmodel.prediction import STAGES, Machine, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.workload import DATASET_SHAPES, build_workload
 
 PROGRAM = "pydtnn_lite.predict"
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--bucket-mb", type=float, default=4.0, help="gradient bucket size, MiB")
     parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    parser.add_argument("--rank-calibrations", nargs="+", default=None, metavar="FILE",
+                        help="a heterogeneous job: one calibration per rank (e.g. cpu.json gpu.json); predicts the "
+                             "balanced shares and each rank's step")
     add_machine_arguments(parser)
     return parser
 
@@ -86,8 +90,35 @@ def prediction_text(prediction: StepPrediction, title: str, global_batch: int) -
     return "\n".join(lines)
 
 
+def heterogeneous_text(args: argparse.Namespace) -> str:
+    """Balanced shares and steps of a job whose ranks have the calibrations ``--rank-calibrations``."""
+    machines = [calibrated_machine(path, args.algorithm) for path in args.rank_calibrations]
+    allreduce = next((m.allreduce for m in machines if m.allreduce is not None), None)
+    machines = [replace(m, allreduce=m.allreduce or allreduce) for m in machines]
+    if args.batch_size < len(machines):
+        raise UserError(f"--batch-size {args.batch_size} must be at least the {len(machines)} ranks")
+    network, optimizer = build_workload(args.model, args.dataset, args.dtype, args.optimizer)
+    shares, balanced = balanced_shares(network, optimizer, args.batch_size, machines, args.bucket_mb)
+    equal_shares = partition(args.batch_size, [1.0] * len(machines))
+    equal = [predict_step(network, optimizer, share, len(machines), machine, args.bucket_mb)
+             for share, machine in zip(equal_shares, machines)]
+    lines = [f"{args.model} on {args.dataset}, global batch {args.batch_size}, {len(machines)} ranks"]
+    for title, chosen, steps in (("equal shares", equal_shares, equal), ("balanced shares", shares, balanced)):
+        per_rank = ", ".join(f"rank {r}: {s} samples, {p.step_with_overlap * 1e3:.1f} ms"
+                             for r, (s, p) in enumerate(zip(chosen, steps)))
+        lines.append(f"{title} {chosen}: step {max(p.step_with_overlap for p in steps) * 1e3:.1f} ms ({per_rank})")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.rank_calibrations:
+        try:
+            print(heterogeneous_text(args))
+        except UserError as error:
+            print(f"{PROGRAM}: error: {error}", file=sys.stderr)
+            return 2
+        return 0
     try:
         machine, machine_name, nodes = machine_from_arguments(args, 8 if args.dtype == "float64" else 4)
         procs = args.procs or nodes

@@ -13,6 +13,7 @@ from mpi import REPO, train_cli
 
 from pydtnn_lite.layers.base import KernelCost
 from pydtnn_lite.perfmodel import AllreduceModel, Link, Roofline, allreduce_seconds, fit_allreduce, predict_step
+from pydtnn_lite.perfmodel.prediction import balanced_shares
 from pydtnn_lite.perfmodel.roofline import gemm_intensity
 from pydtnn_lite.perfmodel.workload import build_workload
 
@@ -171,3 +172,14 @@ def test_scalability_study_writes_csv_and_plots_with_the_expected_trends(tmp_pat
     assert memory == sorted(memory, reverse=True)
     batch = [float(r["computation"]) for r in series["batch"]]
     assert batch == sorted(batch)
+
+
+def test_balanced_shares_follow_the_predicted_speed_of_each_rank():
+    network, optimizer = build_workload("lenet", "digits")
+    shares, steps = balanced_shares(network, optimizer, 64, [ConstantMachine(1e-3, 0.0), ConstantMachine(3e-3, 0.0)])
+    assert shares == [48, 16] and [s.batch for s in steps] == [48, 16] and all(s.procs == 2 for s in steps)
+    calibration = os.path.join(REPO, "calibration", "dev-2core.json")
+    same = run("pydtnn_lite.predict", "--model", "vgg11", "--batch-size", "64", "--rank-calibrations", calibration,
+               calibration)
+    assert same.returncode == 0, same.stderr
+    assert "balanced shares [32, 32]" in same.stdout and "equal shares [32, 32]" in same.stdout

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import numpy as np
 
 from pydtnn_lite.comm.gradients import MIB, plan_buckets
+from pydtnn_lite.data.sampler import partition
 from pydtnn_lite.layers.base import KernelCost
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Optimizer
@@ -164,3 +165,22 @@ def _exposed_bucket_seconds(network: Network, kernels: list[PredictedKernel], bu
     for bucket, seconds in zip(buckets, bucket_seconds):
         channel_free = max(channel_free, done_at[bucket.first_layer]) + seconds
     return max(0.0, channel_free - clock)
+
+
+def balanced_shares(network: Network, optimizer: Optimizer, global_batch: int, machines: Sequence[Machine],
+                    bucket_mb: float = 4.0) -> tuple[list[int], list[StepPrediction]]:
+    """Shares of ``global_batch`` for ranks on ``machines`` (one per rank, e.g. a CPU and a GPU
+    calibration) that finish their computation together, and each rank's predicted step.
+
+    A rank's speed is taken from its predicted compute time at an equal share; shares follow
+    the speeds (largest-remainder rounding), as the trainer's balancer does with measured ones.
+    """
+    procs = len(machines)
+    equal = max(1, global_batch // procs)
+    speeds = []
+    for machine in machines:
+        compute = predict_step(network, optimizer, equal, 1, machine).step_without_overlap
+        speeds.append(equal / compute if compute > 0 else 1.0)
+    shares = partition(global_batch, speeds)
+    return shares, [predict_step(network, optimizer, max(share, 1), procs, machine, bucket_mb)
+                    for share, machine in zip(shares, machines)]
