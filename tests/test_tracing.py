@@ -7,7 +7,6 @@ import subprocess
 import sys
 from collections import Counter
 
-import numpy as np
 import pytest
 from helpers import every_layer_network
 from mpi import train_cli

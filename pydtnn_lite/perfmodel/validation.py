@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from pydtnn_lite.perfmodel.prediction import STAGES, StepPrediction
-from pydtnn_lite.tracing.records import COMPUTE, TRAIN, KernelRecord, StepRecord
+from pydtnn_lite.tracing.records import TRAIN, KernelRecord, StepRecord
 
 COMPUTE_STAGES = ("FP", "BP", "WU")
 
