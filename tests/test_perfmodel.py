@@ -35,19 +35,20 @@ def test_allreduce_formulas(algorithm, procs, expected):
 
 
 def test_fit_recovers_two_bandwidth_regimes():
-    truth = AllreduceModel("ring", Link(3e-6, 0.2e-9, 0.05e-9), Link(20e-6, 0.5e-9, 0.1e-9), threshold=2 ** 22)
+    truth = AllreduceModel("ring", (Link(3e-6, 0.2e-9, 0.05e-9), Link(20e-6, 0.5e-9, 0.1e-9)), (2 ** 22,))
     sizes = [2 ** k for k in range(10, 29, 2)]
     samples = [(p, n, truth.seconds(n, p)) for p in (2, 3, 4) for n in sizes]
     fitted = fit_allreduce(samples, algorithm="ring", gamma=0.1e-9)
     assert max(abs((fitted.seconds(n, p) - t) / t) for p, n, t in samples) < 0.01
-    assert fitted.threshold == 2 ** 22
-    assert fitted.large.beta == pytest.approx(0.5e-9, rel=0.01)
-    assert fitted.small.alpha == pytest.approx(3e-6, rel=0.05)
+    assert fitted.thresholds == (2 ** 22,)  # a third regime would not pay
+    assert fitted.links[1].beta == pytest.approx(0.5e-9, rel=0.01)
+    assert fitted.links[0].alpha == pytest.approx(3e-6, rel=0.05)
+    assert fitted.link(2 ** 22) == fitted.links[1] and fitted.link(2 ** 22 - 1) == fitted.links[0]
     assert AllreduceModel.from_dict(json.loads(json.dumps(fitted.to_dict()))) == fitted
 
 
 def test_fit_picks_the_algorithm_that_generated_the_samples():
-    truth = AllreduceModel("mst", LINK, LINK)
+    truth = AllreduceModel("mst", (LINK,))
     samples = [(p, n, truth.seconds(n, p)) for p in (2, 4, 8) for n in (1e3, 1e5, 1e7)]
     assert fit_allreduce(samples).algorithm == "mst"
     with pytest.raises(ValueError, match="mpiexec"):

@@ -7,13 +7,14 @@ With ``P`` ranks, an ``n``-byte message, latency ``alpha`` (s), transfer time ``
 - MST, a binomial tree (reduce, then broadcast): ``2 ceil(log2 P) (alpha + n beta) + ceil(log2 P) n gamma``
 - BKT, bucket (reduce-scatter, then allgather): ``2 P alpha + 2 (P-1)/P n beta + (P-1)/P n gamma``
 
-Measured Allreduce times show two regimes: small messages go through eager, cache-resident
-paths and large ones stream through memory or the network at a lower bandwidth. One
-alpha-beta line fits neither well, so an :class:`AllreduceModel` has a parameter set for
-messages below a threshold and one for those above it.
+Measured Allreduce times show regimes: small messages are latency-bound, middle ones go
+through eager, cache-resident paths, and large ones stream through memory or the network
+at a lower bandwidth. One alpha-beta line fits none of them well, so an
+:class:`AllreduceModel` has one parameter set per range of message sizes.
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from dataclasses import asdict, dataclass
@@ -59,26 +60,30 @@ def allreduce_seconds(algorithm: str, procs: int, nbytes: float, link: Link) -> 
 
 @dataclass(frozen=True)
 class AllreduceModel:
-    """An algorithm with one link for messages below ``threshold`` bytes and one for the rest."""
+    """An algorithm with one link per message-size regime.
+
+    ``links[i]`` serves messages from ``thresholds[i - 1]`` (inclusive) up to
+    ``thresholds[i]`` bytes; one link and no thresholds is a single regime.
+    """
 
     algorithm: str
-    small: Link
-    large: Link
-    threshold: float = math.inf
+    links: tuple[Link, ...]
+    thresholds: tuple[float, ...] = ()
+
+    def link(self, nbytes: float) -> Link:
+        return self.links[bisect.bisect_right(self.thresholds, nbytes)]
 
     def seconds(self, nbytes: float, procs: int) -> float:
-        link = self.small if nbytes < self.threshold else self.large
-        return allreduce_seconds(self.algorithm, procs, nbytes, link)
+        return allreduce_seconds(self.algorithm, procs, nbytes, self.link(nbytes))
 
     def to_dict(self) -> dict:
-        return {"algorithm": self.algorithm, "small": asdict(self.small), "large": asdict(self.large),
-                "threshold": None if math.isinf(self.threshold) else self.threshold}
+        return {"algorithm": self.algorithm, "links": [asdict(link) for link in self.links],
+                "thresholds": list(self.thresholds)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "AllreduceModel":
-        threshold = data.get("threshold")
-        return cls(data["algorithm"], Link(**data["small"]), Link(**data["large"]),
-                   math.inf if threshold is None else float(threshold))
+        return cls(data["algorithm"], tuple(Link(**link) for link in data["links"]),
+                   tuple(float(t) for t in data["thresholds"]))
 
 
 def _fit_link(algorithm: str, samples: Sequence[tuple[int, float, float]], gamma: float) -> Link:
@@ -116,28 +121,49 @@ def relative_errors(model: AllreduceModel, samples: Sequence[tuple[int, float, f
     return np.array([(model.seconds(n, p) - t) / t for p, n, t in samples])
 
 
+MIN_REGIME_GAIN = 0.005  # mean relative error an extra regime must save
+
+
+def _threshold_sets(sizes: Sequence[float], regimes: int) -> list[tuple[float, ...]]:
+    """Every way to cut the sorted message ``sizes`` into at most ``regimes`` runs of two or more sizes."""
+    cuts = sizes[2:-1]
+    out: list[tuple[float, ...]] = [()]
+    for count in range(1, regimes):
+        for chosen in itertools.combinations(cuts, count):
+            bounds = [0.0, *chosen, math.inf]
+            if all(sum(1 for n in sizes if low <= n < high) >= 2 for low, high in zip(bounds, bounds[1:])):
+                out.append(chosen)
+    return out
+
+
 def fit_allreduce(samples: Sequence[tuple[int, float, float]], algorithm: Optional[str] = None,
-                  gamma: float = 0.0) -> AllreduceModel:
+                  gamma: float = 0.0, regimes: int = 3) -> AllreduceModel:
     """Fit an :class:`AllreduceModel` to ``(procs, nbytes, seconds)`` samples.
 
-    Every message size is tried as the threshold between the two regimes (and none), and
-    with ``algorithm`` None every algorithm; the fit with the smallest mean absolute
-    relative error wins. ``gamma`` fixes the reduction cost per byte (e.g. from the
-    memory bandwidth); with the default 0, beta includes it.
+    Every cut of the measured message sizes into up to ``regimes`` regimes (latency-bound
+    small messages, cache-resident ones, memory-bound large ones) is tried, and with
+    ``algorithm`` None every algorithm; the fit with the smallest mean absolute relative
+    error wins, and an extra regime must cut that error by a tenth, and by at least half a
+    percentage point, to be kept. ``gamma``
+    fixes the reduction cost per byte (e.g. from the memory bandwidth); with the default
+    0, beta includes it.
     """
     samples = [(int(p), float(n), float(t)) for p, n, t in samples if p > 1 and t > 0]
     if not samples:
         raise ValueError("no Allreduce samples with 2 or more processes: calibrate under mpiexec -n 2 or more")
     sizes = sorted({n for _, n, _ in samples})
-    best, best_error = None, math.inf
+    best: dict[int, tuple[float, AllreduceModel]] = {}  # per number of regimes
     for name in ([algorithm] if algorithm else list(TERMS)):
-        # Thresholds keep at least two message sizes on each side; infinity means one regime.
-        for threshold in [math.inf] + sizes[2:-1]:
-            small = _fit_link(name, [s for s in samples if s[1] < threshold], gamma)
-            large = small if math.isinf(threshold) else _fit_link(name, [s for s in samples if s[1] >= threshold],
-                                                                  gamma)
-            model = AllreduceModel(name, small, large, threshold)
+        for thresholds in _threshold_sets(sizes, regimes):
+            bounds = [0.0, *thresholds, math.inf]
+            links = tuple(_fit_link(name, [s for s in samples if low <= s[1] < high], gamma)
+                          for low, high in zip(bounds, bounds[1:]))
+            model = AllreduceModel(name, links, thresholds)
             error = float(np.mean(np.abs(relative_errors(model, samples))))
-            if error < best_error:
-                best, best_error = model, error
-    return best
+            if error < best.get(len(links), (math.inf, None))[0]:
+                best[len(links)] = (error, model)
+    error, model = best[1]
+    for count in sorted(best)[1:]:
+        if best[count][0] < min(0.9 * error, error - MIN_REGIME_GAIN):
+            error, model = best[count]
+    return model

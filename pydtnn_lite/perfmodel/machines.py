@@ -56,7 +56,7 @@ def cluster_machine(cluster: Cluster, algorithm: str = "ring", itemsize: int = 4
     """
     link = Link(cluster.latency, 1.0 / cluster.link_bandwidth, 1.0 / (itemsize * cluster.peak_flops))
     return RooflineMachine(Roofline(cluster.peak_flops, cluster.memory_bandwidth),
-                           AllreduceModel(algorithm, link, link))
+                           AllreduceModel(algorithm, (link,)))
 
 
 def described_cluster(preset: Optional[str], peak_flops: Optional[float] = None,
