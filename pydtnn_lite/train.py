@@ -27,7 +27,7 @@ from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule, Optimizer
 from pydtnn_lite.runtime import (default_blas_threads, install_job_abort, keep_freed_memory, report_and_abort,
                                  set_blas_threads)
 from pydtnn_lite.perfmodel.machines import calibrated_machine
-from pydtnn_lite.tracing import Tracer
+from pydtnn_lite.tracing import Tracer, load_trace
 from pydtnn_lite.training import History, StepResult, Trainer, load_checkpoint, save_checkpoint
 from pydtnn_lite.training.balance import LoadBalancer
 from pydtnn_lite.validate import validate_trace
@@ -387,8 +387,8 @@ def write_trace(args: argparse.Namespace, job: Job, comm: Communicator, tracer: 
     say(comm, f"trace of {len(tracer.steps)} step(s) per rank written to {args.trace}: open trace.json in "
               f"https://ui.perfetto.dev; summary: python -m pydtnn_lite.trace summarize {args.trace}")
     if args.validate and comm.rank == 0:
-        print(validate_trace(args.trace, calibrated_machine(args.validate), f"calibration {args.validate}"),
-              flush=True)
+        print(validate_trace(args.trace, load_trace(args.trace), calibrated_machine(args.validate),
+                             f"calibration {args.validate}"), flush=True)
 
 
 def make_progress(comm: Communicator, args: argparse.Namespace, epoch: int, trainer: Trainer):

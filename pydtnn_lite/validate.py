@@ -30,10 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def validate_trace(trace: str, machine: Machine, machine_name: str, out: Optional[str] = None) -> str:
-    """Validate the trace in directory ``trace`` on ``machine``, write the report (to
-    ``out``, default ``trace/validation``) and return the text summary."""
-    records, steps, meta = load_trace(trace)
+def validate_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, machine_name: str,
+                   out: Optional[str] = None) -> str:
+    """Validate the trace of directory ``trace`` (``loaded`` is what ``load_trace`` read
+    there) on ``machine``, write the report (to ``out``, default ``trace/validation``) and
+    return the text summary."""
+    records, steps, meta = loaded
     if not steps:
         raise UserError(f"{trace} holds no traced training step: lower --trace-skip or train more steps")
     network, optimizer = build_workload(meta["model"], meta["dataset"], meta.get("dtype", "float32"),
@@ -50,9 +52,10 @@ def validate_trace(trace: str, machine: Machine, machine_name: str, out: Optiona
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        dtype = load_trace(args.trace)[2].get("dtype", "float32")
+        loaded = load_trace(args.trace)
+        dtype = loaded[2].get("dtype", "float32")
         machine, machine_name, _ = machine_from_arguments(args, 8 if dtype == "float64" else 4)
-        print(validate_trace(args.trace, machine, machine_name, args.out))
+        print(validate_trace(args.trace, loaded, machine, machine_name, args.out))
     except (OSError, ValueError, KeyError, UserError) as error:
         detail = f"the trace's meta.json lacks {error}" if isinstance(error, KeyError) else str(error)
         print(f"{PROGRAM}: error: {detail}", file=sys.stderr)

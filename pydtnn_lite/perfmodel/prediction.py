@@ -22,9 +22,9 @@ from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Optimizer
 from pydtnn_lite.perfmodel.allreduce import AllreduceModel
 from pydtnn_lite.perfmodel.roofline import Roofline
+from pydtnn_lite.tracing.records import NO_LAYER
 from pydtnn_lite.training import step_costs
 
-NO_LAYER = -1
 LOSS_VALUES_BYTES = 16  # the step's loss and correct count, two float64
 STAGES = ("FP", "BP", "WU", "COMM")
 

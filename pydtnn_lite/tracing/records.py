@@ -20,6 +20,7 @@ from typing import Any, Iterable, Type, TypeVar
 EVENTS_FILE, STEPS_FILE, META_FILE = "events.csv", "steps.csv", "meta.json"
 TRAIN, EVAL = "train", "eval"
 COMPUTE, COMMUNICATION = "compute", "communication"  # the two timelines of a rank
+NO_LAYER = -1  # the layer of work done for no layer: gradient buckets, the loss reduction, data loading
 
 
 @dataclass

@@ -32,13 +32,12 @@ from pydtnn_lite.backend import HostClock
 from pydtnn_lite.network import no_scope
 from pydtnn_lite.training import Trainer, step_costs
 from pydtnn_lite.tracing.chrome import chrome_trace
-from pydtnn_lite.tracing.records import (COMMUNICATION, COMPUTE, EVAL, EVENTS_FILE, STEPS_FILE, TRAIN, KernelRecord,
-                                         StepRecord, write_meta, write_records)
+from pydtnn_lite.tracing.records import (COMMUNICATION, COMPUTE, EVAL, EVENTS_FILE, NO_LAYER, STEPS_FILE, TRAIN,
+                                         KernelRecord, StepRecord, write_meta, write_records)
 from pydtnn_lite.tracing.summary import SUMMARY_FILE, write_summary
 
 CHROME_FILE = "trace.json"
 
-NO_LAYER = -1
 OUTSIDE = (NO_LAYER, "COMM")  # where gradient buckets and the loss reduction run: in no layer's scope
 
 
@@ -104,8 +103,7 @@ class Tracer:
         self.origin = time.perf_counter()
         for name in kernels.__all__:
             self._replace(kernels, name, self._timed(getattr(kernels, name), name, COMPUTE, self.device_clock))
-        self.network.scope = self.scope
-        self._undo.append(lambda: setattr(self.network, "scope", no_scope))
+        self._replace(self.network, "scope", self.scope)
         comm, trainer, host = self.comm, self.trainer, self.host_clock
         self._replace(comm, "allreduce", self._timed(comm.allreduce, "allreduce", COMMUNICATION, host, message=0))
         self._replace(comm, "allreduce_host", self._timed(comm.allreduce_host, "allreduce", COMMUNICATION, host,

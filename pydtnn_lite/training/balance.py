@@ -29,6 +29,7 @@ class LoadBalancer:
 
     ``smoothing`` is the weight of the newest measurement in the running speed of each
     rank; ``min_gain`` the predicted fraction of the step time a change must save.
+    ``speeds`` holds NaN for a rank until it has been measured.
     """
 
     ranks: int
@@ -36,8 +37,11 @@ class LoadBalancer:
     every: int = 10
     smoothing: float = 0.5
     min_gain: float = 0.05
-    speeds: Optional[np.ndarray] = field(default=None, init=False)
+    speeds: np.ndarray = field(init=False)
     observed: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self.speeds = np.full(self.ranks, np.nan)
 
     def observe(self, samples: Sequence[int], busy_seconds: Sequence[float]) -> None:
         """Add one step's samples and busy seconds of every rank (a rank with no samples keeps its speed)."""
@@ -47,16 +51,14 @@ class LoadBalancer:
         if self.observed <= 1:  # the first step pays one-off costs (allocation, caches)
             return
         measured = samples / busy
-        if self.speeds is None:
-            self.speeds = np.where(samples > 0, measured, np.nan)
-        else:
-            fresh = (1 - self.smoothing) * self.speeds + self.smoothing * measured
-            self.speeds = np.where(samples > 0, np.where(np.isnan(self.speeds), measured, fresh), self.speeds)
+        smoothed = np.where(np.isnan(self.speeds), measured,
+                            (1 - self.smoothing) * self.speeds + self.smoothing * measured)
+        self.speeds = np.where(samples > 0, smoothed, self.speeds)
 
     def propose(self, weights: Sequence[float]) -> Optional[list[float]]:
         """New share weights when they are due and predicted to save ``min_gain``; else None."""
         due = self.observed >= self.warmup and (self.observed - self.warmup) % self.every == 0
-        if not due or self.speeds is None or np.isnan(self.speeds).any():
+        if not due or np.isnan(self.speeds).any():
             return None
         proposal = [float(v) for v in self.speeds / self.speeds.max()]
         if step_seconds(proposal, self.speeds) <= (1 - self.min_gain) * step_seconds(weights, self.speeds):
