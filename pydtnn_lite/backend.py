@@ -5,8 +5,9 @@ Layers, losses and optimizers are written once against the namespace returned by
 """
 from __future__ import annotations
 
+import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Sequence
 
@@ -23,28 +24,115 @@ class BackendError(UserError):
 
 @dataclass(frozen=True)
 class Backend:
-    """Array namespace, dtype and device of one process."""
+    """Array namespace, dtype and device of one process: NumPy on the host.
+
+    Besides the namespace, a backend owns the copies between host and device, so that
+    data loading and host-staged communication are written once for every device.
+    """
 
     xp: ModuleType
     dtype: type
     device: str
 
+    @property
+    def on_gpu(self) -> bool:
+        return False
+
     def asarray(self, data: Any) -> Any:
         """Copy host data to this backend's device, in its dtype."""
         return self.xp.asarray(data, dtype=self.dtype)
 
+    def to_device(self, host: np.ndarray, dtype: Any = None) -> Any:
+        """A batch read on the host, on the device in ``dtype`` (the backend's by default).
+
+        The copy is queued, not waited for: kernels queued after it see the data.
+        """
+        return np.asarray(host, dtype=dtype or self.dtype)
+
     def to_host(self, array: Any) -> np.ndarray:
         """Return ``array`` as a NumPy array (a no-op on the CPU)."""
-        return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) else np.asarray(array)
+        return np.asarray(array)
+
+    def host_buffer(self, size: int, dtype: Any) -> np.ndarray:
+        """An empty host array of ``size`` elements that device copies can use directly
+        (page-locked on a GPU, so copies run at full bus speed and asynchronously)."""
+        return np.empty(size, dtype=dtype)
+
+    def copy_to_host(self, array: Any, out: np.ndarray) -> np.ndarray:
+        """Copy the device ``array`` into the host array ``out`` (same size) and wait for it."""
+        np.copyto(out, array.reshape(out.shape))
+        return out
+
+    def copy_from_host(self, host: np.ndarray, out: Any) -> Any:
+        """Copy ``host`` into the device array ``out`` (same size); device work queued later sees it."""
+        np.copyto(out, host.reshape(out.shape))
+        return out
 
     def synchronize(self) -> None:
         """Wait until queued device work has finished (a no-op on the CPU)."""
-        if self.xp is not np:
-            self.xp.cuda.get_current_stream().synchronize()
 
     def clock(self) -> "HostClock":
         """A clock that timestamps kernels on this backend's device."""
-        return HostClock() if self.xp is np else DeviceClock(self.xp)
+        return HostClock()
+
+
+@dataclass(frozen=True)
+class CupyBackend(Backend):
+    """CuPy on one NVIDIA GPU: kernels are queued on the current stream; host copies go
+    through page-locked buffers on a copy stream of their own."""
+
+    copies: list = field(default_factory=list, compare=False)  # (event, pinned buffer) of copies in flight
+
+    @property
+    def on_gpu(self) -> bool:
+        return True
+
+    def to_device(self, host: np.ndarray, dtype: Any = None) -> Any:
+        cupy = self.xp
+        pinned = self.host_buffer(host.size, dtype or self.dtype).reshape(host.shape)
+        np.copyto(pinned, host, casting="unsafe")
+        device = cupy.empty(host.shape, dtype=pinned.dtype)
+        stream = _copy_stream(cupy)
+        device.set(pinned, stream=stream)
+        cupy.cuda.get_current_stream().wait_event(self._keep_until_copied(pinned, stream))
+        return device
+
+    def _keep_until_copied(self, buffer: np.ndarray, stream: Any) -> Any:
+        """Hold ``buffer`` until the copy just queued on ``stream`` has run; return its event."""
+        done = stream.record()
+        self.copies[:] = [(event, kept) for event, kept in self.copies if not event.done]
+        self.copies.append((done, buffer))
+        return done
+
+    def to_host(self, array: Any) -> np.ndarray:
+        return array.get() if isinstance(array, self.xp.ndarray) else np.asarray(array)
+
+    def host_buffer(self, size: int, dtype: Any) -> np.ndarray:
+        import cupyx
+
+        return cupyx.empty_pinned(size, dtype=dtype)
+
+    def copy_to_host(self, array: Any, out: np.ndarray) -> np.ndarray:
+        self.xp.ascontiguousarray(array).reshape(out.shape).get(out=out)
+        return out
+
+    def copy_from_host(self, host: np.ndarray, out: Any) -> Any:
+        stream = self.xp.cuda.get_current_stream()
+        out.set(host.reshape(out.shape), stream=stream)  # asynchronous from page-locked memory
+        self._keep_until_copied(host, stream)
+        return out
+
+    def synchronize(self) -> None:
+        self.xp.cuda.get_current_stream().synchronize()
+
+    def clock(self) -> "HostClock":
+        return DeviceClock(self.xp)
+
+
+@functools.lru_cache(maxsize=None)
+def _copy_stream(cupy: ModuleType) -> Any:
+    """The non-blocking stream that host-to-device copies of batches run on."""
+    return cupy.cuda.Stream(non_blocking=True)
 
 
 class HostClock:
@@ -105,7 +193,10 @@ def gpu_available() -> bool:
 
 
 def make_backend(device: str = "cpu", dtype: str = "float32", gpu_id: int = 0) -> Backend:
-    """Build the backend for ``device`` ('cpu', 'gpu' or 'auto') and ``dtype``."""
+    """Build the backend for ``device`` ('cpu', 'gpu' or 'auto') and ``dtype``.
+
+    ``gpu_id`` is taken modulo the node's GPU count, so a rank's local rank can be passed.
+    """
     if dtype not in DTYPES:
         raise BackendError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if device == "auto":
@@ -117,8 +208,9 @@ def make_backend(device: str = "cpu", dtype: str = "float32", gpu_id: int = 0) -
             raise BackendError("--device gpu asked for, but CuPy finds no usable CUDA GPU: "
                                "install the 'gpu' extra on a GPU machine, or use --device cpu")
         import cupy
-        cupy.cuda.Device(gpu_id).use()
-        return Backend(cupy, DTYPES[dtype], f"gpu:{gpu_id}")
+        device_id = gpu_id % cupy.cuda.runtime.getDeviceCount()  # ranks of a node take the GPUs in turn
+        cupy.cuda.Device(device_id).use()
+        return CupyBackend(cupy, DTYPES[dtype], f"gpu:{device_id}")
     raise BackendError(f"unknown device {device!r}: choose cpu, gpu or auto")
 
 

@@ -17,8 +17,9 @@ from typing import Callable, Optional, Sequence, TypeVar
 
 import numpy as np
 
-from pydtnn_lite.backend import make_backend
+from pydtnn_lite.backend import Backend, make_backend
 from pydtnn_lite.comm import Communicator, make_communicator, make_gradient_synchronizer
+from pydtnn_lite.comm.strategy import STRATEGIES, connect
 from pydtnn_lite.data import Augmentation, Dataset, SlowedDataset, dataset_names, open_dataset, partition
 from pydtnn_lite.errors import TrainingError, UserError
 from pydtnn_lite.models import create_model, model_names
@@ -80,7 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     optim.add_argument("--lr-decay-factor", type=float, default=0.1)
 
     system = parser.add_argument_group("device and parallelism")
-    system.add_argument("--device", choices=("cpu", "gpu", "auto"), default="cpu")
+    system.add_argument("--device", default="cpu", metavar="DEVICE[,DEVICE...]",
+                        help="cpu, gpu or auto (gpu when CuPy sees one), for every rank or one per rank "
+                             "(e.g. cpu,gpu,gpu); under MPMD each program gives its own")
+    system.add_argument("--comm", choices=STRATEGIES, default="auto",
+                        help="how gradients are summed: mpi (GPU arrays staged through host memory), nccl (GPU "
+                             "ranks only), hierarchical (inside nodes, then between them), gpu-side (CPU ranks' "
+                             "gradients to a GPU rank, NCCL among GPU ranks); auto: mpi for CPU jobs, nccl for "
+                             "GPU jobs, the faster of mpi and gpu-side for mixed jobs")
     system.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     system.add_argument("--seed", type=int, default=0, help="seeds weights, shuffles and dropout")
     system.add_argument("--blas-threads", type=int, default=None,
@@ -88,8 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     system.add_argument("--partition", default=None, metavar="W,W,...",
                         help="fixed shares of the global batch, one weight per rank (e.g. 1,3 gives rank 1 three "
                              "times rank 0's samples); default equal")
-    system.add_argument("--balance", action="store_true",
-                        help="make the shares follow each rank's measured speed (re-weighted while training)")
+    system.add_argument("--balance", nargs="?", choices=("on", "off", "auto"), const="on", default="auto",
+                        help="make the shares follow each rank's measured speed, re-weighted while training; "
+                             "auto: on when the job mixes CPU and GPU ranks and --partition is not given")
     system.add_argument("--balance-warmup", type=int, default=3, metavar="N",
                         help="steps measured before the first re-weighting (default 3)")
     system.add_argument("--balance-every", type=int, default=10, metavar="N",
@@ -158,6 +167,14 @@ def parse_partition(text: Optional[str], ranks: int) -> Optional[list[float]]:
     return weights
 
 
+def device_of_rank(text: str, rank: int, size: int) -> str:
+    """This rank's entry of --device: the one value given, or the rank's item of a per-rank list."""
+    devices = text.split(",")
+    if len(devices) not in (1, size) or any(device not in ("cpu", "gpu", "auto") for device in devices):
+        raise UserError(f"--device takes cpu, gpu or auto, once or once per rank ({size} here), got {text!r}")
+    return devices[0] if len(devices) == 1 else devices[rank]
+
+
 def parse_delay(text: Optional[str]) -> Optional[tuple[int, float]]:
     """--inject-delay RANK:MS as (rank, seconds per sample)."""
     if text is None:
@@ -181,6 +198,7 @@ class Job:
     global_batch: int
     blas_threads: int
     reported_shares: Optional[list[int]] = None
+    communication: str = ""  # the communicator and the strategy it was chosen by
 
 
 def check_arguments(args: argparse.Namespace, comm: Communicator) -> int:
@@ -225,16 +243,22 @@ def check_writable(directory: str, flag: str) -> None:
         raise UserError(f"cannot write to {flag} {directory} ({error.strerror}): choose a writable directory") from None
 
 
-def build_job(args: argparse.Namespace, comm: Communicator) -> Job:
+def prepare_device(args: argparse.Namespace, comm: Communicator) -> tuple[int, Backend]:
+    """Check the flags and pick this rank's device: (global batch, backend). No collectives."""
+    global_batch = check_arguments(args, comm)
+    backend = make_backend(device_of_rank(args.device, comm.rank, comm.size), args.dtype, gpu_id=comm.local_rank)
+    return global_batch, backend
+
+
+def build_job(args: argparse.Namespace, comm: Communicator, backend: Backend, global_batch: int,
+              mixed_devices: bool) -> Job:
     """Build the model, data, optimizer and trainer of this rank; raise UserError on bad input.
 
     No collective may run in here: a rank that fails early would leave the others waiting
     in it instead of in the agreement of :func:`collectively`.
     """
-    global_batch = check_arguments(args, comm)
     augmentation = Augmentation(args.random_crop, args.random_flip)
     blas_threads = set_blas_threads(args.blas_threads or default_blas_threads(comm))
-    backend = make_backend(args.device, args.dtype, gpu_id=comm.local_rank)
     train_data = open_dataset(args.dataset, "train", args.data_dir, seed=args.seed)
     test_data = None if args.eval_steps == 0 else open_dataset(args.dataset, "test", args.data_dir, seed=args.seed)
     try:
@@ -252,7 +276,8 @@ def build_job(args: argparse.Namespace, comm: Communicator) -> Job:
     delay = parse_delay(args.inject_delay)
     if delay is not None and delay[0] == comm.rank:
         train_data = SlowedDataset(train_data, delay[1])
-    balancer = LoadBalancer(comm.size, args.balance_warmup, args.balance_every) if args.balance else None
+    balance = args.balance == "on" or (args.balance == "auto" and mixed_devices and args.partition is None)
+    balancer = LoadBalancer(comm.size, args.balance_warmup, args.balance_every) if balance else None
     trainer = Trainer(network, optimizer, schedule, comm, synchronizer, train_data, global_batch,
                       seed=args.seed, steps_per_epoch=args.steps_per_epoch, augmentation=augmentation,
                       share_weights=parse_partition(args.partition, comm.size), balancer=balancer)
@@ -305,7 +330,7 @@ def train(args: argparse.Namespace, job: Job, comm: Communicator) -> StepResult:
     trainer, network = job.trainer, job.network
     shares = job.reported_shares = partition(job.global_batch, trainer.share_weights)
     say(comm, f"{network.name} on {args.dataset} {network.input_shape}: {network.param_count:,} parameters, "
-              f"{comm.describe()}, {job.blas_threads} BLAS threads per rank, device {network.backend.device}")
+              f"{job.communication}, {job.blas_threads} BLAS threads per rank, device {network.backend.device}")
     say(comm, f"global batch {job.global_batch}, per-rank shares {shares}; {trainer.steps_per_epoch} steps per "
               f"epoch; augmentation: {trainer.augmentation.describe()}; gradients: {trainer.synchronizer.describe()}")
     start_epoch = trainer.global_step // trainer.steps_per_epoch
@@ -409,10 +434,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.summary:
         return print_summary(args, comm)
     try:
-        job = collectively(comm, lambda: build_job(args, comm))
-    except UserError as error:  # every rank raises it, after agreeing in collectively()
+        global_batch, backend = collectively(comm, lambda: prepare_device(args, comm))
+        bucket_elements = int(args.bucket_mb * (1 << 20)) // np.dtype(backend.dtype).itemsize
+        comm, placement, strategy = connect(comm, backend, args.comm, bucket_elements, platform.node(),
+                                            args.collective_timeout)
+        mixed = bool(placement.cpu_ranks and placement.gpu_ranks)
+        job = collectively(comm, lambda: build_job(args, comm, backend, global_batch, mixed))
+    except UserError as error:  # every rank raises it: after agreeing in collectively(), or from the same placement
         say(comm, f"{PROGRAM}: error: {error}")
         return SETUP_ERROR_EXIT
+    except Exception as error:  # e.g. NCCL failing to start on one rank
+        report_and_abort(comm, PROGRAM, error)
+    job.communication = strategy
     # Rank 0's weights are everyone's, whatever a rank's RNG, weight file or checkpoint gave.
     comm.broadcast(job.network.flat_params)
     try:

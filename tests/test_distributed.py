@@ -31,3 +31,15 @@ def test_uneven_shares_equal_one_process(single, tmp_path):
 def test_a_rank_with_an_empty_share(single, tmp_path):
     """A rank holding no sample (weight 0) still joins every collective, and the result is unchanged."""
     assert_same_weights(single, train_small(tmp_path, 3, "--weights", "1", "1", "0"))
+
+
+@pytest.mark.parametrize("ranks,flags", [
+    (3, ("--staged",)),
+    (3, ("--staged", "--no-overlap")),
+    (3, ("--leaders", "0", "0", "2")),  # a group of two and a rank alone
+    (4, ("--leaders", "1", "1", "3", "3")),  # leaders that are not the lowest rank of the job
+    (4, ("--leaders", "0", "0", "0", "0", "--no-overlap")),  # one group: no leader level
+])
+def test_host_staged_and_two_level_reductions_equal_one_process(single, tmp_path, ranks, flags):
+    """The reductions of GPU ranks (host-staged, hierarchical, gpu-side), run with MPI at every level."""
+    assert_same_weights(single, train_small(tmp_path, ranks, *flags))

@@ -61,19 +61,10 @@ class MPICommunicator(Communicator):
 
     # ------------------------------------------------------------- collectives
     def allreduce(self, array: Any) -> Any:
-        if self.timeout <= 0:
-            self.started += 1
-            began = time.perf_counter()
-            self.comm.Allreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM)
-            self.blocked_seconds += time.perf_counter() - began
-        else:
-            self.iallreduce(array).wait()
-        return array
+        return self.allreduce_buffer(array)
 
     def iallreduce(self, array: Any) -> MPIRequest:
-        self.started += 1
-        request = self.comm.Iallreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM)
-        return MPIRequest(self, request, self.started, f"Allreduce of {array.size} values")
+        return self.iallreduce_buffer(array)
 
     def broadcast(self, array: Any, root: int = 0) -> Any:
         self.started += 1
@@ -81,8 +72,33 @@ class MPICommunicator(Communicator):
         return array
 
     def allreduce_host(self, values: Sequence[float]) -> np.ndarray:
-        buffer = np.asarray(values, dtype=np.float64).copy()
-        return self.allreduce(buffer)
+        return self.allreduce_buffer(np.asarray(values, dtype=np.float64).copy())
+
+    def allreduce_buffer(self, buffer: np.ndarray) -> np.ndarray:
+        """Sum the host ``buffer`` over all ranks, in place, within the timeout.
+
+        The host path of every reduction; subclasses that move device arrays another way
+        (host staging, NCCL) override :meth:`allreduce` and keep this one.
+        """
+        if self.timeout <= 0:
+            self.started += 1
+            began = time.perf_counter()
+            self.comm.Allreduce(self.MPI.IN_PLACE, buffer, op=self.MPI.SUM)
+            self.blocked_seconds += time.perf_counter() - began
+        else:
+            self.iallreduce_buffer(buffer).wait()
+        return buffer
+
+    def iallreduce_buffer(self, buffer: np.ndarray) -> MPIRequest:
+        """Start summing the host ``buffer`` over all ranks, in place."""
+        self.started += 1
+        request = self.comm.Iallreduce(self.MPI.IN_PLACE, buffer, op=self.MPI.SUM)
+        return MPIRequest(self, request, self.started, f"Allreduce of {buffer.size} values")
+
+    def wait_for(self, request: Any, what: str) -> None:
+        """Complete the mpi4py ``request`` of a collective on a sub-communicator, within the
+        timeout (such collectives are not numbered: not every rank takes part in them)."""
+        self.complete(MPIRequest(self, request, 0, what))
 
     def allgather_object(self, obj: Any) -> list:
         self.started += 1
@@ -134,8 +150,8 @@ class MPICommunicator(Communicator):
                 time.sleep(1e-3)
         absent = [r for r in peers if r not in heard]
         elsewhere = [f"rank {r} in collective #{s}" for r, s in sorted(heard.items()) if s != request.sequence]
-        parts = [f"rank {self.rank} waited more than {self.timeout:g} s in collective #{request.sequence} "
-                 f"({request.what})"]
+        where = f"collective #{request.sequence}" if request.sequence else "a collective of its rank group"
+        parts = [f"rank {self.rank} waited more than {self.timeout:g} s in {where} ({request.what})"]
         if absent:
             parts.append(f"rank(s) {', '.join(map(str, absent))} never arrived (stuck or far slower)")
         if elsewhere:
@@ -148,5 +164,5 @@ class MPICommunicator(Communicator):
         os._exit(code)  # Abort does not return; this line only guards a broken MPI
 
     def describe(self) -> str:
-        version = self.MPI.Get_library_version().splitlines()[0].strip()
+        version = " ".join(self.MPI.Get_library_version().splitlines()[0].split())
         return f"{self.size} MPI ranks ({version})"

@@ -104,8 +104,8 @@ class Trainer:
         return images, labels, len(indices), rows.start
 
     def to_device(self, images: Any, labels: Any) -> tuple[Any, Any]:
-        """Copy a batch read on the host to the backend's device."""
-        return self.backend.asarray(images), self.backend.xp.asarray(labels)
+        """Copy a batch read on the host to the backend's device (queued; page-locked on a GPU)."""
+        return self.backend.to_device(images), self.backend.to_device(labels, labels.dtype)
 
     # ----------------------------------------------------------------- epochs
     def train_epoch(self, epoch: int, on_step: Optional[Callable[[int, StepResult], None]] = None) -> StepResult:

@@ -1,19 +1,27 @@
 """Train a small network with every layer kind that talks across ranks; rank 0 saves the weights.
 
 Run as ``[mpiexec -n P] python train_small.py OUT.npz --batch B --steps S [--no-overlap]
-[--random-crop PAD] [--random-flip]``.
+[--random-crop PAD] [--random-flip] [--device D[,D...]] [--comm STRATEGY | --staged |
+--leaders L0 L1 ...]``. ``--comm`` picks the communicator as the trainer does. ``--staged``
+reduces through host buffers and ``--leaders`` in two levels (groups given by each rank's
+leader), as GPU ranks do, with MPI at every level, so a CPU can run them.
 """
 import argparse
+import platform
 
 import numpy as np
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import make_communicator, make_gradient_synchronizer
+from pydtnn_lite.comm.staged import HostStagedCommunicator
+from pydtnn_lite.comm.strategy import connect
+from pydtnn_lite.comm.two_level import TwoLevelCommunicator
 from pydtnn_lite.data import Augmentation, open_dataset
 from pydtnn_lite.layers import BatchNorm, Conv2D, Dense, Dropout, Flatten, MaxPool2D, ReLU
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, LearningRateSchedule
 from pydtnn_lite.runtime import install_job_abort, set_blas_threads
+from pydtnn_lite.train import device_of_rank
 from pydtnn_lite.training import Trainer
 
 
@@ -42,11 +50,22 @@ def main() -> None:
     parser.add_argument("--weights", type=float, nargs="*", default=None)
     parser.add_argument("--random-crop", type=int, default=0)
     parser.add_argument("--random-flip", action="store_true")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--comm", default=None)
+    parser.add_argument("--staged", action="store_true")
+    parser.add_argument("--leaders", type=int, nargs="*", default=None)
     args = parser.parse_args()
     comm = make_communicator(timeout=60)
     install_job_abort(comm, "train_small")
     set_blas_threads(1)
-    network = small_network().build(make_backend("cpu", "float32"), seed=comm.rank)  # rank 0's weights win
+    backend = make_backend(device_of_rank(args.device, comm.rank, comm.size), "float32", gpu_id=comm.local_rank)
+    if args.comm:
+        comm, _, _ = connect(comm, backend, args.comm, 1024, platform.node(), timeout=60)
+    elif args.staged:
+        comm = HostStagedCommunicator(backend, timeout=60)
+    elif args.leaders:
+        comm = TwoLevelCommunicator(backend, args.leaders, "mpi", "mpi", "two-level", timeout=60)
+    network = small_network().build(backend, seed=comm.rank)  # rank 0's weights win
     comm.broadcast(network.flat_params)
     optimizer = SGD(network, momentum=0.9, weight_decay=1e-4)
     sync = make_gradient_synchronizer(network, comm, args.bucket_mb, overlap=not args.no_overlap)

@@ -1,0 +1,64 @@
+"""MPI for arrays on a device that MPI cannot read: each reduction goes through host memory.
+
+The wheel-installed MPICH is not CUDA-aware, so a GPU rank copies a gradient bucket to a
+page-locked host buffer, reduces it there with the other ranks, and copies the sum back.
+This is the "host-staged" strategy of a job that mixes CPU and GPU ranks; on a CPU the
+copies are plain memory copies and the results are those of :class:`MPICommunicator`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pydtnn_lite.backend import Backend
+from pydtnn_lite.comm.base import Request
+from pydtnn_lite.comm.mpi import MPICommunicator
+
+
+class StagedRequest(Request):
+    """A host-side reduction in flight whose result is copied back to the device once it completes."""
+
+    def __init__(self, host_request: Request, copy_back: Callable[[], Any]) -> None:
+        self.host_request, self.copy_back = host_request, copy_back
+        self.done = False
+
+    def test(self) -> bool:
+        if not self.done and self.host_request.test():
+            self.copy_back()
+            self.done = True
+        return self.done
+
+    def wait(self) -> None:
+        if not self.done:
+            self.host_request.wait()
+            self.copy_back()
+            self.done = True
+
+
+class HostStagedCommunicator(MPICommunicator):
+    """An :class:`MPICommunicator` whose array collectives stage device arrays through host buffers."""
+
+    name = "mpi-host-staged"
+
+    def __init__(self, backend: Backend, comm: Any = None, timeout: float = 0.0) -> None:
+        super().__init__(comm, timeout)
+        self.backend = backend
+
+    def stage(self, array: Any) -> Any:
+        """A host copy of ``array``, in a buffer the device can copy to at full speed."""
+        return self.backend.copy_to_host(array, self.backend.host_buffer(array.size, array.dtype))
+
+    def allreduce(self, array: Any) -> Any:
+        host = self.allreduce_buffer(self.stage(array))
+        return self.backend.copy_from_host(host, array)
+
+    def iallreduce(self, array: Any) -> Request:
+        host = self.stage(array)
+        return StagedRequest(self.iallreduce_buffer(host), lambda: self.backend.copy_from_host(host, array))
+
+    def broadcast(self, array: Any, root: int = 0) -> Any:
+        host = super().broadcast(self.stage(array), root)
+        return self.backend.copy_from_host(host, array)
+
+    def describe(self) -> str:
+        staged = ", device arrays staged through host memory" if self.backend.on_gpu else ""
+        return super().describe() + staged

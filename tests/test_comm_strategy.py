@@ -1,0 +1,69 @@
+"""How a job's gradients are summed, from where its ranks run (--comm, --device)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from mpi import assert_one_line_error, train_cli
+
+from pydtnn_lite.comm.strategy import Placement, check_strategy, gpu_leaders, group_kind, node_leaders, resolve_auto
+from pydtnn_lite.errors import UserError
+from pydtnn_lite.train import device_of_rank
+
+LENET = ("--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--epochs", "1", "--steps-per-epoch", "1",
+         "--eval-steps", "0")
+MIXED = Placement(("cpu", "gpu:0", "gpu:1", "cpu", "cpu"), (0, 0, 0, 1, 1))
+
+
+def test_auto_takes_mpi_for_cpu_jobs_nccl_for_gpu_jobs_and_times_mixed_ones():
+    assert resolve_auto(Placement(("cpu", "cpu"), (0, 0))) == "mpi"
+    assert resolve_auto(Placement(("gpu:0", "gpu:0"), (0, 1))) == "nccl"
+    assert resolve_auto(MIXED) == ""
+
+
+def test_hierarchical_groups_are_nodes_led_by_their_lowest_rank():
+    placement = Placement(("gpu:0", "gpu:1", "gpu:0", "gpu:1", "cpu"), (0, 0, 1, 1, 1))
+    assert node_leaders(placement) == [0, 0, 2, 2, 2]
+    assert group_kind(placement, node_leaders(placement), 0) == "nccl"  # node 0: GPU ranks only
+    assert group_kind(placement, node_leaders(placement), 2) == "mpi"  # node 1 has a CPU rank
+
+
+def test_gpu_side_deals_cpu_ranks_to_gpu_ranks_of_their_node_first():
+    # rank 0 joins a GPU of its node; node 1 has no GPU, so ranks 3 and 4 are dealt to any GPU rank, in turn
+    assert gpu_leaders(MIXED) == [1, 1, 2, 2, 1]
+    assert gpu_leaders(Placement(("gpu:0", "cpu", "cpu", "cpu"), (0, 0, 0, 0))) == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("choice,placement,message", [
+    ("nccl", MIXED, "rank(s) 0, 3, 4 run on the CPU"),
+    ("gpu-side", Placement(("cpu", "cpu"), (0, 0)), "needs at least one GPU rank"),
+    ("auto", Placement(("gpu:0", "gpu:0"), (0, 0)), "several ranks of node 0 share gpu:0"),
+    ("ring", MIXED, "unknown --comm 'ring'"),
+])
+def test_impossible_strategies_are_refused(choice, placement, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        check_strategy(choice, placement)
+
+
+def test_shared_gpus_are_fine_with_host_staged_mpi():
+    check_strategy("mpi", Placement(("gpu:0", "gpu:0"), (0, 0)))
+
+
+def test_device_is_one_value_or_one_per_rank():
+    assert device_of_rank("gpu", 2, 3) == "gpu"
+    assert device_of_rank("cpu,gpu,gpu", 0, 3) == "cpu"
+    assert device_of_rank("cpu,gpu,gpu", 2, 3) == "gpu"
+    with pytest.raises(UserError, match="once per rank"):
+        device_of_rank("cpu,gpu", 0, 3)
+    with pytest.raises(UserError, match="got 'tpu'"):
+        device_of_rank("tpu", 0, 1)
+
+
+def test_nccl_on_cpu_ranks_is_a_one_line_error():
+    assert_one_line_error(train_cli(2, *LENET, "--comm", "nccl"), "--comm nccl needs every rank on a GPU")
+
+
+def test_hierarchical_strategy_trains_from_the_command_line():
+    result = train_cli(2, *LENET, "--comm", "hierarchical")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "hierarchical strategy" in result.stdout
