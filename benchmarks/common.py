@@ -51,11 +51,11 @@ def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) ->
 
 
 def make_trainer(model: str, dataset: str, global_batch: int, comm: Communicator, bucket_mb: float = 4.0,
-                 overlap: bool = True) -> Trainer:
+                 overlap: bool = True, device: str = "cpu") -> Trainer:
     """A trainer as the command line builds it (SGD, weights seeded 0), on ``comm``'s ranks."""
     keep_freed_memory()
     data = open_dataset(dataset)
-    network = create_model(model, data.input_shape, data.num_classes).build(make_backend(), seed=0)
+    network = create_model(model, data.input_shape, data.num_classes).build(make_backend(device), seed=0)
     synchronizer = make_gradient_synchronizer(network, comm, bucket_mb, overlap=overlap)
     return Trainer(network, SGD(network), LearningRateSchedule(0.001), comm, synchronizer, data, global_batch)
 

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
+import pytest
 from mpi import REPO, run
 
 BENCHMARKS = os.path.join(REPO, "benchmarks")
@@ -50,3 +52,20 @@ def test_heterogeneous_benchmark_balances_a_slowed_rank():
     assert result.returncode == 0, result.stderr[-3000:]
     for line in ("equal shares [8, 8]", "balanced shares", "step time reduced by", "rank 1: blocked"):
         assert result.stdout.count(line) == 1, result.stdout
+
+
+def test_against_pytorch_prints_the_throughput_ratio():
+    pytest.importorskip("torch")
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "against_pytorch.py"), "--model", "lenet",
+                             "--dataset", "digits", "--batch-size", "8", "--steps", "1", "--threads", "1"],
+                            capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "x PyTorch's throughput" in result.stdout
+
+
+def test_against_pytorch_refuses_models_that_are_not_sequential():
+    pytest.importorskip("torch")
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "against_pytorch.py"), "--model", "resnet18",
+                             "--steps", "1"], capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
+    assert result.returncode != 0
+    assert "resnet18 is not a sequential model" in result.stderr

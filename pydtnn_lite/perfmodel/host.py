@@ -53,7 +53,7 @@ def describe_machine(backend: Backend, blas_threads: int, ranks: int) -> dict:
                "ranks": ranks, "dtype": np.dtype(backend.dtype).name, "device": backend.device,
                "mpi_library": mpi_library(), "numpy": np.__version__, "python": platform.python_version(),
                "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
-    if backend.xp is not np:
+    if backend.on_gpu:
         properties = backend.xp.cuda.runtime.getDeviceProperties(backend.xp.cuda.Device().id)
         machine["gpu_model"] = properties["name"].decode()
     return machine

@@ -1,0 +1,106 @@
+"""Training step time against PyTorch on the same device, the same network and batch.
+
+    python benchmarks/against_pytorch.py [--model vgg11] [--dataset synthetic] [--batch-size 128]
+        [--device cpu|gpu] [--threads 2] [--steps 10] [--channels-last]
+
+The PyTorch network is translated layer by layer from this framework's (sequential
+models: vgg11, vgg16, alexnet, lenet, mlp), so both compute the same convolutions,
+poolings and products. Both run float32 SGD steps (forward, loss, backward, update) on a
+fixed batch of random images; PyTorch's TF32 is turned off, as CuPy's matmul does not
+use it. Prints each median step time and this framework's throughput as a fraction of
+PyTorch's. ``--dataset synthetic-imagenet`` gives ImageNet-shaped images.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from common import interleave, make_trainer, model_parser, timed
+
+from pydtnn_lite.comm import SerialCommunicator
+from pydtnn_lite.network import Network
+from pydtnn_lite.runtime import set_blas_threads
+
+
+def torch_layers(network: Network) -> list:
+    """torch.nn modules computing ``network``'s layers (NCHW), in order."""
+    from torch import nn
+
+    layers = []
+    for index, layer in enumerate(network.layers):
+        if network.inputs[index] != [index - 1 if index else network.INPUT]:
+            raise SystemExit(f"against_pytorch: {network.name} is not a sequential model: use vgg11, vgg16, "
+                             "alexnet, lenet or mlp")
+        source = network.layers[index - 1].output_shape if index else network.input_shape
+        if layer.kind == "conv":
+            layers.append(nn.Conv2d(source[-1], layer.filters, layer.kernel_size, layer.stride, layer.padding,
+                                    bias=layer.use_bias))
+        elif layer.kind == "dense":
+            layers.append(nn.Linear(source[-1], layer.units, bias=layer.use_bias))
+        elif layer.kind == "maxpool":
+            layers.append(nn.MaxPool2d(layer.pool_size, layer.stride, layer.padding))
+        elif layer.kind == "avgpool":
+            layers.append(nn.AvgPool2d(layer.pool_size, layer.stride, layer.padding))
+        elif layer.kind == "bn":
+            layers.append(nn.BatchNorm2d(source[-1]) if len(source) == 3 else nn.BatchNorm1d(source[-1]))
+        else:
+            layers.append({"relu": nn.ReLU, "flatten": nn.Flatten, "dropout": lambda: nn.Dropout(layer.rate)}
+                          [layer.kind]())
+    return layers
+
+
+def torch_step(network: Network, batch: int, device: str, channels_last: bool):
+    """A function that runs one PyTorch training step of ``network``'s translation."""
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True  # PyTorch at its best: cuDNN picks its fastest algorithms
+    target = "cuda" if device == "gpu" else "cpu"
+    model = torch.nn.Sequential(*torch_layers(network)).to(target)
+    height, width, channels = network.input_shape
+    images = torch.randn(batch, channels, height, width, device=target)
+    if channels_last:
+        model, images = model.to(memory_format=torch.channels_last), images.to(memory_format=torch.channels_last)
+    labels = torch.randint(0, network.num_classes, (batch,), device=target)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    loss_function = torch.nn.CrossEntropyLoss()
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss_function(model(images), labels).backward()
+        optimizer.step()
+        if target == "cuda":
+            torch.cuda.synchronize()
+    return step
+
+
+def main() -> None:
+    parser = model_parser(__doc__)
+    parser.set_defaults(batch_size=128)
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--channels-last", action="store_true", help="PyTorch in NHWC memory layout")
+    args = parser.parse_args()
+    try:
+        import torch
+    except ImportError:
+        sys.exit("against_pytorch: PyTorch is not installed: pip install torch")
+    set_blas_threads(args.threads)
+    torch.set_num_threads(args.threads)
+    trainer = make_trainer(args.model, args.dataset, args.batch_size, SerialCommunicator(), device=args.device)
+    images, labels, batch, _ = trainer.load_step(0, 0)
+    ours = lambda: trainer.train_step(images, labels, batch, 0)  # noqa: E731  (float(loss) waits for the GPU)
+    theirs = torch_step(trainer.network, args.batch_size, args.device, args.channels_last)
+    samples = interleave([lambda: {"pydtnn_lite": timed(ours)}, lambda: {"pytorch": timed(theirs)}],
+                         rounds=args.steps, warmup=2)
+    ours_s, theirs_s = (float(np.median(samples[name])) for name in ("pydtnn_lite", "pytorch"))
+    layout = "NHWC" if args.channels_last else "NCHW"
+    print(f"{args.model} on {args.dataset} {trainer.network.input_shape}, batch {args.batch_size}, {args.device}, "
+          f"{args.threads} threads; PyTorch {torch.__version__} ({layout})")
+    print(f"step: pydtnn_lite {ours_s * 1e3:.1f} ms, PyTorch {theirs_s * 1e3:.1f} ms (medians of {args.steps})")
+    print(f"throughput: pydtnn_lite {args.batch_size / ours_s:.1f} img/s, PyTorch {args.batch_size / theirs_s:.1f} "
+          f"img/s: pydtnn_lite reaches {theirs_s / ours_s:.2f}x PyTorch's throughput")
+
+
+if __name__ == "__main__":
+    main()
