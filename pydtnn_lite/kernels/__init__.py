@@ -5,9 +5,20 @@ by importing the functions directly. That single indirection lets the tracer rep
 entry with a timed wrapper from outside the layers, and lets a backend swap in a faster
 implementation, without a line of layer code knowing. With tracing off the entries are
 the plain functions, so an untraced step pays nothing.
+
+The window kernels (im2col, col2im and the pooling kernels) also have CUDA versions, in
+:mod:`~pydtnn_lite.kernels.gpu`: their entries run the NumPy version on a NumPy array and
+the CUDA one on any other (a CuPy array), for the cost of one ``isinstance`` check.
 """
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import numpy as np
+
+from pydtnn_lite.kernels import conv, gpu, pooling
 from pydtnn_lite.kernels.blas import bias_add, bias_grad, gemm
-from pydtnn_lite.kernels.conv import col2im, im2col
 from pydtnn_lite.kernels.elementwise import (add, concat, dropout_mask, dropout_apply, relu,
                                              relu_grad, split)
 from pydtnn_lite.kernels.loss import (softmax_cross_entropy, softmax_cross_entropy_grad, squared_error,
@@ -15,8 +26,25 @@ from pydtnn_lite.kernels.loss import (softmax_cross_entropy, softmax_cross_entro
 from pydtnn_lite.kernels.normalization import (batchnorm_grad_input, batchnorm_grad_sums,
                                                batchnorm_inference, batchnorm_normalize,
                                                batchnorm_sums)
-from pydtnn_lite.kernels.pooling import avgpool, avgpool_grad, maxpool, maxpool_grad
 from pydtnn_lite.kernels.update import adam_update, sgd_update
+
+
+def _by_array_type(generic: Callable, cuda: Callable) -> Callable:
+    """A kernel that runs ``generic`` on a NumPy array and ``cuda`` on any other (a CuPy array),
+    by its first argument; it bears ``generic``'s name and docstring."""
+    def kernel(array: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(array, np.ndarray):
+            return generic(array, *args, **kwargs)
+        return cuda(array, *args, **kwargs)
+    return functools.update_wrapper(kernel, generic)
+
+
+im2col = _by_array_type(conv.im2col, gpu.im2col)
+col2im = _by_array_type(conv.col2im, gpu.col2im)
+maxpool = _by_array_type(pooling.maxpool, gpu.maxpool)
+maxpool_grad = _by_array_type(pooling.maxpool_grad, gpu.maxpool_grad)
+avgpool = _by_array_type(pooling.avgpool, gpu.avgpool)
+avgpool_grad = _by_array_type(pooling.avgpool_grad, gpu.avgpool_grad)
 
 __all__ = [
     "gemm", "bias_add", "bias_grad", "im2col", "col2im", "relu", "relu_grad",

@@ -1,0 +1,131 @@
+"""CUDA versions of the window kernels whose NumPy formulation is slow on a GPU.
+
+The NumPy versions in :mod:`~pydtnn_lite.kernels.conv` and :mod:`~pydtnn_lite.kernels.pooling`
+loop in Python over the KH*KW window offsets, one whole-batch strided operation each: on a
+GPU that is KH*KW kernel launches over non-contiguous views (twice that for the
+read-modify-write of the backward kernels). The kernels of ``gpu_kernels.cu`` do each job in
+one launch and give the NumPy versions' results. Where a NumPy version is only a view or a
+reshape (a 1x1 unpadded window, global average pooling) it is already the best GPU code, and
+runs as it is.
+
+The functions take and return CuPy arrays, with the signatures of the NumPy versions. CuPy is
+imported when a kernel first runs, so this module imports without it.
+"""
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from pydtnn_lite.kernels import conv, pooling
+from pydtnn_lite.kernels.conv import output_size
+
+_THREADS = 256  # per block: a multiple of the warp size, ample for these memory-bound loops
+_MAX_BLOCKS = 65535  # more threads than any GPU keeps resident; the grid-stride loops do the rest
+_SUFFIXES = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+
+
+@functools.cache
+def _module() -> Any:
+    """The kernels as a CuPy module, compiled by NVRTC on first use (and cached on disk by CuPy)."""
+    import cupy
+    return cupy.RawModule(code=resources.files(__package__).joinpath("gpu_kernels.cu").read_text())
+
+
+@functools.cache
+def _function(name: str) -> Any:
+    """Kernel ``name`` of the module, looked up once."""
+    return _module().get_function(name)
+
+
+def _launch(kernel: str, out: Any, *args: Any) -> None:
+    """Run ``kernel``, in ``out``'s dtype, with one grid-stride iteration per element of ``out``."""
+    suffix = _SUFFIXES.get(out.dtype)
+    if suffix is None:
+        raise TypeError(f"no CUDA {kernel} kernel for {out.dtype}: use float32 or float64")
+    if out.size:  # CUDA rejects an empty grid
+        blocks = min(-(-out.size // _THREADS), _MAX_BLOCKS)
+        _function(f"{kernel}_{suffix}")((blocks,), (_THREADS,), args)
+
+
+def _geometry(x_shape: tuple, kh: int, kw: int, stride: int, padding: int) -> tuple[int, int, tuple]:
+    """(Ho, Wo, the kernels' geometry arguments n, h, w, c, kh, kw, stride, pad, ho, wo as int64)."""
+    n, h, w, c = x_shape
+    ho, wo = output_size(h, kh, stride, padding), output_size(w, kw, stride, padding)
+    return ho, wo, tuple(np.int64(v) for v in (n, h, w, c, kh, kw, stride, padding, ho, wo))
+
+
+def im2col(x: Any, kh: int, kw: int, stride: int, padding: int) -> Any:
+    """Patch matrix (N*Ho*Wo, KH*KW*C) of ``x`` (N, H, W, C), as :func:`conv.im2col`."""
+    if kh == kw == 1 and padding == 0:  # the (subsampled) input is the matrix
+        return conv.im2col(x, kh, kw, stride, padding)
+    import cupy
+    x = cupy.ascontiguousarray(x)
+    n, _, _, c = x.shape
+    ho, wo, geometry = _geometry(x.shape, kh, kw, stride, padding)
+    cols = cupy.empty((n * ho * wo, kh * kw * c), dtype=x.dtype)
+    _launch("im2col", cols, x, cols, *geometry)
+    return cols
+
+
+def col2im(cols: Any, x_shape: tuple, kh: int, kw: int, stride: int, padding: int) -> Any:
+    """Input-shaped gradient (N, H, W, C) summed from a patch-matrix gradient, as :func:`conv.col2im`."""
+    if kh == kw == 1 and padding == 0 and stride == 1:  # the matrix is the gradient, reshaped
+        return conv.col2im(cols, x_shape, kh, kw, stride, padding)
+    import cupy
+    cols = cupy.ascontiguousarray(cols)
+    _, _, geometry = _geometry(x_shape, kh, kw, stride, padding)
+    grad = cupy.empty(x_shape, dtype=cols.dtype)
+    _launch("col2im", grad, cols, grad, *geometry)
+    return grad
+
+
+def maxpool(x: Any, kh: int, kw: int, stride: int, padding: int) -> tuple[Any, Any]:
+    """(output, uint8 argmax) of max pooling ``x``, as :func:`pooling.maxpool`."""
+    import cupy
+    x = cupy.ascontiguousarray(x)
+    n, _, _, c = x.shape
+    ho, wo, geometry = _geometry(x.shape, kh, kw, stride, padding)
+    out = cupy.empty((n, ho, wo, c), dtype=x.dtype)
+    argmax = cupy.empty((n, ho, wo, c), dtype=cupy.uint8)
+    _launch("maxpool", out, x, out, argmax, *geometry)
+    return out, argmax
+
+
+def maxpool_grad(grad_out: Any, argmax: Any, x_shape: tuple, kh: int, kw: int,
+                 stride: int, padding: int) -> Any:
+    """Input gradient of max pooling, as :func:`pooling.maxpool_grad`."""
+    import cupy
+    grad_out, argmax = cupy.ascontiguousarray(grad_out), cupy.ascontiguousarray(argmax)
+    _, _, geometry = _geometry(x_shape, kh, kw, stride, padding)
+    grad = cupy.empty(x_shape, dtype=grad_out.dtype)
+    _launch("maxpool_grad", grad, grad_out, argmax, grad, *geometry)
+    return grad
+
+
+def avgpool(x: Any, kh: int, kw: int, stride: int, padding: int) -> Any:
+    """Average pooling of ``x``, as :func:`pooling.avgpool`."""
+    n, h, w, c = x.shape
+    if (kh, kw, padding) == (h, w, 0):  # global pooling: a mean over the map
+        return pooling.avgpool(x, kh, kw, stride, padding)
+    import cupy
+    x = cupy.ascontiguousarray(x)
+    ho, wo, geometry = _geometry(x.shape, kh, kw, stride, padding)
+    out = cupy.empty((n, ho, wo, c), dtype=x.dtype)
+    _launch("avgpool", out, x, out, *geometry)
+    return out
+
+
+def avgpool_grad(grad_out: Any, x_shape: tuple, kh: int, kw: int, stride: int, padding: int) -> Any:
+    """Input gradient of average pooling, as :func:`pooling.avgpool_grad`."""
+    _, h, w, _ = x_shape
+    if (kh, kw, padding) == (h, w, 0):  # global pooling: a broadcast of the output gradient
+        return pooling.avgpool_grad(grad_out, x_shape, kh, kw, stride, padding)
+    import cupy
+    grad_out = cupy.ascontiguousarray(grad_out)
+    _, _, geometry = _geometry(x_shape, kh, kw, stride, padding)
+    grad = cupy.empty(x_shape, dtype=grad_out.dtype)
+    _launch("avgpool_grad", grad, grad_out, grad, *geometry)
+    return grad
