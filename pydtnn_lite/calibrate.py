@@ -6,7 +6,7 @@ kernel, writes the calibration file (rank 0) and prints each model's held-out er
 The ranks measure at the same time, each with its share of the cores, as the ranks of a
 training job on this machine compute; run it with the ranks per node you will train
 with. ``--refit FILE`` fits the models again from the samples a file holds, measuring
-nothing.
+nothing; ``--allreduce-only FILE`` times Allreduce again into a file, keeping its kernels.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import make_communicator
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.allreduce_timing import QUICK_SIZES
-from pydtnn_lite.perfmodel.calibration import Calibration, CalibrationSettings, calibrate, fit_models
+from pydtnn_lite.perfmodel.calibration import (Calibration, CalibrationSettings, calibrate, check_allreduce_ranks,
+                                               fit_models, remeasure_allreduce)
 from pydtnn_lite.perfmodel.probes import QUICK
 from pydtnn_lite.runtime import default_blas_threads, install_job_abort, keep_freed_memory, set_blas_threads
 
@@ -33,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[1],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--out", default=None,
-                        help=f"calibration file to write (default {DEFAULT_OUT}; with --refit, the file refitted)")
+                        help=f"calibration file to write (default {DEFAULT_OUT}; with --refit or --allreduce-only, "
+                             "the file read)")
     parser.add_argument("--quick", action="store_true",
                         help="a few probes, one step each, Allreduce up to 4 MiB: seconds, for a smoke test")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(CalibrationSettings.batch_sizes),
@@ -45,8 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--seed", type=int, default=0, help="seeds the grid's sampling and the MLPs")
-    parser.add_argument("--refit", metavar="FILE", default=None,
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--refit", metavar="FILE", default=None,
                         help="fit the kernel models again from the samples FILE holds; measure nothing")
+    source.add_argument("--allreduce-only", metavar="FILE", default=None,
+                        help="time Allreduce again into FILE (under mpiexec with FILE's ranks); its kernel samples "
+                             "and models are kept")
     return parser
 
 
@@ -106,10 +112,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     keep_freed_memory()
     # Every rank checks the same flags and reads the same file, so all of them fail alike
     # here, before the first collective.
-    out = args.out or args.refit or DEFAULT_OUT
+    source = args.refit or args.allreduce_only
+    out = args.out or source or DEFAULT_OUT
     try:
         settings = settings_from(args)
-        previous = Calibration.load(args.refit) if args.refit else None
+        previous = Calibration.load(source) if source else None
+        if args.allreduce_only:
+            check_allreduce_ranks(previous, comm.size)
         backend = make_backend(args.device, args.dtype)
         check_writable(out)
     except (UserError, OSError, ValueError) as error:
@@ -118,7 +127,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return SETUP_ERROR_EXIT
     threads = set_blas_threads(args.threads or default_blas_threads(comm))
     log = (lambda line: print(line, flush=True)) if comm.rank == 0 else (lambda line: None)
-    if previous is not None:
+    if args.allreduce_only:
+        calibration = remeasure_allreduce(previous, comm, settings.allreduce_sizes)
+    elif previous is not None:
         previous.kernel_models = fit_models(previous.kernel_samples, comm, args.seed)
         calibration = previous
     else:

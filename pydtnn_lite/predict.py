@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 from pydtnn_lite.data import partition
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.clusters import PRESETS
-from pydtnn_lite.perfmodel.machines import calibrated_machine, cluster_machine, described_cluster
+from pydtnn_lite.perfmodel.machines import ALLREDUCE_MODELS, calibrated_machine, cluster_machine, described_cluster
 from pydtnn_lite.perfmodel.prediction import STAGES, Machine, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.workload import DATASET_SHAPES, build_workload
 
@@ -36,12 +36,15 @@ def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
     machine.add_argument("--algorithm", choices=("ring", "mst", "bkt"), default=None,
                          help="Allreduce algorithm of the model (default: ring for a preset, the best fit for "
                               "a calibration)")
+    machine.add_argument("--allreduce-model", choices=ALLREDUCE_MODELS, default="interpolate",
+                         help="with a calibration: interpolate its Allreduce times (the fitted model beyond them), "
+                              "or the fitted model for every message")
 
 
 def machine_from_arguments(args: argparse.Namespace, itemsize: int) -> tuple[Machine, str, int]:
     """The machine the flags describe, its name, and its nodes (the default number of ranks)."""
     if args.calibration:
-        machine = calibrated_machine(args.calibration, args.algorithm)
+        machine = calibrated_machine(args.calibration, args.algorithm, args.allreduce_model)
         return machine, f"calibration {args.calibration}", machine.calibration.allreduce_ranks
     cluster = described_cluster(args.preset, args.peak_flops, args.mem_bw, args.link_bw, args.latency)
     return cluster_machine(cluster, args.algorithm or "ring", itemsize), cluster.name, cluster.nodes
@@ -92,7 +95,7 @@ def prediction_text(prediction: StepPrediction, title: str, global_batch: int) -
 
 def heterogeneous_text(args: argparse.Namespace) -> str:
     """Balanced shares and steps of a job whose ranks have the calibrations ``--rank-calibrations``."""
-    machines = [calibrated_machine(path, args.algorithm) for path in args.rank_calibrations]
+    machines = [calibrated_machine(path, args.algorithm, args.allreduce_model) for path in args.rank_calibrations]
     allreduce = next((m.allreduce for m in machines if m.allreduce is not None), None)
     machines = [replace(m, allreduce=m.allreduce or allreduce) for m in machines]
     if args.batch_size < len(machines):

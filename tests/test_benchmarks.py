@@ -11,7 +11,8 @@ from mpi import REPO, run
 BENCHMARKS = os.path.join(REPO, "benchmarks")
 sys.path.insert(0, BENCHMARKS)
 
-from common import interleave  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
+from allreduce_model import benchmark_sizes  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
+from common import interleave  # noqa: E402
 
 GRADIENT_SYNC = os.path.join(BENCHMARKS, "gradient_sync.py")
 
@@ -69,3 +70,20 @@ def test_against_pytorch_refuses_models_that_are_not_sequential():
                              "--steps", "1"], capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
     assert result.returncode != 0
     assert "resnet18 is not a sequential model" in result.stderr
+
+
+def test_allreduce_benchmark_times_between_the_samples():
+    mib = 1 << 20
+    # The geometric middles of neighbouring samples (whole KiB), and the earlier 1.5 .. 96 MiB within range.
+    assert benchmark_sizes([mib // 2, mib, 4 * mib, 16 * mib], mib) == {
+        mib: "in", 3 * mib // 2: "out", 2 * mib: "out", 4 * mib: "in", 6 * mib: "out", 8 * mib: "out",
+        16 * mib: "in"}
+
+
+def test_allreduce_benchmark_prints_both_models_on_two_ranks():
+    result = run(2, [os.path.join(BENCHMARKS, "allreduce_model.py"), "--min-mib", "128",
+                     "--calibration", os.path.join(REPO, "calibration", "dev-2core.json")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    for line in ("interpolate, the file's samples: in:", "interpolate, this run's samples: out:",
+                 "fit, the file's samples: in:", "fit, this run's samples: out:"):
+        assert result.stdout.count(line) == 1, result.stdout  # rank 0 alone prints

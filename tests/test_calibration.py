@@ -182,3 +182,15 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     result = calibrate_cli("--refit", str(out), "--out", str(refitted))
     assert result.returncode == 0, result.stderr[-2000:]
     assert Calibration.load(str(refitted)).kernel_models.keys() == calibration.kernel_models.keys()
+
+    # Allreduce timed again into a copy: the kernels stay as they were.
+    remeasured = tmp_path / "remeasured.json"
+    result = run(2, ["-m", "pydtnn_lite.calibrate", "--allreduce-only", str(out), "--quick", "--out", str(remeasured)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    again = Calibration.load(str(remeasured))
+    assert again.kernel_samples == calibration.kernel_samples
+    assert again.kernel_models.keys() == calibration.kernel_models.keys()
+    assert [(p, n) for p, n, _ in again.allreduce_samples] == [(p, n) for p, n, _ in calibration.allreduce_samples]
+    assert again.settings["allreduce_remeasured"]["seconds"] > 0
+    one_rank = calibrate_cli("--allreduce-only", str(out), "--out", str(remeasured))
+    assert one_rank.returncode == 2 and "under mpiexec -n 2 (this job has 1)" in one_rank.stderr

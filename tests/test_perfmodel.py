@@ -8,11 +8,15 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from mpi import REPO, train_cli
 
 from pydtnn_lite.layers.base import KernelCost
-from pydtnn_lite.perfmodel import AllreduceModel, Link, Roofline, allreduce_seconds, fit_allreduce, predict_step
+from pydtnn_lite.perfmodel import (AllreduceModel, InterpolatedAllreduce, Link, Roofline, allreduce_seconds,
+                                   fit_allreduce, predict_step)
+from pydtnn_lite.perfmodel.allreduce_timing import FULL_SIZES, KIB, log_spaced_sizes
+from pydtnn_lite.perfmodel.machines import calibrated_machine
 from pydtnn_lite.perfmodel.prediction import balanced_shares
 from pydtnn_lite.perfmodel.roofline import gemm_intensity
 from pydtnn_lite.perfmodel.workload import build_workload
@@ -53,6 +57,51 @@ def test_fit_picks_the_algorithm_that_generated_the_samples():
     assert fit_allreduce(samples).algorithm == "mst"
     with pytest.raises(ValueError, match="mpiexec"):
         fit_allreduce([(1, 1e3, 1e-6)])
+
+
+def test_interpolation_is_a_power_law_between_samples_and_the_fit_beyond_them():
+    fit = AllreduceModel("ring", (Link(1e-6, 1e-9),))
+    model = InterpolatedAllreduce.from_samples([(2, 1e6, 1e-4), (2, 4e6, 2e-4), (2, 16e6, 1e-3)], fit)
+    assert model.seconds(1e6, 2) == pytest.approx(1e-4, rel=1e-12)  # a sample is its own prediction
+    assert model.seconds(2e6, 2) == pytest.approx(math.sqrt(1e-4 * 2e-4), rel=1e-12)  # halfway in log-log
+    assert model.seconds(8e6, 2) == pytest.approx(math.sqrt(2e-4 * 1e-3), rel=1e-12)
+    # Outside the sampled sizes, and for rank counts not sampled, the fitted model.
+    assert model.seconds(32e6, 2) == fit.seconds(32e6, 2) == pytest.approx(2e-6 + 32e6 * 1e-9)
+    assert model.seconds(1e3, 2) == fit.seconds(1e3, 2)
+    assert model.seconds(2e6, 4) == fit.seconds(2e6, 4)
+    assert model.seconds(2e6, 1) == 0.0 and model.algorithm == "ring"
+
+
+def test_interpolation_never_predicts_less_for_a_larger_message():
+    fit = AllreduceModel("ring", (Link(1e-6, 1e-9),))
+    # 2 MB measured faster than 1 MB: noise. The two are pooled into their geometric mean.
+    # A size measured twice counts with its median.
+    samples = [(2, 1e6, 3e-4), (2, 2e6, 2e-4), (2, 4e6, 4e-4), (2, 4e6, 5e-4), (2, 4e6, 6e-4)]
+    model = InterpolatedAllreduce.from_samples(samples, fit)
+    pooled = math.sqrt(3e-4 * 2e-4)
+    assert model.seconds(1e6, 2) == pytest.approx(pooled) and model.seconds(1.5e6, 2) == pytest.approx(pooled)
+    assert model.seconds(4e6, 2) == pytest.approx(5e-4)
+    times = [model.seconds(n, 2) for n in np.geomspace(1e6, 4e6, 50)]
+    assert times == sorted(times)
+
+
+def test_a_calibration_predicts_allreduce_from_its_samples_unless_told_to_fit():
+    path = os.path.join(REPO, "calibration", "dev-2core.json")
+    interpolated = calibrated_machine(path)
+    fitted = calibrated_machine(path, allreduce="fit")
+    assert isinstance(fitted.allreduce, AllreduceModel)
+    samples = interpolated.calibration.allreduce_samples
+    times = [interpolated.allreduce_seconds(n, p) for p, n, _ in samples]
+    assert times == sorted(times)
+    sizes = sorted(n for _, n, _ in samples)
+    assert interpolated.allreduce_seconds(2 * sizes[-1], 2) == fitted.allreduce_seconds(2 * sizes[-1], 2)
+
+
+def test_the_calibration_samples_allreduce_every_quarter_octave_from_64_kib():
+    assert log_spaced_sizes(64 * KIB, 256 * KIB, 2) == tuple(k * KIB for k in (64, 91, 128, 181, 256))
+    dense = [n for n in FULL_SIZES if n >= 64 * KIB]
+    assert FULL_SIZES[:6] == tuple(KIB << i for i in range(6)) and dense[-1] == 256 << 20
+    assert all(b / a == pytest.approx(2 ** 0.25, rel=0.01) for a, b in zip(dense, dense[1:]))
 
 
 def test_roofline_bounds():
@@ -106,6 +155,10 @@ def test_predict_and_validate_with_the_reference_calibration(tmp_path):
                               "--calibration", calibration, "--json").stdout)
     assert document["procs"] == 2 and document["step_seconds_with_overlap"] > 0
     assert document["step_seconds_with_overlap"] == pytest.approx(document["step_seconds_without_overlap"])
+    fit = json.loads(run("pydtnn_lite.predict", "--model", "vgg11", "--batch-size", "64", "--procs", "2",
+                         "--calibration", calibration, "--allreduce-model", "fit", "--json").stdout)
+    assert fit["stage_seconds"]["FP"] == document["stage_seconds"]["FP"]
+    assert fit["stage_seconds"]["COMM"] != document["stage_seconds"]["COMM"]
     no_mpi = run("pydtnn_lite.predict", "--model", "vgg11", "--procs", "4", "--calibration", str(tmp_path / "x.json"))
     assert no_mpi.returncode == 2 and "cannot read calibration file" in no_mpi.stderr
 

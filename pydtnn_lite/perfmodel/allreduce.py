@@ -11,6 +11,11 @@ Measured Allreduce times show regimes: small messages are latency-bound, middle 
 through eager, cache-resident paths, and large ones stream through memory or the network
 at a lower bandwidth. One alpha-beta line fits none of them well, so an
 :class:`AllreduceModel` has one parameter set per range of message sizes.
+
+Within a regime MPICH's time still bends with the message size (the last level cache),
+which no straight line follows between sparse samples. :class:`InterpolatedAllreduce`
+interpolates densely sampled times and keeps a fitted :class:`AllreduceModel` for what
+the samples do not cover (other rank counts, larger messages, presets).
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import bisect
 import itertools
 import math
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -48,6 +53,12 @@ def _terms_bkt(p: int, n: float) -> tuple[float, float, float]:
 # Each model is linear in (alpha, beta, gamma): these give the three coefficients.
 TERMS: dict[str, Callable[[int, float], tuple[float, float, float]]] = {
     "ring": _terms_ring, "mst": _terms_mst, "bkt": _terms_bkt}
+
+
+class AllreduceTime(Protocol):
+    """Anything that predicts the seconds of one Allreduce."""
+
+    def seconds(self, nbytes: float, procs: int) -> float: ...
 
 
 def allreduce_seconds(algorithm: str, procs: int, nbytes: float, link: Link) -> float:
@@ -154,16 +165,79 @@ def fit_allreduce(samples: Sequence[tuple[int, float, float]], algorithm: Option
     sizes = sorted({n for _, n, _ in samples})
     best: dict[int, tuple[float, AllreduceModel]] = {}  # per number of regimes
     for name in ([algorithm] if algorithm else list(TERMS)):
+        fitted: dict[tuple[float, float], tuple[Link, float]] = {}  # per range: many cuts share it
+
+        def fit_range(low: float, high: float) -> tuple[Link, float]:
+            """The range's link and the sum of its samples' absolute relative errors."""
+            if (low, high) not in fitted:
+                within = [s for s in samples if low <= s[1] < high]
+                link = _fit_link(name, within, gamma)
+                fitted[(low, high)] = link, float(np.sum(np.abs(relative_errors(AllreduceModel(name, (link,)),
+                                                                                within))))
+            return fitted[(low, high)]
+
         for thresholds in _threshold_sets(sizes, regimes):
             bounds = [0.0, *thresholds, math.inf]
-            links = tuple(_fit_link(name, [s for s in samples if low <= s[1] < high], gamma)
-                          for low, high in zip(bounds, bounds[1:]))
-            model = AllreduceModel(name, links, thresholds)
-            error = float(np.mean(np.abs(relative_errors(model, samples))))
-            if error < best.get(len(links), (math.inf, None))[0]:
-                best[len(links)] = (error, model)
+            ranges = [fit_range(low, high) for low, high in zip(bounds, bounds[1:])]
+            error = sum(range_error for _, range_error in ranges) / len(samples)
+            if error < best.get(len(ranges), (math.inf, None))[0]:
+                best[len(ranges)] = (error, AllreduceModel(name, tuple(link for link, _ in ranges), thresholds))
     error, model = best[1]
     for count in sorted(best)[1:]:
         if best[count][0] < min(0.9 * error, error - MIN_REGIME_GAIN):
             error, model = best[count]
     return model
+
+
+def _nondecreasing(values: np.ndarray) -> np.ndarray:
+    """The nondecreasing sequence closest to ``values`` in least squares (pool adjacent
+    violators): a larger message never takes less time, so a dip is noise, averaged away."""
+    blocks: list[list[float]] = []  # [mean, count] of pooled runs
+    for value in values:
+        blocks.append([float(value), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, count = blocks.pop()
+            blocks[-1] = [(blocks[-1][0] * blocks[-1][1] + mean * count) / (blocks[-1][1] + count),
+                          blocks[-1][1] + count]
+    return np.concatenate([np.full(count, mean) for mean, count in blocks])
+
+
+@dataclass(frozen=True)
+class InterpolatedAllreduce:
+    """Measured times, interpolated; a fitted model where they do not reach.
+
+    ``curves[procs]`` holds (log bytes, log seconds) of the samples of that rank count,
+    sorted, the times made nondecreasing in the size. A message within the sampled sizes of
+    its rank count is interpolated linearly in log-log between the two nearest samples (a
+    power law between them); any other (rank counts not sampled, messages smaller or
+    larger than the samples) gets ``fit``.
+    """
+
+    curves: dict[int, tuple[tuple[float, ...], tuple[float, ...]]]
+    fit: AllreduceModel
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[tuple[int, float, float]], fit: AllreduceModel) -> "InterpolatedAllreduce":
+        """Interpolate ``(procs, nbytes, seconds)`` samples (the median where a size repeats)."""
+        by_procs: dict[int, dict[float, list[float]]] = {}
+        for p, n, t in samples:
+            if p > 1 and n > 0 and t > 0:
+                by_procs.setdefault(int(p), {}).setdefault(float(n), []).append(float(t))
+        curves = {}
+        for p, times in by_procs.items():
+            sizes = sorted(times)
+            log_seconds = np.log([float(np.median(times[n])) for n in sizes])
+            curves[p] = (tuple(np.log(sizes).tolist()), tuple(_nondecreasing(log_seconds).tolist()))
+        return cls(curves, fit)
+
+    @property
+    def algorithm(self) -> str:
+        return self.fit.algorithm
+
+    def seconds(self, nbytes: float, procs: int) -> float:
+        if procs <= 1:
+            return 0.0
+        curve = self.curves.get(procs)
+        if curve is None or nbytes <= 0 or not curve[0][0] <= math.log(nbytes) <= curve[0][-1]:
+            return self.fit.seconds(nbytes, procs)
+        return float(np.exp(np.interp(math.log(nbytes), *curve)))

@@ -1,8 +1,13 @@
 """Allreduce samples: how long an in-place SUM Allreduce of n bytes takes on P ranks.
 
-The samples are stored raw in the calibration file; fitting a latency/bandwidth model to
-them is the prediction side's job. Timed through mpi4py's buffer interface on float32
-host arrays, as the trainer's gradient buckets are.
+The samples are stored raw in the calibration file; modelling them is the prediction
+side's job (``allreduce.py``). Timed through mpi4py's buffer interface on float32 host
+arrays, as the trainer's gradient buckets are.
+
+MPICH's time is not a smooth function of the message size (docs/performance-model.md):
+the time per byte falls up to a few MiB and rises again as the operands leave the last
+level cache. So the full grid samples every quarter octave from 64 KiB up, and the
+prediction interpolates between the samples.
 """
 from __future__ import annotations
 
@@ -12,10 +17,23 @@ from typing import Any, Sequence
 import numpy as np
 
 KIB, MIB = 1 << 10, 1 << 20
-FULL_SIZES = tuple(KIB << i for i in range(19))  # 1 KiB .. 256 MiB, every power of two
+
+
+def log_spaced_sizes(low: int, high: int, per_octave: int) -> tuple[int, ...]:
+    """Sizes from ``low`` to ``high`` bytes, ``per_octave`` per doubling, rounded to whole KiB."""
+    octaves = round(np.log2(high / low))
+    return tuple(int(round(low * 2 ** (i / per_octave) / KIB)) * KIB for i in range(octaves * per_octave + 1))
+
+
+# 1 KiB .. 32 KiB every power of two (latency-bound), then every quarter octave to 256 MiB.
+FULL_SIZES = tuple(KIB << i for i in range(6)) + log_spaced_sizes(64 * KIB, 256 * MIB, 4)
 QUICK_SIZES = tuple(KIB << i for i in range(0, 13, 2))  # 1 KiB .. 4 MiB, every power of four
-SECONDS_PER_SIZE = 0.25  # timed calls per size: as many as fit in this, within the limits below
-MIN_CALLS, MAX_CALLS = 3, 50
+# Each size is timed in ROUNDS passes over all sizes, alternately ascending and descending,
+# so that a slow spell of a shared machine spreads over many sizes instead of a few
+# neighbours (which interpolation would then follow).
+ROUNDS = 3
+SECONDS_PER_SIZE = 0.25  # timed calls per size, all rounds together: as many as fit in this ...
+MIN_CALLS, MAX_CALLS = 3, 48  # ... within these limits
 
 
 def rank_counts(size: int) -> list[int]:
@@ -23,24 +41,36 @@ def rank_counts(size: int) -> list[int]:
     return sorted({1 << i for i in range(1, size.bit_length())} | {size}) if size > 1 else []
 
 
-def time_allreduce(comm: Any, nbytes: int) -> float:
-    """Median seconds of an in-place Allreduce of ``nbytes`` on ``comm`` (every rank of it
-    calls this). Each call starts after a barrier and lasts until the slowest rank is done."""
+def call_seconds(comm: Any, nbytes: int, budget: float, min_calls: int, max_calls: int) -> np.ndarray:
+    """Seconds of in-place Allreduce calls of ``nbytes`` on ``comm`` (every rank of it calls
+    this): after one untimed warm-up, as many calls as fit in ``budget`` seconds, within
+    ``min_calls`` and ``max_calls``. Each call starts after a barrier and lasts until the
+    slowest rank is done."""
     from mpi4py import MPI
 
     buffer = np.zeros(max(nbytes // 4, 1), dtype=np.float32)  # zeros stay zeros: no overflow, no denormals
     started = time.perf_counter()
-    comm.Allreduce(MPI.IN_PLACE, buffer)  # warm-up, and a first guess of the time per call
+    comm.Allreduce(MPI.IN_PLACE, buffer)  # warm-up (page faults, MPICH's buffers), and a guess of the time
     first = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
-    calls = int(np.clip(SECONDS_PER_SIZE / max(first, 1e-9), MIN_CALLS, MAX_CALLS))
-    seconds = np.empty(calls)
-    for call in range(calls):
+    seconds = np.empty(int(np.clip(budget / max(first, 1e-9), min_calls, max_calls)))
+    for call in range(len(seconds)):
         comm.Barrier()
         started = time.perf_counter()
         comm.Allreduce(MPI.IN_PLACE, buffer)
         seconds[call] = time.perf_counter() - started
     comm.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)
-    return float(np.median(seconds))
+    return seconds
+
+
+def time_allreduce(comm: Any, sizes: Sequence[int], rounds: int = ROUNDS) -> list[float]:
+    """Median seconds of an in-place Allreduce of each of ``sizes`` bytes on ``comm``
+    (collective), over the calls of ``rounds`` passes over the sizes."""
+    calls: dict[int, list[np.ndarray]] = {n: [] for n in sizes}
+    budget, min_calls, max_calls = SECONDS_PER_SIZE / rounds, max(1, MIN_CALLS // rounds), max(1, MAX_CALLS // rounds)
+    for round_ in range(rounds):
+        for nbytes in (sizes if round_ % 2 == 0 else sizes[::-1]):
+            calls[nbytes].append(call_seconds(comm, nbytes, budget, min_calls, max_calls))
+    return [float(np.median(np.concatenate(calls[n]))) for n in sizes]
 
 
 def allreduce_samples(comm: Any, sizes: Sequence[int]) -> list[tuple[int, int, float]]:
@@ -53,7 +83,7 @@ def allreduce_samples(comm: Any, sizes: Sequence[int]) -> list[tuple[int, int, f
         member = comm.Get_rank() < ranks
         sub = comm.Split(0 if member else MPI.UNDEFINED, comm.Get_rank())
         if member:
-            samples += [(ranks, nbytes, time_allreduce(sub, nbytes)) for nbytes in sizes]
+            samples += [(ranks, nbytes, seconds) for nbytes, seconds in zip(sizes, time_allreduce(sub, sizes))]
             sub.Free()
         comm.Barrier()
     return comm.bcast(samples, root=0)

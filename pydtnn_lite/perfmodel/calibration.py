@@ -10,6 +10,7 @@ ranks. :class:`Calibration` holds the result and reads and writes the calibratio
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import time
@@ -200,7 +201,8 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                           f"{len(samples)} kernels")
 
     reductions = allreduce_samples(comm.comm, settings.allreduce_sizes) if comm.size > 1 else []
-    phase_done("allreduce", f"{len(reductions)} samples" if reductions else "skipped: one rank (run under mpiexec)")
+    phase_done("allreduce", f"{len(reductions)} samples of {len(settings.allreduce_sizes)} sizes" if reductions
+               else "skipped: one rank (run under mpiexec)")
 
     models = fit_models(samples, comm, settings.seed)
     phase_done("fit", f"{sum(m.kind == 'mlp' for m in models.values())} MLPs, "
@@ -220,3 +222,27 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                        kernel_rates={name: best_rates(s) for name, s in sorted(samples.items())},
                        settings=recorded)
 
+
+
+def check_allreduce_ranks(calibration: Calibration, ranks: int) -> None:
+    """ValueError unless a job of ``ranks`` ranks may time Allreduce into ``calibration``:
+    two or more, and as many as the calibration's kernels were measured with."""
+    if ranks != calibration.allreduce_ranks or ranks < 2:
+        raise ValueError(f"the calibration was measured on {calibration.allreduce_ranks} rank(s): time its "
+                         f"Allreduce under mpiexec -n {calibration.allreduce_ranks} (this job has {ranks}), "
+                         "or calibrate again")
+
+
+def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tuple = FULL_SIZES) -> Calibration:
+    """Time Allreduce of ``sizes`` again into ``calibration`` (collective; the kernel models
+    and samples are kept). The job must have the calibration's ranks: the kernels were
+    measured with that many ranks per node (:func:`check_allreduce_ranks`)."""
+    check_allreduce_ranks(calibration, comm.size)
+    started, load_before = time.perf_counter(), os.getloadavg()
+    calibration.allreduce_samples = [(p, float(n), t) for p, n, t in allreduce_samples(comm.comm, sizes)]
+    calibration.settings["allreduce_sizes"] = list(sizes)
+    calibration.settings["allreduce_remeasured"] = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "seconds": round(time.perf_counter() - started, 2),
+        "load_average": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)}}
+    return calibration

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.layers.base import KernelCost
-from pydtnn_lite.perfmodel.allreduce import AllreduceModel, Link, fit_allreduce
+from pydtnn_lite.perfmodel.allreduce import AllreduceModel, AllreduceTime, InterpolatedAllreduce, Link, fit_allreduce
 from pydtnn_lite.perfmodel.calibration import Calibration
 from pydtnn_lite.perfmodel.clusters import PRESETS, Cluster
 from pydtnn_lite.perfmodel.prediction import RooflineMachine
@@ -15,14 +15,14 @@ from pydtnn_lite.perfmodel.roofline import Roofline
 
 @dataclass(frozen=True)
 class CalibratedMachine:
-    """Kernels from a calibration's per-kernel models, Allreduce from a model fitted to its timings.
+    """Kernels from a calibration's per-kernel models, Allreduce from its timings (:func:`calibrated_machine`).
 
     Calibrations are taken with MPI on the host, which moves data only inside MPI calls on
     the cores that also run backward: overlap hides no communication (docs/performance.md).
     """
 
     calibration: Calibration
-    allreduce: Optional[AllreduceModel]
+    allreduce: Optional[AllreduceTime]
     overlaps_communication: bool = False
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
@@ -37,16 +37,34 @@ class CalibratedMachine:
         return self.allreduce.seconds(nbytes, procs)
 
 
-def calibrated_machine(path: str, algorithm: Optional[str] = None) -> CalibratedMachine:
-    """The machine of calibration file ``path``; the Allreduce model is fitted to its samples."""
+ALLREDUCE_MODELS = ("interpolate", "fit")
+
+
+def allreduce_models(samples: Sequence[tuple[int, float, float]],
+                     algorithm: Optional[str] = None) -> dict[str, AllreduceTime]:
+    """Each of :data:`ALLREDUCE_MODELS` for ``(procs, nbytes, seconds)`` samples: the fit
+    (``algorithm``, or the best), and the samples interpolated with that fit beyond them."""
+    fit = fit_allreduce(samples, algorithm)
+    return {"interpolate": InterpolatedAllreduce.from_samples(samples, fit), "fit": fit}
+
+
+def calibrated_machine(path: str, algorithm: Optional[str] = None, allreduce: str = "interpolate") -> CalibratedMachine:
+    """The machine of calibration file ``path``.
+
+    Its Allreduce model is fitted to the file's samples (``algorithm``, or the best fit).
+    With ``allreduce="interpolate"`` the samples themselves are interpolated and the fit
+    serves only where they do not reach; with ``"fit"`` the fit serves every message.
+    """
     try:
         calibration = Calibration.load(path)
     except OSError as error:
         raise UserError(f"{error.strerror or error}: give a file written by python -m pydtnn_lite.calibrate") from None
     except ValueError as error:
         raise UserError(str(error)) from None
+    if allreduce not in ALLREDUCE_MODELS:
+        raise UserError(f"unknown Allreduce model {allreduce!r}: choose one of {', '.join(ALLREDUCE_MODELS)}")
     samples = calibration.allreduce_samples
-    return CalibratedMachine(calibration, fit_allreduce(samples, algorithm) if samples else None)
+    return CalibratedMachine(calibration, allreduce_models(samples, algorithm)[allreduce] if samples else None)
 
 
 def cluster_machine(cluster: Cluster, algorithm: str = "ring", itemsize: int = 4) -> RooflineMachine:
