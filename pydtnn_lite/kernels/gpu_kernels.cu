@@ -33,6 +33,34 @@ __device__ __forceinline__ long long first_offset(long long p, long long stride,
     return p > last_start ? p - last_start : p % stride;
 }
 
+/* Element e of an (n, rows, cols, c) tensor: its sample, row and column (plus offset, the
+   padding for an input element, whose row and column then count in the padded frame), and
+   channel. */
+struct Position {
+    long long b, row, col, ch;
+};
+
+__device__ __forceinline__ Position position(long long e, long long rows, long long cols, long long c,
+                                             long long offset)
+{
+    Position p;
+    p.ch = e % c;
+    long long t = e / c;
+    p.col = t % cols + offset;
+    t /= cols;
+    p.row = t % rows + offset;
+    p.b = t / rows;
+    return p;
+}
+
+/* The flat output pixel (b, oh, ow) of the window that covers input position p at window
+   offset (i, j). */
+__device__ __forceinline__ long long covering_pixel(Position p, long long i, long long j, long long stride,
+                                                    long long ho, long long wo)
+{
+    return (p.b * ho + (p.row - i) / stride) * wo + (p.col - j) / stride;
+}
+
 /* A product rounded on its own, as NumPy rounds it: the compiler would otherwise fuse it
    with the addition that follows into one FMA, which rounds once. */
 __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
@@ -64,15 +92,12 @@ template <typename T>
 __device__ void col2im(const T* __restrict__ cols, T* __restrict__ grad, GEOMETRY)
 {
     GRID_STRIDE_LOOP(e, n * h * w * c) {
-        long long ch = e % c, t = e / c;
-        long long pw = t % w + pad;
-        t /= w;
-        long long ph = t % h + pad, b = t / h;
+        Position p = position(e, h, w, c, pad);
         T sum = 0;
-        for (long long i = first_offset(ph, stride, ho); i < kh && i <= ph; i += stride)
-            for (long long j = first_offset(pw, stride, wo); j < kw && j <= pw; j += stride) {
-                long long row = (b * ho + (ph - i) / stride) * wo + (pw - j) / stride;
-                sum += cols[((row * kh + i) * kw + j) * c + ch];
+        for (long long i = first_offset(p.row, stride, ho); i < kh && i <= p.row; i += stride)
+            for (long long j = first_offset(p.col, stride, wo); j < kw && j <= p.col; j += stride) {
+                long long row = covering_pixel(p, i, j, stride, ho, wo);
+                sum += cols[((row * kh + i) * kw + j) * c + p.ch];
             }
         grad[e] = sum;
     }
@@ -88,21 +113,18 @@ __device__ void maxpool(const T* __restrict__ x, T* __restrict__ out, unsigned c
 {
     const T negative_infinity = -(T)__int_as_float(0x7f800000);
     GRID_STRIDE_LOOP(e, n * ho * wo * c) {
-        long long ch = e % c, t = e / c;
-        long long ow = t % wo;
-        t /= wo;
-        long long oh = t % ho, b = t / ho;
+        Position o = position(e, ho, wo, c, 0);
         T best = negative_infinity;
         long long best_offset = 0;
         for (long long i = 0; i < kh; ++i) {
-            long long hi = oh * stride - pad + i;
+            long long hi = o.row * stride - pad + i;
             if (hi < 0 || hi >= h)
                 continue;
             for (long long j = 0; j < kw; ++j) {
-                long long wi = ow * stride - pad + j;
+                long long wi = o.col * stride - pad + j;
                 if (wi < 0 || wi >= w)
                     continue;
-                T value = x[((b * h + hi) * w + wi) * c + ch];
+                T value = x[((o.b * h + hi) * w + wi) * c + o.ch];
                 if (value > best) {
                     best = value;
                     best_offset = i * kw + j;
@@ -125,14 +147,11 @@ __device__ void maxpool_grad(const T* __restrict__ grad_out, const unsigned char
                              T* __restrict__ grad, GEOMETRY)
 {
     GRID_STRIDE_LOOP(e, n * h * w * c) {
-        long long ch = e % c, t = e / c;
-        long long pw = t % w + pad;
-        t /= w;
-        long long ph = t % h + pad, b = t / h;
+        Position p = position(e, h, w, c, pad);
         T sum = 0;
-        for (long long i = first_offset(ph, stride, ho); i < kh && i <= ph; i += stride)
-            for (long long j = first_offset(pw, stride, wo); j < kw && j <= pw; j += stride) {
-                long long o = ((b * ho + (ph - i) / stride) * wo + (pw - j) / stride) * c + ch;
+        for (long long i = first_offset(p.row, stride, ho); i < kh && i <= p.row; i += stride)
+            for (long long j = first_offset(p.col, stride, wo); j < kw && j <= p.col; j += stride) {
+                long long o = covering_pixel(p, i, j, stride, ho, wo) * c + p.ch;
                 if (argmax[o] == i * kw + j)
                     sum += grad_out[o];
             }
@@ -147,19 +166,16 @@ __device__ void avgpool(const T* __restrict__ x, T* __restrict__ out, GEOMETRY)
 {
     const T scale = (T)(1.0 / (double)(kh * kw));
     GRID_STRIDE_LOOP(e, n * ho * wo * c) {
-        long long ch = e % c, t = e / c;
-        long long ow = t % wo;
-        t /= wo;
-        long long oh = t % ho, b = t / ho;
+        Position o = position(e, ho, wo, c, 0);
         T sum = 0;
         for (long long i = 0; i < kh; ++i) {
-            long long hi = oh * stride - pad + i;
+            long long hi = o.row * stride - pad + i;
             if (hi < 0 || hi >= h)
                 continue;
             for (long long j = 0; j < kw; ++j) {
-                long long wi = ow * stride - pad + j;
+                long long wi = o.col * stride - pad + j;
                 if (wi >= 0 && wi < w)
-                    sum += x[((b * h + hi) * w + wi) * c + ch];
+                    sum += x[((o.b * h + hi) * w + wi) * c + o.ch];
             }
         }
         out[e] = sum * scale;
@@ -173,14 +189,11 @@ __device__ void avgpool_grad(const T* __restrict__ grad_out, T* __restrict__ gra
 {
     const T scale = (T)(1.0 / (double)(kh * kw));
     GRID_STRIDE_LOOP(e, n * h * w * c) {
-        long long ch = e % c, t = e / c;
-        long long pw = t % w + pad;
-        t /= w;
-        long long ph = t % h + pad, b = t / h;
+        Position p = position(e, h, w, c, pad);
         T sum = 0;
-        for (long long i = first_offset(ph, stride, ho); i < kh && i <= ph; i += stride)
-            for (long long j = first_offset(pw, stride, wo); j < kw && j <= pw; j += stride) {
-                long long o = ((b * ho + (ph - i) / stride) * wo + (pw - j) / stride) * c + ch;
+        for (long long i = first_offset(p.row, stride, ho); i < kh && i <= p.row; i += stride)
+            for (long long j = first_offset(p.col, stride, wo); j < kw && j <= p.col; j += stride) {
+                long long o = covering_pixel(p, i, j, stride, ho, wo) * c + p.ch;
                 sum += mul_rn(grad_out[o], scale);
             }
         grad[e] = sum;
