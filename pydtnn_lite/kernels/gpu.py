@@ -57,6 +57,17 @@ def _geometry(x_shape: tuple, kh: int, kw: int, stride: int, padding: int) -> tu
     return ho, wo, tuple(np.int64(v) for v in (n, h, w, c, kh, kw, stride, padding, ho, wo))
 
 
+def _input_gradient(kernel: str, x_shape: tuple, kh: int, kw: int, stride: int, padding: int,
+                    *inputs: Any) -> Any:
+    """Run the backward gather ``kernel`` on ``inputs`` into a new input-shaped gradient (N, H, W, C)."""
+    import cupy
+    inputs = tuple(cupy.ascontiguousarray(array) for array in inputs)
+    _, _, geometry = _geometry(x_shape, kh, kw, stride, padding)
+    grad = cupy.empty(x_shape, dtype=inputs[0].dtype)
+    _launch(kernel, grad, *inputs, grad, *geometry)
+    return grad
+
+
 def im2col(x: Any, kh: int, kw: int, stride: int, padding: int) -> Any:
     """Patch matrix (N*Ho*Wo, KH*KW*C) of ``x`` (N, H, W, C), as :func:`conv.im2col`."""
     if kh == kw == 1 and padding == 0:  # the (subsampled) input is the matrix
@@ -74,12 +85,7 @@ def col2im(cols: Any, x_shape: tuple, kh: int, kw: int, stride: int, padding: in
     """Input-shaped gradient (N, H, W, C) summed from a patch-matrix gradient, as :func:`conv.col2im`."""
     if kh == kw == 1 and padding == 0 and stride == 1:  # the matrix is the gradient, reshaped
         return conv.col2im(cols, x_shape, kh, kw, stride, padding)
-    import cupy
-    cols = cupy.ascontiguousarray(cols)
-    _, _, geometry = _geometry(x_shape, kh, kw, stride, padding)
-    grad = cupy.empty(x_shape, dtype=cols.dtype)
-    _launch("col2im", grad, cols, grad, *geometry)
-    return grad
+    return _input_gradient("col2im", x_shape, kh, kw, stride, padding, cols)
 
 
 def maxpool(x: Any, kh: int, kw: int, stride: int, padding: int) -> tuple[Any, Any]:
@@ -97,12 +103,7 @@ def maxpool(x: Any, kh: int, kw: int, stride: int, padding: int) -> tuple[Any, A
 def maxpool_grad(grad_out: Any, argmax: Any, x_shape: tuple, kh: int, kw: int,
                  stride: int, padding: int) -> Any:
     """Input gradient of max pooling, as :func:`pooling.maxpool_grad`."""
-    import cupy
-    grad_out, argmax = cupy.ascontiguousarray(grad_out), cupy.ascontiguousarray(argmax)
-    _, _, geometry = _geometry(x_shape, kh, kw, stride, padding)
-    grad = cupy.empty(x_shape, dtype=grad_out.dtype)
-    _launch("maxpool_grad", grad, grad_out, argmax, grad, *geometry)
-    return grad
+    return _input_gradient("maxpool_grad", x_shape, kh, kw, stride, padding, grad_out, argmax)
 
 
 def avgpool(x: Any, kh: int, kw: int, stride: int, padding: int) -> Any:
@@ -123,9 +124,4 @@ def avgpool_grad(grad_out: Any, x_shape: tuple, kh: int, kw: int, stride: int, p
     _, h, w, _ = x_shape
     if (kh, kw, padding) == (h, w, 0):  # global pooling: a broadcast of the output gradient
         return pooling.avgpool_grad(grad_out, x_shape, kh, kw, stride, padding)
-    import cupy
-    grad_out = cupy.ascontiguousarray(grad_out)
-    _, _, geometry = _geometry(x_shape, kh, kw, stride, padding)
-    grad = cupy.empty(x_shape, dtype=grad_out.dtype)
-    _launch("avgpool_grad", grad, grad_out, grad, *geometry)
-    return grad
+    return _input_gradient("avgpool_grad", x_shape, kh, kw, stride, padding, grad_out)

@@ -61,6 +61,21 @@ __device__ __forceinline__ long long covering_pixel(Position p, long long i, lon
     return (p.b * ho + (p.row - i) / stride) * wo + (p.col - j) / stride;
 }
 
+/* Loops over the offsets (i, j) of the windows that cover input position p (its row and
+   column in the padded frame), in window order: row offset i, then column offset j. */
+#define FOR_EACH_COVERING_OFFSET(p, i, j)                                                   \
+    for (long long i = first_offset(p.row, stride, ho); i < kh && i <= p.row; i += stride) \
+        for (long long j = first_offset(p.col, stride, wo); j < kw && j <= p.col; j += stride)
+
+/* The flat index in x (n, h, w, c) of the element at offset (i, j) of output pixel o's
+   window, or -1 where that offset falls in the padding. */
+__device__ __forceinline__ long long window_element(Position o, long long i, long long j, long long h,
+                                                    long long w, long long c, long long stride, long long pad)
+{
+    long long hi = o.row * stride - pad + i, wi = o.col * stride - pad + j;
+    return hi >= 0 && hi < h && wi >= 0 && wi < w ? ((o.b * h + hi) * w + wi) * c + o.ch : -1;
+}
+
 /* A product rounded on its own, as NumPy rounds it: the compiler would otherwise fuse it
    with the addition that follows into one FMA, which rounds once. */
 __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
@@ -75,14 +90,9 @@ __device__ void im2col(const T* __restrict__ x, T* __restrict__ cols, GEOMETRY)
         long long ch = e % c, t = e / c;
         long long j = t % kw;
         t /= kw;
-        long long i = t % kh;
-        t /= kh;
-        long long ow = t % wo;
-        t /= wo;
-        long long oh = t % ho, b = t / ho;
-        long long hi = oh * stride - pad + i, wi = ow * stride - pad + j;
-        bool inside = hi >= 0 && hi < h && wi >= 0 && wi < w;
-        cols[e] = inside ? x[((b * h + hi) * w + wi) * c + ch] : (T)0;
+        long long i = t % kh, pixel = t / kh;
+        long long at = window_element(position(pixel * c + ch, ho, wo, c, 0), i, j, h, w, c, stride, pad);
+        cols[e] = at >= 0 ? x[at] : (T)0;
     }
 }
 
@@ -94,8 +104,7 @@ __device__ void col2im(const T* __restrict__ cols, T* __restrict__ grad, GEOMETR
     GRID_STRIDE_LOOP(e, n * h * w * c) {
         Position p = position(e, h, w, c, pad);
         T sum = 0;
-        for (long long i = first_offset(p.row, stride, ho); i < kh && i <= p.row; i += stride)
-            for (long long j = first_offset(p.col, stride, wo); j < kw && j <= p.col; j += stride) {
+        FOR_EACH_COVERING_OFFSET(p, i, j) {
                 long long row = covering_pixel(p, i, j, stride, ho, wo);
                 sum += cols[((row * kh + i) * kw + j) * c + p.ch];
             }
@@ -116,15 +125,12 @@ __device__ void maxpool(const T* __restrict__ x, T* __restrict__ out, unsigned c
         Position o = position(e, ho, wo, c, 0);
         T best = negative_infinity;
         long long best_offset = 0;
-        for (long long i = 0; i < kh; ++i) {
-            long long hi = o.row * stride - pad + i;
-            if (hi < 0 || hi >= h)
-                continue;
+        for (long long i = 0; i < kh; ++i)
             for (long long j = 0; j < kw; ++j) {
-                long long wi = o.col * stride - pad + j;
-                if (wi < 0 || wi >= w)
+                long long at = window_element(o, i, j, h, w, c, stride, pad);
+                if (at < 0)
                     continue;
-                T value = x[((o.b * h + hi) * w + wi) * c + o.ch];
+                T value = x[at];
                 if (value > best) {
                     best = value;
                     best_offset = i * kw + j;
@@ -132,7 +138,6 @@ __device__ void maxpool(const T* __restrict__ x, T* __restrict__ out, unsigned c
                     best = value;
                 }
             }
-        }
         out[e] = best;
         argmax[e] = (unsigned char)best_offset;
     }
@@ -149,8 +154,7 @@ __device__ void maxpool_grad(const T* __restrict__ grad_out, const unsigned char
     GRID_STRIDE_LOOP(e, n * h * w * c) {
         Position p = position(e, h, w, c, pad);
         T sum = 0;
-        for (long long i = first_offset(p.row, stride, ho); i < kh && i <= p.row; i += stride)
-            for (long long j = first_offset(p.col, stride, wo); j < kw && j <= p.col; j += stride) {
+        FOR_EACH_COVERING_OFFSET(p, i, j) {
                 long long o = covering_pixel(p, i, j, stride, ho, wo) * c + p.ch;
                 if (argmax[o] == i * kw + j)
                     sum += grad_out[o];
@@ -168,16 +172,12 @@ __device__ void avgpool(const T* __restrict__ x, T* __restrict__ out, GEOMETRY)
     GRID_STRIDE_LOOP(e, n * ho * wo * c) {
         Position o = position(e, ho, wo, c, 0);
         T sum = 0;
-        for (long long i = 0; i < kh; ++i) {
-            long long hi = o.row * stride - pad + i;
-            if (hi < 0 || hi >= h)
-                continue;
+        for (long long i = 0; i < kh; ++i)
             for (long long j = 0; j < kw; ++j) {
-                long long wi = o.col * stride - pad + j;
-                if (wi >= 0 && wi < w)
-                    sum += x[((o.b * h + hi) * w + wi) * c + o.ch];
+                long long at = window_element(o, i, j, h, w, c, stride, pad);
+                if (at >= 0)
+                    sum += x[at];
             }
-        }
         out[e] = sum * scale;
     }
 }
@@ -191,8 +191,7 @@ __device__ void avgpool_grad(const T* __restrict__ grad_out, T* __restrict__ gra
     GRID_STRIDE_LOOP(e, n * h * w * c) {
         Position p = position(e, h, w, c, pad);
         T sum = 0;
-        for (long long i = first_offset(p.row, stride, ho); i < kh && i <= p.row; i += stride)
-            for (long long j = first_offset(p.col, stride, wo); j < kw && j <= p.col; j += stride) {
+        FOR_EACH_COVERING_OFFSET(p, i, j) {
                 long long o = covering_pixel(p, i, j, stride, ho, wo) * c + p.ch;
                 sum += mul_rn(grad_out[o], scale);
             }
