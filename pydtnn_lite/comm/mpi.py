@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -119,15 +119,22 @@ class MPICommunicator(Communicator):
     # ------------------------------------------------------------- bounded waits
     def complete(self, request: MPIRequest) -> None:
         """Wait for ``request``; past the timeout raise CollectiveTimeout naming the missing ranks."""
+        if self.timeout > 0:
+            self.poll_until(request.request.Test, lambda: self._timeout_error(request))
+            return
+        began = time.perf_counter()
+        request.request.Wait()
+        self.blocked_seconds += time.perf_counter() - began
+
+    def poll_until(self, finished: Callable[[], bool], timed_out: Callable[[], Exception]) -> None:
+        """Poll ``finished()`` until it is true, counting the time as blocked; raise
+        ``timed_out()`` once the wait passes the timeout (which must be set)."""
         began = time.perf_counter()
         try:
-            if self.timeout <= 0:
-                request.request.Wait()
-                return
-            while not request.request.Test():
+            while not finished():
                 waited = time.perf_counter() - began
                 if waited > self.timeout:
-                    raise self._timeout_error(request)
+                    raise timed_out()
                 if waited > SPIN_SECONDS:
                     time.sleep(min(1e-3, waited / 100))
         finally:

@@ -10,14 +10,13 @@ of hanging the GPU.
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import numpy as np
 
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm.base import Request
-from pydtnn_lite.comm.mpi import SPIN_SECONDS, MPICommunicator
+from pydtnn_lite.comm.mpi import MPICommunicator
 from pydtnn_lite.errors import CollectiveTimeout
 
 NCCL_DTYPES = {np.dtype(np.float32): "NCCL_FLOAT32", np.dtype(np.float64): "NCCL_FLOAT64"}
@@ -98,18 +97,11 @@ class NCCLLevel:
 
     def order_after(self, done: Any, what: str) -> None:
         """Make the compute stream wait for ``done``; with a timeout, wait on the host first, bounded."""
-        timeout = self.owner.timeout
-        if timeout > 0:
-            began = time.perf_counter()
-            while not done.done:
-                waited = time.perf_counter() - began
-                if waited > timeout:
-                    raise CollectiveTimeout(f"rank {self.owner.rank} waited more than {timeout:g} s for {what}: "
-                                            "a GPU rank is stuck or far slower; raise --collective-timeout "
-                                            "if such delays are expected")
-                if waited > SPIN_SECONDS:
-                    time.sleep(min(1e-3, waited / 100))
-            self.owner.blocked_seconds += time.perf_counter() - began
+        owner = self.owner
+        if owner.timeout > 0:
+            owner.poll_until(lambda: done.done, lambda: CollectiveTimeout(
+                f"rank {owner.rank} waited more than {owner.timeout:g} s for {what}: a GPU rank is stuck or far "
+                "slower; raise --collective-timeout if such delays are expected"))
         self.cupy.cuda.get_current_stream().wait_event(done)
 
 
