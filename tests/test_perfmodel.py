@@ -17,7 +17,9 @@ from pydtnn_lite.perfmodel import (AllreduceModel, InterpolatedAllreduce, Link, 
                                    fit_allreduce, predict_step)
 from pydtnn_lite.perfmodel.allreduce_timing import FULL_SIZES, KIB, log_spaced_sizes
 from pydtnn_lite.perfmodel.machines import calibrated_machine
-from pydtnn_lite.perfmodel.prediction import balanced_shares
+from pydtnn_lite.perfmodel.prediction import PredictedKernel, StepPrediction, balanced_shares
+from pydtnn_lite.perfmodel.validation import validate
+from pydtnn_lite.tracing.records import KernelRecord, StepRecord
 from pydtnn_lite.perfmodel.roofline import gemm_intensity
 from pydtnn_lite.perfmodel.workload import build_workload
 
@@ -186,6 +188,41 @@ def test_predict_cli_bad_input(flags, message):
     result = run("pydtnn_lite.predict", *flags)
     assert result.returncode == 2
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def _record(step: int, stage: str, layer: int, kernel: str, seconds: float) -> KernelRecord:
+    return KernelRecord(0, "train", step, stage, layer, f"layer{layer}", "", kernel, "compute", 0.0, seconds, "",
+                        0.0, 0.0)
+
+
+def test_validation_metrics_against_hand_computed_values():
+    # FP: a GEMM measured 3, 5, 4, 4 ms over four steps (median 4) and predicted 5; a ReLU
+    # measured 2 ms and predicted 1. The stage's mean measured kernel is 3 ms.
+    gemm, relu = [3e-3, 5e-3, 4e-3, 4e-3], [2e-3] * 4
+    records = ([_record(step, "FP", 0, "gemm", t) for step, t in enumerate(gemm)]
+               + [_record(step, "FP", 1, "relu", t) for step, t in enumerate(relu)]
+               + [_record(step, "DATA", -1, "data_load", 1e-3) for step in range(4)])
+    steps = [StepRecord(0, step, 0.0, seconds, 16) for step, seconds in enumerate([10e-3, 12e-3, 10e-3, 12e-3])]
+    kernels = [PredictedKernel(0, "layer0", "FP", "gemm", 0, 5e-3, 0.0, 0.0),
+               PredictedKernel(1, "layer1", "FP", "relu", 0, 1e-3, 0.0, 0.0)]
+    prediction = StepPrediction(kernels, [], [], 1, 16, {"FP": 6e-3, "BP": 0.0, "WU": 0.0, "COMM": 0.0}, 6e-3, 6e-3)
+    result = validate(records, steps, overlap=False, predict=lambda batch: prediction)
+
+    by_kernel = {k.kernel: k for k in result.kernels}
+    assert by_kernel["gemm"].measured == pytest.approx(4e-3) and by_kernel["gemm"].relative_error == pytest.approx(0.25)
+    assert by_kernel["gemm"].wre == pytest.approx(1 / 3) and by_kernel["relu"].wre == pytest.approx(-1 / 3)
+    forward = next(s for s in result.stages if s.name == "FP")
+    assert forward.wre == pytest.approx(1 / 3)  # mean of |WRE_k|
+    assert forward.measured == pytest.approx(6e-3) and forward.predicted == pytest.approx(6e-3)
+    # Halves: steps 0, 2 against 1, 3. GEMM medians 3.5 and 4.5 ms, ReLU 2 and 2 ms.
+    assert forward.half_wre == pytest.approx((1.0 / 2) / ((4.5 + 2) / 2))
+    assert forward.half_difference == pytest.approx(1 / 6)  # FP totals 5.5 and 6.5 ms a step
+    # The step without data loading: 10 - 1 and 12 - 1 ms, 10 ms on average.
+    assert result.step.measured == pytest.approx(10e-3) and result.step.relative_error == pytest.approx(-0.4)
+    assert result.step.half_difference == pytest.approx(2 / 10)
+
+    one_step = validate(records[:1] + records[4:5], steps[:1], overlap=False, predict=lambda batch: prediction)
+    assert math.isnan(one_step.step.half_difference) and all(math.isnan(s.half_wre) for s in one_step.stages)
 
 
 def test_validate_a_short_traced_run_end_to_end(tmp_path):

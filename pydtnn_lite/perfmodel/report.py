@@ -18,6 +18,14 @@ def _percent(value: float) -> str:
     return "-" if math.isnan(value) else f"{100 * value:+.1f} %"
 
 
+def _magnitude(value: float) -> str:
+    return "-" if math.isnan(value) else f"{100 * value:.1f} %"
+
+
+HALVES_NOTE = ("half diff and half WRE: the same figures between the even and the odd traced steps, "
+               "how far the measurement repeats itself; a prediction cannot be expected to come closer")
+
+
 def write_kernels_csv(path: str, validation: Validation) -> None:
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
@@ -50,7 +58,7 @@ def stage_plot(validation: Validation, stage: str) -> bytes:
     errors.set_ylabel("relative error (%)")
     total = next(s for s in validation.stages if s.name == stage)
     axis.set_title(f"{stage}: measured {total.measured * 1e3:.1f} ms, predicted {total.predicted * 1e3:.1f} ms, "
-                   f"WRE {_percent(total.wre)}")
+                   f"WRE {_magnitude(total.wre)}")
     axis.legend(loc="upper left")
     figure.tight_layout()
     buffer = io.BytesIO()
@@ -61,7 +69,9 @@ def stage_plot(validation: Validation, stage: str) -> bytes:
 
 def _rows(comparisons: list[Comparison]) -> str:
     return "".join(f"<tr><td>{html.escape(c.name)}</td><td>{c.measured * 1e3:.3f}</td><td>{c.predicted * 1e3:.3f}</td>"
-                   f"<td>{_percent(c.relative_error)}</td><td>{_percent(c.wre)}</td></tr>" for c in comparisons)
+                   f"<td>{_percent(c.relative_error)}</td><td>{_magnitude(c.wre)}</td>"
+                   f"<td>{_magnitude(c.half_difference)}</td><td>{_magnitude(c.half_wre)}</td></tr>"
+                   for c in comparisons)
 
 
 def write_report(directory: str, validation: Validation, title: str) -> list[str]:
@@ -82,7 +92,8 @@ def write_report(directory: str, validation: Validation, title: str) -> list[str
         f"<tr><td>{k.layer} {html.escape(k.layer_name)}</td><td>{k.stage}</td><td>{html.escape(k.kernel)}</td>"
         f"<td>{k.occurrence}</td><td>{k.measured * 1e3:.3f}</td><td>{k.predicted * 1e3:.3f}</td>"
         f"<td>{_percent(k.relative_error)}</td><td>{_percent(k.wre)}</td></tr>" for k in validation.kernels)
-    head = "<tr><th>{}</th><th>measured ms</th><th>predicted ms</th><th>relative error</th><th>WRE</th></tr>"
+    head = ("<tr><th></th><th>measured ms</th><th>predicted ms</th><th>relative error</th><th>WRE</th>"
+            "<th>half diff</th><th>half WRE</th></tr>")
     document = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin:1em 0}}
@@ -90,10 +101,10 @@ td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}td:first-child{{t
 img{{max-width:100%}}</style></head><body>
 <h1>{html.escape(title)}</h1>
 <h2>Step and stages</h2>
-<table>{head.format("")}{_rows([validation.step] + validation.stages)}</table>
+<table>{head}{_rows([validation.step] + validation.stages)}</table>
 <p>Relative error = (predicted - measured) / measured. WRE of a stage = mean over its kernels of
 |predicted - measured| / (mean measured kernel time of the stage). The step excludes data loading.
-{validation.unmatched} traced calls had no prediction.</p>
+{html.escape(HALVES_NOTE)}. {validation.unmatched} traced calls had no prediction.</p>
 <h2>Kernels per stage</h2>{''.join(images)}
 <h2>Every kernel</h2>
 <table><tr><th>layer</th><th>stage</th><th>kernel</th><th>#</th><th>measured ms</th><th>predicted ms</th>
@@ -108,8 +119,8 @@ img{{max-width:100%}}</style></head><body>
 
 def summary_text(validation: Validation) -> str:
     """The step and stage table as text."""
-    lines = [f"{'':<6}{'measured ms':>14}{'predicted ms':>14}{'error':>10}{'WRE':>10}"]
+    lines = [f"{'':<6}{'measured ms':>14}{'predicted ms':>14}{'error':>10}{'WRE':>10}{'half diff':>11}{'half WRE':>10}"]
     for c in [validation.step] + validation.stages:
         lines.append(f"{c.name:<6}{c.measured * 1e3:>14.3f}{c.predicted * 1e3:>14.3f}{_percent(c.relative_error):>10}"
-                     f"{_percent(c.wre):>10}")
-    return "\n".join(lines)
+                     f"{_magnitude(c.wre):>10}{_magnitude(c.half_difference):>11}{_magnitude(c.half_wre):>10}")
+    return "\n".join(lines + [HALVES_NOTE])

@@ -10,6 +10,12 @@ paper (../shared/seeds/003_*):
   measured time of the kernels of k's stage, so that short kernels with large relative
   errors weigh little; the stage's WRE is the mean of ``|WRE_k|`` over its kernels;
 - the error of the whole step, measured without data loading.
+
+No prediction can be expected to agree with a measurement better than the measurement
+agrees with itself. So every total and stage also carries its *split-half* figures: the
+traced steps are dealt alternately into two halves, and the same metrics are computed
+between the halves (one half's medians standing in for the prediction). A WRE near its
+split-half WRE is as good as the run's noise allows.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from pydtnn_lite.perfmodel.prediction import STAGES, StepPrediction
 from pydtnn_lite.tracing.records import TRAIN, KernelRecord, StepRecord
 
 COMPUTE_STAGES = ("FP", "BP", "WU")
+NAN = float("nan")
 
 
 @dataclass(frozen=True)
@@ -44,12 +51,20 @@ class KernelComparison:
 
 @dataclass(frozen=True)
 class Comparison:
-    """A total (a stage, the step) measured and predicted."""
+    """A total (a stage, the step) measured and predicted.
+
+    ``half_difference`` is the relative difference of the measured total between the two
+    halves of the traced steps, ``half_wre`` the WRE of one half's kernel medians against
+    the other's: how far the measurement repeats itself (NaN with fewer than two steps, and
+    ``half_wre`` for totals that have no WRE).
+    """
 
     name: str
     measured: float
     predicted: float
-    wre: float = float("nan")
+    wre: float = NAN
+    half_difference: float = NAN
+    half_wre: float = NAN
 
     @property
     def relative_error(self) -> float:
@@ -64,17 +79,62 @@ class Validation:
     unmatched: int  # traced calls without a prediction (e.g. reductions in a 1-rank run)
 
 
-def _occurrences(records: Sequence[KernelRecord]) -> dict[tuple, list[float]]:
-    """Durations per (layer, stage, kernel, occurrence), the occurrence counted within each rank's step."""
+def _occurrences(records: Sequence[KernelRecord]) -> dict[tuple, list[tuple[int, float]]]:
+    """(step, duration) of the calls per (layer, stage, kernel, occurrence), the occurrence
+    counted within each rank's step."""
     seen: dict[tuple, int] = defaultdict(int)
-    out: dict[tuple, list[float]] = defaultdict(list)
+    out: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
     for record in sorted(records, key=lambda r: (r.rank, r.step, r.start)):
         if record.stage not in COMPUTE_STAGES:
             continue
         step_key = (record.rank, record.step, record.layer, record.stage, record.kernel)
-        out[(record.layer, record.stage, record.kernel, seen[step_key])].append(record.duration)
+        out[(record.layer, record.stage, record.kernel, seen[step_key])].append((record.step, record.duration))
         seen[step_key] += 1
     return out
+
+
+def _weighted_relative_error(estimates: Sequence[float], measured: Sequence[float]) -> float:
+    """The paper's stage WRE: mean over kernels of |estimate - measured| / (mean measured time)."""
+    mean = statistics.fmean(measured) if measured else 0.0
+    if mean <= 0:
+        return NAN
+    return statistics.fmean(abs(e - m) for e, m in zip(estimates, measured)) / mean
+
+
+def _relative_difference(first: float, second: float) -> float:
+    """|first - second| over their mean (NaN for two zeros)."""
+    mean = (first + second) / 2
+    return abs(first - second) / mean if mean > 0 else NAN
+
+
+class _Halves:
+    """The traced steps dealt alternately into two halves, and what each half measured."""
+
+    def __init__(self, steps: Sequence[StepRecord]) -> None:
+        order = sorted({s.step for s in steps})
+        self.half = {step: i % 2 for i, step in enumerate(order)}
+        self.steps_per_half = (len(order) - len(order) // 2, len(order) // 2)
+
+    @property
+    def usable(self) -> bool:
+        return min(self.steps_per_half) > 0
+
+    def medians(self, calls: Sequence[tuple[int, float]]) -> tuple[float, float]:
+        """The median duration of ``calls`` (step, seconds) in each half (NaN where a half has none)."""
+        split: tuple[list, list] = ([], [])
+        for step, duration in calls:
+            split[self.half[step]].append(duration)
+        first, second = (statistics.median(part) if part else NAN for part in split)
+        return first, second
+
+    def difference(self, items: Sequence[tuple[int, float]]) -> float:
+        """Relative difference between the halves of the per-step total of ``items`` (step, seconds)."""
+        if not self.usable:
+            return NAN
+        sums = [0.0, 0.0]
+        for step, seconds in items:
+            sums[self.half[step]] += seconds
+        return _relative_difference(sums[0] / self.steps_per_half[0], sums[1] / self.steps_per_half[1])
 
 
 def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overlap: bool,
@@ -88,17 +148,20 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
         for k in predictions[batch].kernels:
             predicted_kernels[(k.layer, k.stage, k.kernel, k.occurrence)].append(k.seconds)
     names = {(r.layer, r.stage, r.kernel): r.layer_name for r in train}
-    measured = _occurrences(train)
-    matched = {key: statistics.median(times) for key, times in measured.items() if key in predicted_kernels}
+    occurrences = _occurrences(train)
+    calls = {key: found for key, found in occurrences.items() if key in predicted_kernels}
+    matched = {key: statistics.median(duration for _, duration in found) for key, found in calls.items()}
     stage_mean = {stage: statistics.fmean([t for key, t in matched.items() if key[1] == stage] or [0.0])
                   for stage in COMPUTE_STAGES}
     kernels = []
     for key, meas in matched.items():  # in the order of the traced step
         layer, stage, kernel, occurrence = key
         pred = statistics.fmean(predicted_kernels[key])
-        wre = (pred - meas) / stage_mean[stage] if stage_mean[stage] > 0 else float("nan")
+        wre = (pred - meas) / stage_mean[stage] if stage_mean[stage] > 0 else NAN
         kernels.append(KernelComparison(layer, names[key[:3]], stage, kernel, occurrence, meas, pred, wre))
 
+    halves = _Halves(steps)
+    half_medians = {key: halves.medians(found) for key, found in calls.items()}
     rank_steps = max(len(steps), 1)
     stage_measured = defaultdict(float)
     for record in train:
@@ -112,10 +175,18 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
             stage_predicted[stage] += seconds / len(batches)
     stages = []
     for stage in STAGES:
-        in_stage = [abs(k.wre) for k in kernels if k.stage == stage]
-        stages.append(Comparison(stage, stage_measured[stage], stage_predicted[stage],
-                                 statistics.fmean(in_stage) if in_stage else float("nan")))
+        in_stage = [k for k in kernels if k.stage == stage]
+        wre = _weighted_relative_error([k.predicted for k in in_stage], [k.measured for k in in_stage])
+        keys = [(k.layer, k.stage, k.kernel, k.occurrence) for k in in_stage]
+        half_wre = (_weighted_relative_error([half_medians[key][0] for key in keys],
+                                             [half_medians[key][1] for key in keys]) if halves.usable else NAN)
+        difference = halves.difference([(r.step, r.duration) for r in train if r.stage == stage])
+        stages.append(Comparison(stage, stage_measured[stage], stage_predicted[stage], wre, difference, half_wre))
     step_measured = sum(s.duration for s in steps) / rank_steps - stage_measured["DATA"]
     step_predicted = max(predictions[b].step_seconds(overlap) for b in batches.values())
-    unmatched = sum(len(times) for key, times in measured.items() if key not in predicted_kernels)
-    return Validation(kernels, stages, Comparison("step", step_measured, step_predicted), unmatched)
+    data_seconds = [(r.step, r.duration) for r in train if r.stage == "DATA"]
+    step_difference = halves.difference([(s.step, s.duration) for s in steps]
+                                        + [(step, -seconds) for step, seconds in data_seconds])
+    unmatched = sum(len(found) for key, found in occurrences.items() if key not in predicted_kernels)
+    return Validation(kernels, stages, Comparison("step", step_measured, step_predicted,
+                                                  half_difference=step_difference), unmatched)
