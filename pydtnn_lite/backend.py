@@ -6,6 +6,7 @@ Layers, losses and optimizers are written once against the namespace returned by
 from __future__ import annotations
 
 import functools
+import glob
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -16,6 +17,7 @@ import numpy as np
 from pydtnn_lite.errors import UserError
 
 DTYPES = {"float32": np.float32, "float64": np.float64}
+DEFAULT_LAST_LEVEL_CACHE = 32 << 20  # where the operating system does not tell
 
 
 class BackendError(UserError):
@@ -75,6 +77,10 @@ class Backend:
         """A clock that timestamps kernels on this backend's device."""
         return HostClock()
 
+    def last_level_cache_bytes(self) -> int:
+        """Size of the largest cache in front of this backend's memory (the CPU's last level)."""
+        return host_last_level_cache_bytes()
+
 
 @dataclass(frozen=True)
 class CupyBackend(Backend):
@@ -127,6 +133,26 @@ class CupyBackend(Backend):
 
     def clock(self) -> "HostClock":
         return DeviceClock(self.xp)
+
+    def last_level_cache_bytes(self) -> int:
+        return int(self.xp.cuda.Device().attributes["L2CacheSize"])
+
+
+def host_last_level_cache_bytes() -> int:
+    """The largest CPU cache, from Linux sysfs (e.g. "32768K"); 32 MiB where it cannot be read."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(path, encoding="ascii") as handle:
+                text = handle.read().strip()
+        except OSError:
+            continue
+        if text[:-1].isdigit() and text[-1] in units:
+            sizes.append(int(text[:-1]) * units[text[-1]])
+        elif text.isdigit():
+            sizes.append(int(text))
+    return max(sizes, default=DEFAULT_LAST_LEVEL_CACHE)
 
 
 @functools.lru_cache(maxsize=None)

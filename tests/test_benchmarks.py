@@ -47,6 +47,20 @@ def test_gradient_sync_needs_two_ranks():
                                                   "mpiexec -n 2 python benchmarks/gradient_sync.py"]
 
 
+def test_validation_accuracy_sets_the_model_against_the_runs_themselves():
+    calibration = os.path.join(REPO, "calibration", "dev-2core.json")
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "validation_accuracy.py"), "--calibration",
+                             calibration, "--configs", "lenet:16:digits", "--runs", "2", "--steps", "2"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for label in ("model, run 1", "model, run 2", "model, median", "between runs, median", "split-half, median",
+                  "model / between runs"):
+        assert result.stdout.count(label) == 1, result.stdout
+    bad = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "validation_accuracy.py"), "--calibration",
+                          calibration, "--configs", "lenet"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "model:batch[:dataset]" in bad.stderr
+
+
 def test_heterogeneous_benchmark_balances_a_slowed_rank():
     result = run(2, [os.path.join(BENCHMARKS, "heterogeneous.py"), "--model", "lenet", "--dataset", "digits",
                      "--batch-size", "16", "--steps", "2"])

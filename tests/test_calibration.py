@@ -86,7 +86,9 @@ def test_grid_respects_its_limits_and_samples_both_optimizers():
                          ids=["conv", "dense", "pool", "merge"])
 def test_every_kernel_call_of_a_probe_step_becomes_one_sample(probe):
     backend = make_backend()
-    samples = probe_samples(probe, backend, repeats=2)
+    evictions = []
+    samples = probe_samples(probe, backend, repeats=2, evict=lambda: evictions.append(1))
+    assert len(evictions) == 3  # before the update of the warm-up step and of each traced step
     network = probe.network().build(backend)
     optimizer = Adam(network) if probe.optimizer == "adam" else SGD(network)
     expected = Counter(cost.kernel for _, cost in step_costs(network, optimizer, probe.batch))
@@ -102,7 +104,7 @@ def tiny(tmp_path_factory):
     """A calibration of the quick grid at batch sizes 4 and 8, one step per probe, saved and read back."""
     calibration = calibrate(make_backend(), SerialCommunicator(), TINY, blas_threads=1)
     # One MLP in the file, whatever the tiny grid's samples chose.
-    calibration.kernel_models["gemm"] = MLPRegressor.fit(gemm_like(60, seed=4), max_epochs=5)
+    calibration.kernel_models["gemm"] = MLPRegressor.fit(calibration.kernel_samples["gemm"], max_epochs=5)
     path = str(tmp_path_factory.mktemp("calibration") / "tiny.json")
     calibration.save(path)
     return calibration, path

@@ -54,15 +54,20 @@ class KernelCost:
 def gemm_layer_costs(m: int, n: int, k: int, itemsize: int, use_bias: bool,
                      needs_input_grad: bool) -> tuple[list[KernelCost], list[KernelCost]]:
     """(FP, BP) costs of a layer computed as ``(m x k) @ (k x n)`` plus a bias: the forward
-    GEMM and bias, the weight-gradient GEMM and bias gradient, and the input-gradient GEMM."""
+    GEMM and bias, the weight-gradient GEMM and bias gradient, and the input-gradient GEMM.
+
+    A GEMM's dims are (rows, columns, inner size, A transposed, B transposed): BLAS runs
+    a product of the same sizes at different speeds depending on which operand it reads
+    transposed, and the weight gradient (x^T dy) and input gradient (dy W^T) read one each.
+    """
     gemm_bytes = (m * k + k * n + m * n) * itemsize
-    forward = [KernelCost("FP", "gemm", 2.0 * m * n * k, gemm_bytes, (m, n, k))]
-    backward = [KernelCost("BP", "gemm", 2.0 * m * n * k, gemm_bytes, (k, n, m))]
+    forward = [KernelCost("FP", "gemm", 2.0 * m * n * k, gemm_bytes, (m, n, k, 0, 0))]
+    backward = [KernelCost("BP", "gemm", 2.0 * m * n * k, gemm_bytes, (k, n, m, 1, 0))]
     if use_bias:
         forward.append(KernelCost("FP", "bias_add", m * n, 2 * m * n * itemsize, (m, n)))
         backward.append(KernelCost("BP", "bias_grad", m * n, (m * n + n) * itemsize, (m, n)))
     if needs_input_grad:
-        backward.append(KernelCost("BP", "gemm", 2.0 * m * n * k, gemm_bytes, (m, k, n)))
+        backward.append(KernelCost("BP", "gemm", 2.0 * m * n * k, gemm_bytes, (m, k, n, 0, 1)))
     return forward, backward
 
 

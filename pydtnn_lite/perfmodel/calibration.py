@@ -23,12 +23,12 @@ from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.layers import KernelCost
 from pydtnn_lite.perfmodel.allreduce_timing import FULL_SIZES, allreduce_samples
-from pydtnn_lite.perfmodel.host import describe_machine, gemm_peak, memory_bandwidth
+from pydtnn_lite.perfmodel.host import CacheEvictor, describe_machine, gemm_peak, memory_bandwidth
 from pydtnn_lite.perfmodel.probes import FULL, GridSize, calibration_grid
 from pydtnn_lite.perfmodel.regression import KernelModel, KernelSample, fit_kernel_model, model_from_dict
 from pydtnn_lite.perfmodel.sampling import probe_samples, rounded
 
-FORMAT, VERSION = "pydtnn_lite calibration", 1
+FORMAT, VERSION = "pydtnn_lite calibration", 2
 
 
 @dataclass
@@ -190,10 +190,11 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     phase_done("roofs", f"GEMM peak {peak / 1e9:.1f} GFLOP/s, memory bandwidth {bandwidth / 1e9:.1f} GB/s per rank")
 
     grid = calibration_grid(settings.batch_sizes, settings.grid, settings.seed)
+    evict = CacheEvictor(backend)
     mine: dict[str, list[KernelSample]] = {}
     for probe in grid:
         comm.barrier()  # the ranks run each probe together, as they run a training step
-        for name, samples in probe_samples(probe, backend, settings.repeats, settings.min_seconds,
+        for name, samples in probe_samples(probe, backend, settings.repeats, evict, settings.min_seconds,
                                            settings.seed).items():
             mine.setdefault(name, []).extend(samples)
     samples = _median_over_ranks(comm.allgather_object(mine))

@@ -1,4 +1,4 @@
-"""The machine a calibration describes: what it is, and its two roofs (GEMM peak, memory bandwidth)."""
+"""The machine a calibration describes: what it is, its two roofs (GEMM peak, memory bandwidth), its caches."""
 from __future__ import annotations
 
 import datetime
@@ -49,7 +49,8 @@ def mpi_library() -> str:
 def describe_machine(backend: Backend, blas_threads: int, ranks: int) -> dict:
     """What a calibration's figures hold for: processor, cores, libraries, precision, date."""
     machine = {"host": platform.node(), "cpu_model": cpu_model(), "cores": os.cpu_count(),
-               "usable_cores": usable_cores(), "blas": blas_info(), "blas_threads": blas_threads,
+               "usable_cores": usable_cores(), "last_level_cache_bytes": backend.last_level_cache_bytes(),
+               "blas": blas_info(), "blas_threads": blas_threads,
                "ranks": ranks, "dtype": np.dtype(backend.dtype).name, "device": backend.device,
                "mpi_library": mpi_library(), "numpy": np.__version__, "python": platform.python_version(),
                "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
@@ -79,6 +80,25 @@ def gemm_peak(backend: Backend, size: int = PEAK_GEMM_SIZE, repeats: int = 3) ->
     a, b = (backend.asarray(rng.standard_normal((size, size))) for _ in range(2))
     out = backend.xp.empty_like(a)
     return 2.0 * size ** 3 / _fastest(lambda: backend.xp.matmul(a, b, out=out), backend, repeats)
+
+
+class CacheEvictor:
+    """Pushes a backend's operands out of its caches, as a training step's other work does.
+
+    In a network larger than the cache, a layer's optimizer state and a gradient bucket
+    are touched again only after the rest of the step has streamed through memory, so
+    their kernels read them from memory, not from the cache. Calling the evictor reads and
+    writes a buffer twice the size of the last-level cache, which leaves none of what was
+    there before (every rank of a node does it at once, so a shared cache is covered too).
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.buffer = backend.xp.zeros(2 * backend.last_level_cache_bytes() // 4, dtype=np.float32)
+
+    def __call__(self) -> None:
+        self.buffer += 1.0  # whole numbers: never denormal, so never slow
+        self.backend.synchronize()
 
 
 def memory_bandwidth(backend: Backend, nbytes: int = BANDWIDTH_BYTES, repeats: int = 3) -> float:

@@ -93,7 +93,7 @@ def _occurrences(records: Sequence[KernelRecord]) -> dict[tuple, list[tuple[int,
     return out
 
 
-def _weighted_relative_error(estimates: Sequence[float], measured: Sequence[float]) -> float:
+def weighted_relative_error(estimates: Sequence[float], measured: Sequence[float]) -> float:
     """The paper's stage WRE: mean over kernels of |estimate - measured| / (mean measured time)."""
     mean = statistics.fmean(measured) if measured else 0.0
     if mean <= 0:
@@ -176,9 +176,9 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
     stages = []
     for stage in STAGES:
         in_stage = [k for k in kernels if k.stage == stage]
-        wre = _weighted_relative_error([k.predicted for k in in_stage], [k.measured for k in in_stage])
+        wre = weighted_relative_error([k.predicted for k in in_stage], [k.measured for k in in_stage])
         keys = [(k.layer, k.stage, k.kernel, k.occurrence) for k in in_stage]
-        half_wre = (_weighted_relative_error([half_medians[key][0] for key in keys],
+        half_wre = (weighted_relative_error([half_medians[key][0] for key in keys],
                                              [half_medians[key][1] for key in keys]) if halves.usable else NAN)
         difference = halves.difference([(r.step, r.duration) for r in train if r.stage == stage])
         stages.append(Comparison(stage, stage_measured[stage], stage_predicted[stage], wre, difference, half_wre))

@@ -1,0 +1,151 @@
+"""How close the performance model comes to training steps, against how close the steps come to each other.
+
+    python benchmarks/validation_accuracy.py --calibration calibration/dev-2core.json \\
+        [--runs 3] [--ranks 2] [--steps 8] [--configs vgg11:64 vgg11:128 resnet18:48] [--no-overlap]
+
+Each round trains every configuration (``model:global batch[:data set]``) once under
+``mpiexec -n RANKS`` with ``--trace``, the order rotating from round to round so that a
+slow spell of the shared machine hits all of them alike, and validates every trace
+against the calibration. Per configuration it prints:
+
+- model: the step error, stage WRE (FP, BP, WU) and COMM error of each run against the
+  prediction, as ``python -m pydtnn_lite.validate`` reports them, and their median;
+- between runs: the same figures with one run's measurement standing in for the
+  prediction of another (every ordered pair of runs): how far the machine repeats a
+  measurement from one minute to the next, the lowest error a prediction made in advance
+  can expect here; and the split-half figures within the runs (median over runs);
+- model / between runs: the ratio of the two medians, the baseline measured in the same
+  session.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+from pydtnn_lite.perfmodel.machines import calibrated_machine
+from pydtnn_lite.perfmodel.validation import COMPUTE_STAGES, Validation, weighted_relative_error
+from pydtnn_lite.tracing import load_trace
+from pydtnn_lite.validate import validation_of
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+FIGURES = ("step error", "WRE FP", "WRE BP", "WRE WU", "COMM error")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str
+    batch: int
+    dataset: str
+
+    @classmethod
+    def parse(cls, text: str) -> "Config":
+        parts = text.split(":")
+        if len(parts) not in (2, 3) or not parts[1].isdigit():
+            raise SystemExit(f"validation_accuracy: --configs takes model:batch[:dataset], got {text!r}")
+        return cls(parts[0], int(parts[1]), parts[2] if len(parts) == 3 else "synthetic")
+
+    def __str__(self) -> str:
+        return f"{self.model}, global batch {self.batch}, {self.dataset}"
+
+
+def traced_run(config: Config, ranks: int, steps: int, overlap: bool, trace: str) -> None:
+    """Train ``config`` for one warm-up step and ``steps`` traced steps into ``trace``."""
+    command = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "pydtnn_lite.train", "--model", config.model,
+               "--dataset", config.dataset, "--batch-size", str(config.batch), "--epochs", "1",
+               "--steps-per-epoch", str(steps + 1), "--eval-steps", "0", "--no-progress", "--trace", trace,
+               "--run-dir", os.path.join(trace, "run")] + ([] if overlap else ["--no-overlap"])
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"validation_accuracy: training {config} failed:\n{result.stderr[-2000:]}")
+
+
+def figures(validation: Validation) -> dict[str, float]:
+    """The step error, stage WRE and COMM error of a validation."""
+    stages = {s.name: s for s in validation.stages}
+    return {"step error": validation.step.relative_error, "WRE FP": stages["FP"].wre, "WRE BP": stages["BP"].wre,
+            "WRE WU": stages["WU"].wre, "COMM error": stages["COMM"].relative_error}
+
+
+def between(measured: Validation, reference: Validation) -> dict[str, float]:
+    """The figures of ``measured`` with ``reference``'s measurement in place of the prediction."""
+    stand_in = {(k.layer, k.stage, k.kernel, k.occurrence): k.measured for k in reference.kernels}
+    out = {"step error": (reference.step.measured - measured.step.measured) / measured.step.measured}
+    for stage in COMPUTE_STAGES:
+        kernels = [k for k in measured.kernels if k.stage == stage]
+        out[f"WRE {stage}"] = weighted_relative_error(
+            [stand_in[(k.layer, k.stage, k.kernel, k.occurrence)] for k in kernels], [k.measured for k in kernels])
+    comm = {s.name: s.measured for s in measured.stages}["COMM"]
+    reference_comm = {s.name: s.measured for s in reference.stages}["COMM"]
+    out["COMM error"] = (reference_comm - comm) / comm if comm > 0 else float("nan")
+    return out
+
+
+def split_half(validation: Validation) -> dict[str, float]:
+    stages = {s.name: s for s in validation.stages}
+    return {"step error": validation.step.half_difference, "WRE FP": stages["FP"].half_wre,
+            "WRE BP": stages["BP"].half_wre, "WRE WU": stages["WU"].half_wre,
+            "COMM error": stages["COMM"].half_difference}
+
+
+def median_magnitudes(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {name: statistics.median(abs(row[name]) for row in rows) for name in FIGURES}
+
+
+def line(label: str, values: dict[str, float], signed: bool = True) -> str:
+    cells = "".join(f"{100 * values[name]:>+12.1f}" if signed else f"{100 * values[name]:>12.1f}" for name in FIGURES)
+    return f"  {label:<26}{cells}"
+
+
+def report(config: Config, validations: list[Validation]) -> str:
+    model = [figures(v) for v in validations]
+    floor = [between(a, b) for a, b in itertools.permutations(validations, 2)]
+    model_median, floor_median = median_magnitudes(model), median_magnitudes(floor)
+    ratio = {name: model_median[name] / floor_median[name] if floor_median[name] > 0 else float("nan")
+             for name in FIGURES}
+    steps = ", ".join(f"{1e3 * v.step.measured:.1f}" for v in validations)
+    lines = [f"{config}: measured steps {steps} ms; predicted {1e3 * validations[0].step.predicted:.1f} ms",
+             f"  {'(%; medians of magnitudes)':<26}" + "".join(f"{name:>12}" for name in FIGURES)]
+    lines += [line(f"model, run {i + 1}", row) for i, row in enumerate(model)]
+    lines += [line("model, median", model_median, signed=False),
+              line("between runs, median", floor_median, signed=False),
+              line("split-half, median", median_magnitudes([split_half(v) for v in validations]), signed=False),
+              f"  {'model / between runs':<26}" + "".join(f"{value:>12.2f}" for value in ratio.values())]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calibration", required=True)
+    parser.add_argument("--configs", nargs="+", default=["vgg11:64", "vgg11:128", "resnet18:48"])
+    parser.add_argument("--runs", type=int, default=3, help="rounds over the configurations (at least 2)")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=8, help="traced steps per run, after one warm-up step")
+    parser.add_argument("--no-overlap", action="store_true", help="reduce gradients after backward")
+    args = parser.parse_args()
+    if args.runs < 2:
+        raise SystemExit("validation_accuracy: --runs must be at least 2 (the floor compares runs)")
+    configs = [Config.parse(text) for text in args.configs]
+    machine = calibrated_machine(args.calibration)
+    validations: dict[Config, list[Validation]] = {config: [] for config in configs}
+    with tempfile.TemporaryDirectory() as scratch:
+        for round_ in range(args.runs):
+            for offset in range(len(configs)):
+                config = configs[(round_ + offset) % len(configs)]
+                trace = os.path.join(scratch, f"{config.model}-{config.batch}-{round_}")
+                traced_run(config, args.ranks, args.steps, not args.no_overlap, trace)
+                validations[config].append(validation_of(trace, load_trace(trace), machine))
+    print(f"{args.ranks} ranks, {args.steps} traced steps per run, {args.runs} runs each, "
+          f"overlap {'off' if args.no_overlap else 'on'}, calibration {args.calibration}; load average "
+          f"{os.getloadavg()[0]:.2f} at the end")
+    for config in configs:
+        print(report(config, validations[config]))
+
+
+if __name__ == "__main__":
+    main()
