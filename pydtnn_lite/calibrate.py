@@ -23,6 +23,7 @@ from pydtnn_lite.perfmodel.allreduce_timing import QUICK_SIZES
 from pydtnn_lite.perfmodel.calibration import (Calibration, CalibrationSettings, calibrate, check_allreduce_ranks,
                                                fit_models, remeasure_allreduce)
 from pydtnn_lite.perfmodel.probes import QUICK
+from pydtnn_lite.perfmodel.synchronization import fit_sync_wait
 from pydtnn_lite.runtime import default_blas_threads, install_job_abort, keep_freed_memory, set_blas_threads
 
 PROGRAM = "pydtnn_lite.calibrate"
@@ -83,6 +84,14 @@ def _percent(value: float) -> str:
     return "-" if math.isnan(value) else f"{100 * value:.1f}"
 
 
+def _waits(calibration: Calibration) -> str:
+    model = calibration.sync_wait
+    if not model.coefficient:
+        return "no waits for the slowest rank measured (one rank)"
+    return (f"wait for the slowest rank at a synchronisation, mean over {model.ranks} ranks: "
+            f"{model.coefficient * 1e3:.3g} ms x (seconds of work since the last one) ^ {model.exponent:.2f}")
+
+
 def report(calibration: Calibration) -> str:
     """The roofs, and per kernel: samples, model, held-out errors and best achieved rates."""
     machine = calibration.machine
@@ -90,7 +99,7 @@ def report(calibration: Calibration) -> str:
              f"{machine.get('blas_threads', '?')} BLAS thread(s), {machine.get('dtype', '?')} on "
              f"{machine.get('device', '?')}: GEMM peak {calibration.peak_flops / 1e9:.1f} GFLOP/s, memory "
              f"bandwidth {calibration.memory_bandwidth / 1e9:.1f} GB/s per rank; "
-             f"{len(calibration.allreduce_samples)} Allreduce samples", "",
+             f"{len(calibration.allreduce_samples)} Allreduce samples", _waits(calibration), "",
              "held-out error: median |predicted - measured| / measured, and total |error| / total time"]
     header = ("kernel", "samples", "model", "median %", "time %", "best GFLOP/s", "best GB/s")
     rows = []
@@ -131,6 +140,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         calibration = remeasure_allreduce(previous, comm, settings.allreduce_sizes)
     elif previous is not None:
         previous.kernel_models = fit_models(previous.kernel_samples, comm, args.seed)
+        previous.sync_wait = fit_sync_wait(previous.sync_samples, previous.allreduce_ranks)
         calibration = previous
     else:
         log(f"calibrating: {comm.size} rank(s) x {threads} BLAS thread(s), {args.dtype} on {backend.device}"

@@ -20,7 +20,7 @@ from pydtnn_lite.perfmodel import (QUICK, Calibration, CalibrationSettings, Kern
                                    calibrate, calibration_grid, fit_kernel_model, model_from_dict)
 from pydtnn_lite.perfmodel.allreduce_timing import QUICK_SIZES
 from pydtnn_lite.perfmodel.probes import Probe
-from pydtnn_lite.perfmodel.sampling import probe_samples
+from pydtnn_lite.perfmodel.sampling import measure_probe
 from pydtnn_lite.training import step_costs
 
 TINY = CalibrationSettings(batch_sizes=(4, 8), repeats=1, min_seconds=0.0, grid=QUICK, roof_repeats=1)
@@ -87,8 +87,10 @@ def test_grid_respects_its_limits_and_samples_both_optimizers():
 def test_every_kernel_call_of_a_probe_step_becomes_one_sample(probe):
     backend = make_backend()
     evictions = []
-    samples = probe_samples(probe, backend, repeats=2, evict=lambda: evictions.append(1))
+    measured = measure_probe(probe, backend, SerialCommunicator(), repeats=2, evict=lambda: evictions.append(1))
     assert len(evictions) == 3  # before the update of the warm-up step and of each traced step
+    assert len(measured.waits) == 2 and all(work > 0 and wait >= 0 for work, wait in measured.waits)
+    samples = measured.samples
     network = probe.network().build(backend)
     optimizer = Adam(network) if probe.optimizer == "adam" else SGD(network)
     expected = Counter(cost.kernel for _, cost in step_costs(network, optimizer, probe.batch))
@@ -180,10 +182,16 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert calibration.allreduce_ranks == 2 and calibration.machine["ranks"] == 2
     assert [(p, n) for p, n, _ in calibration.allreduce_samples] == [(2, float(n)) for n in QUICK_SIZES]
     assert all(seconds > 0 for _, _, seconds in calibration.allreduce_samples)
+    # One (work, wait) sample per probe, the waits at the ranks' barrier fitted as a power law.
+    assert len(calibration.sync_samples) == sum(QUICK.points.values())
+    assert all(work > 0 and wait >= 0 for work, wait in calibration.sync_samples)
+    assert calibration.sync_wait.ranks == 2 and calibration.sync_wait.coefficient > 0
+    assert "wait for the slowest rank" in result.stdout
     refitted = tmp_path / "refitted.json"
     result = calibrate_cli("--refit", str(out), "--out", str(refitted))
     assert result.returncode == 0, result.stderr[-2000:]
     assert Calibration.load(str(refitted)).kernel_models.keys() == calibration.kernel_models.keys()
+    assert Calibration.load(str(refitted)).sync_wait == calibration.sync_wait
 
     # Allreduce timed again into a copy: the kernels stay as they were.
     remeasured = tmp_path / "remeasured.json"

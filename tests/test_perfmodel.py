@@ -18,9 +18,10 @@ from pydtnn_lite.perfmodel import (AllreduceModel, InterpolatedAllreduce, Link, 
 from pydtnn_lite.perfmodel.allreduce_timing import FULL_SIZES, KIB, log_spaced_sizes
 from pydtnn_lite.perfmodel.machines import calibrated_machine
 from pydtnn_lite.perfmodel.prediction import PredictedKernel, StepPrediction, balanced_shares
-from pydtnn_lite.perfmodel.validation import validate
+from pydtnn_lite.perfmodel.validation import typical, validate
 from pydtnn_lite.tracing.records import KernelRecord, StepRecord
 from pydtnn_lite.perfmodel.roofline import gemm_intensity
+from pydtnn_lite.perfmodel.synchronization import expected_maximum, fit_sync_wait
 from pydtnn_lite.perfmodel.workload import build_workload
 
 LINK = Link(alpha=1e-6, beta=1e-9, gamma=1e-10)
@@ -106,6 +107,19 @@ def test_the_calibration_samples_allreduce_every_quarter_octave_from_64_kib():
     assert all(b / a == pytest.approx(2 ** 0.25, rel=0.01) for a, b in zip(dense, dense[1:]))
 
 
+def test_expected_maximum_of_normal_draws_and_the_fitted_wait():
+    assert expected_maximum(1) == 0.0
+    assert expected_maximum(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-9)
+    assert expected_maximum(3) == pytest.approx(1.5 / math.sqrt(math.pi), rel=1e-9)
+    assert expected_maximum(5) == pytest.approx(1.1629644736, rel=1e-9)
+    model = fit_sync_wait([(t, 0.012 * t ** 0.7) for t in (1e-3, 1e-2, 1e-1)], ranks=2)
+    assert model.coefficient == pytest.approx(0.012) and model.exponent == pytest.approx(0.7)
+    assert model.seconds(0.4, 2) == pytest.approx(0.012 * 0.4 ** 0.7)
+    assert model.seconds(0.4, 8) == pytest.approx(0.012 * 0.4 ** 0.7 * expected_maximum(8) / expected_maximum(2))
+    assert model.seconds(0.4, 1) == 0.0
+    assert fit_sync_wait([(0.1, 0.01), (0.2, 0.02)], ranks=1).seconds(0.4, 8) == 0.0  # one rank measures no wait
+
+
 def test_roofline_bounds():
     roof = Roofline(peak_flops=100e9, memory_bandwidth=10e9)
     assert roof.seconds(1e9, 1e6) == pytest.approx(1e-2)  # compute bound
@@ -115,10 +129,15 @@ def test_roofline_bounds():
 
 
 class ConstantMachine:
-    """Every kernel ``kernel`` seconds, every Allreduce ``reduce`` seconds (hand-checkable steps)."""
+    """Every kernel ``kernel`` seconds, every Allreduce ``reduce`` seconds, and a wait of
+    ``wait`` times the work since the last synchronisation (hand-checkable steps)."""
 
-    def __init__(self, kernel: float, reduce: float, overlaps_communication: bool = True) -> None:
+    def __init__(self, kernel: float, reduce: float, overlaps_communication: bool = True, wait: float = 0.0) -> None:
         self.kernel, self.reduce, self.overlaps_communication = kernel, reduce, overlaps_communication
+        self.wait = wait
+
+    def sync_wait_seconds(self, segment: float, procs: int) -> float:
+        return self.wait * segment if procs > 1 else 0.0
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         return self.kernel
@@ -149,6 +168,31 @@ def test_prediction_adds_up_and_overlap_hides_communication_behind_backward():
 
     host_mpi = predict_step(network, optimizer, 16, 4, ConstantMachine(1e-3, 0.5, overlaps_communication=False))
     assert host_mpi.step_with_overlap == pytest.approx(host_mpi.step_without_overlap)
+
+
+def test_every_synchronisation_waits_for_the_slowest_rank_after_the_work_since_the_last():
+    network, optimizer = build_workload("resnet18", "cifar10")
+    machine = ConstantMachine(1e-3, 0.0, overlaps_communication=False, wait=0.1)
+    step = predict_step(network, optimizer, 16, 2, machine)
+    reductions = [k for k in step.kernels if k.kernel == "allreduce" and k.stage in ("FP", "BP")]
+    compute = [k for k in step.kernels if k.stage in ("FP", "BP", "WU") and k.kernel != "allreduce"]
+    end_wait = next(k for k in step.kernels if k.kernel == "sync_wait")
+    assert len(reductions) == 2 * sum(layer.kind == "bn" for layer in network.layers)  # one in FP, one in BP
+    # The waits split the step's work into segments: together they wait 0.1 of all of it.
+    assert sum(k.seconds for k in reductions) + end_wait.seconds == pytest.approx(0.1 * 1e-3 * len(compute))
+    # The first batch-norm reduction follows the previous step's update, the layers before
+    # the batch norm and its own sums.
+    first = min((k for k in reductions if k.stage == "FP"), key=lambda k: k.layer)
+    before = sum(k.stage == "WU" or (k.stage == "FP" and k.layer < first.layer) for k in compute)
+    assert first.seconds == pytest.approx(0.1 * 1e-3 * (before + 1))
+    assert step.step_without_overlap == pytest.approx(step.step_with_overlap)
+    assert step.step_without_overlap == pytest.approx(1.1e-3 * len(compute))
+
+    plain, plain_optimizer = build_workload("vgg11", "cifar10")
+    vgg = predict_step(plain, plain_optimizer, 16, 2, machine)
+    vgg_compute = sum(k.seconds for k in vgg.kernels if k.stage in ("FP", "BP", "WU"))
+    assert next(k for k in vgg.kernels if k.kernel == "sync_wait").seconds == pytest.approx(0.1 * vgg_compute)
+    assert predict_step(plain, plain_optimizer, 16, 1, machine).step_without_overlap == pytest.approx(vgg_compute)
 
 
 def test_predict_and_validate_with_the_reference_calibration(tmp_path):
@@ -220,6 +264,10 @@ def test_validation_metrics_against_hand_computed_values():
     # The step without data loading: 10 - 1 and 12 - 1 ms, 10 ms on average.
     assert result.step.measured == pytest.approx(10e-3) and result.step.relative_error == pytest.approx(-0.4)
     assert result.step.half_difference == pytest.approx(2 / 10)
+
+    # A reduction's calls are mostly waits that the slowest rank does not have: compared by their mean.
+    assert typical("allreduce", [0.0, 0.0, 6e-3, 0.0]) == pytest.approx(1.5e-3)
+    assert typical("gemm", [0.0, 0.0, 6e-3, 0.0]) == 0.0
 
     one_step = validate(records[:1] + records[4:5], steps[:1], overlap=False, predict=lambda batch: prediction)
     assert math.isnan(one_step.step.half_difference) and all(math.isnan(s.half_wre) for s in one_step.stages)

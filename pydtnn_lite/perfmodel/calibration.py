@@ -26,7 +26,8 @@ from pydtnn_lite.perfmodel.allreduce_timing import FULL_SIZES, allreduce_samples
 from pydtnn_lite.perfmodel.host import CacheEvictor, describe_machine, gemm_peak, memory_bandwidth
 from pydtnn_lite.perfmodel.probes import FULL, GridSize, calibration_grid
 from pydtnn_lite.perfmodel.regression import KernelModel, KernelSample, fit_kernel_model, model_from_dict
-from pydtnn_lite.perfmodel.sampling import probe_samples, rounded
+from pydtnn_lite.perfmodel.sampling import measure_probe, rounded
+from pydtnn_lite.perfmodel.synchronization import NO_WAIT, SyncWaitModel, fit_sync_wait
 
 FORMAT, VERSION = "pydtnn_lite calibration", 2
 
@@ -39,8 +40,11 @@ class Calibration:
     2048-cubed GEMM) and ``memory_bandwidth`` (a large copy, bytes read plus written)
     are the roofs, ``kernel_rates`` the best FLOP/s and bytes/s each kernel reached.
     ``allreduce_samples`` are (ranks, bytes, seconds) of in-place Allreduce;
-    ``allreduce_ranks`` the ranks the calibration ran on. ``kernel_samples`` are the
-    measurements the models were fitted on, so that fits can be redone.
+    ``allreduce_ranks`` the ranks the calibration ran on. ``sync_wait`` predicts how long
+    a rank waits for the slowest at a synchronisation, fitted on ``sync_samples`` (seconds
+    of work since the last synchronisation, mean seconds waited; one per probe).
+    ``kernel_samples`` are the measurements the models were fitted on, so that fits can
+    be redone.
     """
 
     machine: dict
@@ -52,6 +56,8 @@ class Calibration:
     kernel_samples: dict[str, list[KernelSample]] = field(default_factory=dict)
     kernel_rates: dict[str, dict[str, float]] = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
+    sync_samples: list[tuple[float, float]] = field(default_factory=list)
+    sync_wait: SyncWaitModel = NO_WAIT
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         """Predicted seconds of one call of ``kernel`` with ``cost``; a kernel without a model
@@ -69,7 +75,9 @@ class Calibration:
                 "kernel_models": {name: model.to_dict() for name, model in sorted(self.kernel_models.items())},
                 "kernel_samples": {name: _columns(samples) for name, samples in sorted(self.kernel_samples.items())},
                 "allreduce_ranks": self.allreduce_ranks,
-                "allreduce_samples": [list(sample) for sample in self.allreduce_samples]}
+                "allreduce_samples": [list(sample) for sample in self.allreduce_samples],
+                "synchronization": {"model": self.sync_wait.to_dict(),
+                                    "samples": [list(sample) for sample in self.sync_samples]}}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Calibration":
@@ -81,7 +89,9 @@ class Calibration:
                    allreduce_ranks=int(data["allreduce_ranks"]),
                    kernel_samples={name: _rows(columns) for name, columns in data["kernel_samples"].items()},
                    kernel_rates={name: dict(rates) for name, rates in roofline["kernels"].items()},
-                   settings=dict(data["settings"]))
+                   settings=dict(data["settings"]),
+                   sync_samples=[(float(work), float(wait)) for work, wait in data["synchronization"]["samples"]],
+                   sync_wait=SyncWaitModel.from_dict(data["synchronization"]["model"]))
 
     def save(self, path: str) -> None:
         """Write the calibration file at ``path`` (its folder is created; the file is replaced
@@ -145,6 +155,14 @@ def fit_models(samples: dict[str, list[KernelSample]], comm: Communicator, seed:
     return {name: model_from_dict(fitted[name]) for name in names}
 
 
+def _mean_waits(per_rank: list[list[list[tuple[float, float]]]]) -> list[tuple[float, float]]:
+    """One (work, wait) sample per probe: the mean over its steps and the ranks (every rank
+    traced the same steps of the same probes)."""
+    return [(rounded(float(np.mean([w for rank in ranks for w, _ in rank]))),
+             rounded(float(np.mean([t for rank in ranks for _, t in rank]))))
+            for ranks in zip(*per_rank) if all(ranks)]
+
+
 def _median_over_ranks(per_rank: list[dict[str, list[KernelSample]]]) -> dict[str, list[KernelSample]]:
     """Every rank ran the same grid in the same order: one sample per call, its seconds the
     median over the ranks."""
@@ -192,14 +210,19 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     grid = calibration_grid(settings.batch_sizes, settings.grid, settings.seed)
     evict = CacheEvictor(backend)
     mine: dict[str, list[KernelSample]] = {}
+    my_waits: list[list[tuple[float, float]]] = []
     for probe in grid:
         comm.barrier()  # the ranks run each probe together, as they run a training step
-        for name, samples in probe_samples(probe, backend, settings.repeats, evict, settings.min_seconds,
-                                           settings.seed).items():
+        measured = measure_probe(probe, backend, comm, settings.repeats, evict, settings.min_seconds, settings.seed)
+        for name, samples in measured.samples.items():
             mine.setdefault(name, []).extend(samples)
+        my_waits.append(measured.waits)
     samples = _median_over_ranks(comm.allgather_object(mine))
+    sync_samples = _mean_waits(comm.allgather_object(my_waits))
+    sync_wait = fit_sync_wait(sync_samples, comm.size)
     phase_done("kernels", f"{len(grid)} probe networks, {sum(map(len, samples.values()))} samples of "
-                          f"{len(samples)} kernels")
+                          f"{len(samples)} kernels; waits for the slowest rank "
+                          f"{sync_wait.coefficient * 1e3:.3g} ms x (work in s) ^ {sync_wait.exponent:.2f}")
 
     reductions = allreduce_samples(comm.comm, settings.allreduce_sizes) if comm.size > 1 else []
     phase_done("allreduce", f"{len(reductions)} samples of {len(settings.allreduce_sizes)} sizes" if reductions
@@ -221,7 +244,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     return Calibration(describe_machine(backend, blas_threads, comm.size), peak, bandwidth, models, reductions,
                        allreduce_ranks=comm.size, kernel_samples=samples,
                        kernel_rates={name: best_rates(s) for name, s in sorted(samples.items())},
-                       settings=recorded)
+                       settings=recorded, sync_samples=sync_samples, sync_wait=sync_wait)
 
 
 

@@ -19,6 +19,7 @@ class CalibratedMachine:
 
     Calibrations are taken with MPI on the host, which moves data only inside MPI calls on
     the cores that also run backward: overlap hides no communication (docs/performance.md).
+    The ranks wait for the slowest as much as the calibration's ranks did.
     """
 
     calibration: Calibration
@@ -27,6 +28,9 @@ class CalibratedMachine:
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         return self.calibration.kernel_seconds(kernel, cost)
+
+    def sync_wait_seconds(self, segment: float, procs: int) -> float:
+        return self.calibration.sync_wait.seconds(segment, procs)
 
     def allreduce_seconds(self, nbytes: float, procs: int) -> float:
         if procs <= 1:

@@ -6,11 +6,18 @@ completes them, the loss reduction, and the WU kernels. Batch-norm layers add th
 reductions of their statistics. Without overlap the bucket reductions follow backward;
 with overlap each starts when its last layer's backward is done and they run one at a
 time on a communication channel beside the computation.
+
+Every blocking reduction also makes the ranks wait for the slowest of them
+(``synchronization.py``): a batch-norm reduction after the work since the previous one,
+and the end of the step after the work since the last batch-norm reduction of backward
+(the whole step without batch norm). A batch-norm reduction's prediction includes its
+wait, as its measured time does; the wait at the end of the step is a COMM entry of its
+own, ``sync_wait``.
 """
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -26,6 +33,7 @@ from pydtnn_lite.tracing.records import NO_LAYER
 from pydtnn_lite.training import step_costs
 
 LOSS_VALUES_BYTES = 16  # the step's loss and correct count, two float64
+SYNC_WAIT = "sync_wait"  # the COMM entry of the wait for the slowest rank at the end of a step
 STAGES = ("FP", "BP", "WU", "COMM")
 
 
@@ -34,7 +42,8 @@ class Machine(Protocol):
 
     ``overlaps_communication`` says whether an Allreduce advances while the rank computes
     (NCCL, RDMA networks) or only inside MPI calls on the computing cores (MPI on the
-    host, as MPICH on this machine), where overlap hides nothing.
+    host, as MPICH on this machine), where overlap hides nothing. ``sync_wait_seconds``
+    is the mean wait for the slowest of ``procs`` ranks after ``segment`` seconds of work.
     """
 
     overlaps_communication: bool
@@ -43,10 +52,13 @@ class Machine(Protocol):
 
     def allreduce_seconds(self, nbytes: float, procs: int) -> float: ...
 
+    def sync_wait_seconds(self, segment: float, procs: int) -> float: ...
+
 
 @dataclass(frozen=True)
 class RooflineMachine:
-    """Kernels on a roofline, Allreduce from an alpha-beta-gamma model."""
+    """Kernels on a roofline, Allreduce from an alpha-beta-gamma model; ranks that run in
+    lockstep (a described machine has no measured jitter)."""
 
     roofline: Roofline
     allreduce: AllreduceModel
@@ -57,6 +69,9 @@ class RooflineMachine:
 
     def allreduce_seconds(self, nbytes: float, procs: int) -> float:
         return self.allreduce.seconds(nbytes, procs)
+
+    def sync_wait_seconds(self, segment: float, procs: int) -> float:
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -114,6 +129,7 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
         kernels.append(PredictedKernel(layer, name, cost.stage, cost.kernel, calls[key], seconds, cost.flops,
                                        cost.bytes))
         calls[key] += 1
+    kernels, end_wait = _with_sync_waits(kernels, machine, procs)
     buckets = plan_buckets(network, bucket_mb * MIB, min(first_bucket_mb, bucket_mb) * MIB) if procs > 1 else []
     bucket_bytes = [float(b.size * itemsize) for b in buckets]
     bucket_seconds = [machine.allreduce_seconds(n, procs) for n in bucket_bytes]
@@ -121,6 +137,7 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     if procs > 1:
         kernels += [PredictedKernel(NO_LAYER, "", "COMM", "allreduce", i, s, 0.0, n)
                     for i, (n, s) in enumerate(zip(bucket_bytes + [LOSS_VALUES_BYTES], bucket_seconds + [loss_seconds]))]
+        kernels.append(PredictedKernel(NO_LAYER, "", "COMM", SYNC_WAIT, 0, end_wait, 0.0, 0.0))
     prediction = StepPrediction(kernels, bucket_bytes, bucket_seconds, procs, batch)
     stage = defaultdict(float)
     for kernel in kernels:
@@ -130,8 +147,37 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     prediction.step_without_overlap = compute + stage["COMM"]
     exposed = (_exposed_bucket_seconds(network, kernels, buckets, bucket_seconds)
                if machine.overlaps_communication else sum(bucket_seconds))
-    prediction.step_with_overlap = compute + exposed + loss_seconds
+    prediction.step_with_overlap = compute + exposed + loss_seconds + end_wait
     return prediction
+
+
+def _with_sync_waits(kernels: list[PredictedKernel], machine: Machine,
+                     procs: int) -> tuple[list[PredictedKernel], float]:
+    """``kernels`` with each batch-norm reduction's wait for the slowest rank added to its
+    time, and the wait at the end of the step.
+
+    The work between two synchronisations is walked in the order a rank runs it: the
+    update of the previous step, FP layer by layer, then BP from the loss back to the
+    first layer. A layer's reduction follows its first kernel of the stage (a batch-norm
+    layer sums its statistics, reduces them, then normalises).
+    """
+    if procs <= 1:
+        return kernels, 0.0
+    reduced = {(k.layer, k.stage) for k in kernels if k.kernel == "allreduce"}
+    order = ([k for k in kernels if k.stage == "WU"]
+             + sorted((k for k in kernels if k.stage == "FP" and k.kernel != "allreduce"), key=lambda k: k.layer)
+             + sorted((k for k in kernels if k.stage == "BP" and k.kernel != "allreduce"), key=lambda k: -k.layer))
+    waits: dict[tuple[int, str], float] = {}
+    work = 0.0
+    for kernel in order:
+        work += kernel.seconds
+        key = (kernel.layer, kernel.stage)
+        if key in reduced and key not in waits:
+            waits[key] = machine.sync_wait_seconds(work, procs)
+            work = 0.0
+    waited = [replace(k, seconds=k.seconds + waits[(k.layer, k.stage)]) if k.kernel == "allreduce" else k
+              for k in kernels]
+    return waited, machine.sync_wait_seconds(work, procs)
 
 
 def _batchnorm_reductions(network: Network, itemsize: int) -> list[tuple[int, KernelCost]]:

@@ -5,9 +5,11 @@ call of a kernel by a layer in a stage is the i-th matching entry of
 :func:`~pydtnn_lite.training.step_costs`, which gives its ``dims``, FLOPs and bytes. A
 sample is one call of the step with the median of its times over the repeated steps.
 
+The ranks train their copies of a probe in step with each other and wait for the slowest
+after each step's backward, as a training job's ranks do (:class:`ProbeSynchronizer`).
 A probe is a small network whose optimizer state would stay in the cache from one step
 to the next, where a real network's does not: its updates are timed after a cache
-eviction (:class:`ColdUpdateSynchronizer`).
+eviction.
 """
 from __future__ import annotations
 
@@ -15,12 +17,13 @@ import math
 import statistics
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
 from pydtnn_lite.backend import Backend
-from pydtnn_lite.comm import GradientSynchronizer, SerialCommunicator
+from pydtnn_lite.comm import Communicator, GradientSynchronizer, SerialCommunicator
 from pydtnn_lite.data import Dataset
 from pydtnn_lite.layers import KernelCost
 from pydtnn_lite.network import Network
@@ -69,43 +72,68 @@ class RandomImages(Dataset):
         return self.images[rows], self.labels[rows]
 
 
-class ColdUpdateSynchronizer(GradientSynchronizer):
-    """A probe's gradient synchronizer: one rank, so nothing to sum, and a cache eviction
-    once backward is done. The update that follows then reads the optimizer state from
-    memory, as every update of a network whose state exceeds the cache does (VGG11's is
-    110 MB; in its probes the same update ran 1.5x faster from the cache)."""
+class ProbeSynchronizer(GradientSynchronizer):
+    """A probe's gradient synchronizer, between backward and the update of every step.
 
-    def __init__(self, network: Network, evict: Callable[[], None]) -> None:
+    Each rank trains its own copy of the probe (nothing to sum), but the ranks meet at a
+    barrier here, as a training job's ranks meet at its gradient reduction: they then run
+    every kernel in step with each other, sharing the memory system as a job's ranks do,
+    and the barrier measures how long each rank waits for the slowest after a step's work
+    (``waits``: (seconds of work since the last barrier, seconds waited) per step). Then
+    the caches are evicted, so that the update reads the optimizer state from memory, as
+    every update of a network whose state exceeds the cache does (VGG11's is 110 MB; in
+    its probes the same update ran 1.5x faster from the cache).
+    """
+
+    def __init__(self, network: Network, ranks: Communicator, evict: Callable[[], None]) -> None:
         super().__init__(network, SerialCommunicator(), overlap=False)
-        self.evict = evict
+        self.ranks, self.evict = ranks, evict
+        self.waits: list[tuple[float, float]] = []
+        self.last_met = time.perf_counter()
 
     def finish(self) -> None:
         super().finish()
+        arrived = time.perf_counter()
+        self.ranks.barrier()
+        self.waits.append((arrived - self.last_met, time.perf_counter() - arrived))
+        self.last_met = time.perf_counter()
         self.evict()
 
 
-def probe_samples(probe: Probe, backend: Backend, repeats: int, evict: Callable[[], None],
-                  min_seconds: float = 0.0, seed: int = 0) -> dict[str, list[KernelSample]]:
-    """Samples of every kernel call of the probe's training step, by kernel name.
+@dataclass
+class ProbeMeasurement:
+    """What one probe measured: kernel samples by kernel name, and the (work, wait) seconds
+    of each traced step at the ranks' barrier (see :class:`ProbeSynchronizer`)."""
+
+    samples: dict[str, list[KernelSample]]
+    waits: list[tuple[float, float]]
+
+
+def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: int, evict: Callable[[], None],
+                  min_seconds: float = 0.0, seed: int = 0) -> ProbeMeasurement:
+    """Train the probe on every rank of ``ranks`` at once (collective) and sample every
+    kernel call of its training step.
 
     After one untraced warm-up step, ``repeats`` steps are traced, or more (up to
-    ``MAX_STEPS``) until they span about ``min_seconds``: a step of a small probe takes a
-    few milliseconds, and its median over a longer span is less at the mercy of whatever
-    else the machine runs at that moment. ``evict()`` runs between backward and the
-    update of every step (e.g. a :class:`~pydtnn_lite.perfmodel.host.CacheEvictor`).
+    ``MAX_STEPS``, the same number on every rank) until they span about ``min_seconds``:
+    a step of a small probe takes a few milliseconds, and its median over a longer span is
+    less at the mercy of whatever else the machine runs at that moment. ``evict()`` runs
+    between backward and the update of every step (e.g. a
+    :class:`~pydtnn_lite.perfmodel.host.CacheEvictor`).
     """
     most = max(repeats, MAX_STEPS)
     network = probe.network().build(backend, seed=seed)
     optimizer = Adam(network) if probe.optimizer == "adam" else SGD(network)
-    synchronizer = ColdUpdateSynchronizer(network, evict)
+    synchronizer = ProbeSynchronizer(network, ranks, evict)
     data = RandomImages(probe.batch * (most + 1), probe.batch, probe.input_shape, probe.classes, seed)
     trainer = Trainer(network, optimizer, LearningRateSchedule(LEARNING_RATE), synchronizer.comm, synchronizer,
                       data, probe.batch, seed=seed, steps_per_epoch=1)
     started = time.perf_counter()
     trainer.train_epoch(0)
     warm_up = time.perf_counter() - started
-    steps = int(np.clip(math.ceil(min_seconds / max(warm_up, 1e-6)), repeats, most))
+    steps = max(ranks.allgather_object(int(np.clip(math.ceil(min_seconds / max(warm_up, 1e-6)), repeats, most))))
     trainer.steps_per_epoch = 1 + steps
+    synchronizer.waits.clear()
     tracer = Tracer(trainer, skip_steps=1).attach()
     try:
         trainer.train_epoch(0)
@@ -115,7 +143,7 @@ def probe_samples(probe: Probe, backend: Backend, repeats: int, evict: Callable[
     for layer, cost in step_costs(network, optimizer, probe.batch):
         costs[(layer, cost.stage, cost.kernel)].append(cost)
     costs[(-1, "DATA", H2D_COPY)] = [h2d_copy_cost(probe.batch, probe.input_shape)]
-    return paired_samples(tracer.kernels, costs)
+    return ProbeMeasurement(paired_samples(tracer.kernels, costs), list(synchronizer.waits))
 
 
 def paired_samples(records: Sequence[KernelRecord],

@@ -2,8 +2,11 @@
 
 Each traced kernel call is matched with its prediction by (layer, stage, kernel,
 occurrence), the same key the tracer uses to pair calls with their costs. Per kernel the
-measured time is the median over the traced steps and ranks. The metrics are those of the
-paper (../shared/seeds/003_*):
+measured time is the median over the traced steps and ranks, robust to the odd call that
+another job interrupted; a reduction's (batch norm) is the mean: its time is mostly the
+wait for the slowest rank, nothing on that rank and much on the others, so its median
+says little of what it costs a step, and the prediction is of the mean wait. The metrics
+are those of the paper (../shared/seeds/003_*):
 
 - relative error ``RE_k = (T_est - T_meas) / T_meas``;
 - weighted relative error ``WRE_k = (T_est - T_meas) / T_avg``, with ``T_avg`` the mean
@@ -14,7 +17,7 @@ paper (../shared/seeds/003_*):
 No prediction can be expected to agree with a measurement better than the measurement
 agrees with itself. So every total and stage also carries its *split-half* figures: the
 traced steps are dealt alternately into two halves, and the same metrics are computed
-between the halves (one half's medians standing in for the prediction). A WRE near its
+between the halves (one half's kernel times standing in for the prediction). A WRE near its
 split-half WRE is as good as the run's noise allows.
 """
 from __future__ import annotations
@@ -28,12 +31,13 @@ from pydtnn_lite.perfmodel.prediction import STAGES, StepPrediction
 from pydtnn_lite.tracing.records import TRAIN, KernelRecord, StepRecord
 
 COMPUTE_STAGES = ("FP", "BP", "WU")
+REDUCTION = "allreduce"  # the kernel name of a reduction inside a compute stage (batch norm)
 NAN = float("nan")
 
 
 @dataclass(frozen=True)
 class KernelComparison:
-    """One kernel call of the step, measured (median) and predicted."""
+    """One kernel call of the step, measured (median; mean for a reduction) and predicted."""
 
     layer: int
     layer_name: str
@@ -54,7 +58,7 @@ class Comparison:
     """A total (a stage, the step) measured and predicted.
 
     ``half_difference`` is the relative difference of the measured total between the two
-    halves of the traced steps, ``half_wre`` the WRE of one half's kernel medians against
+    halves of the traced steps, ``half_wre`` the WRE of one half's kernel times against
     the other's: how far the measurement repeats itself (NaN with fewer than two steps, and
     ``half_wre`` for totals that have no WRE).
     """
@@ -101,6 +105,12 @@ def weighted_relative_error(estimates: Sequence[float], measured: Sequence[float
     return statistics.fmean(abs(e - m) for e, m in zip(estimates, measured)) / mean
 
 
+def typical(kernel: str, durations: Sequence[float]) -> float:
+    """What a kernel's measured calls are compared by: their median, or the mean for a
+    reduction, whose time is mostly a wait that the slowest rank does not have."""
+    return statistics.fmean(durations) if kernel == REDUCTION else statistics.median(durations)
+
+
 def _relative_difference(first: float, second: float) -> float:
     """|first - second| over their mean (NaN for two zeros)."""
     mean = (first + second) / 2
@@ -119,12 +129,13 @@ class _Halves:
     def usable(self) -> bool:
         return min(self.steps_per_half) > 0
 
-    def medians(self, calls: Sequence[tuple[int, float]]) -> tuple[float, float]:
-        """The median duration of ``calls`` (step, seconds) in each half (NaN where a half has none)."""
+    def typical(self, kernel: str, calls: Sequence[tuple[int, float]]) -> tuple[float, float]:
+        """The :func:`typical` duration of ``kernel``'s ``calls`` (step, seconds) in each half
+        (NaN where a half has none)."""
         split: tuple[list, list] = ([], [])
         for step, duration in calls:
             split[self.half[step]].append(duration)
-        first, second = (statistics.median(part) if part else NAN for part in split)
+        first, second = (typical(kernel, part) if part else NAN for part in split)
         return first, second
 
     def difference(self, items: Sequence[tuple[int, float]]) -> float:
@@ -150,7 +161,7 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
     names = {(r.layer, r.stage, r.kernel): r.layer_name for r in train}
     occurrences = _occurrences(train)
     calls = {key: found for key, found in occurrences.items() if key in predicted_kernels}
-    matched = {key: statistics.median(duration for _, duration in found) for key, found in calls.items()}
+    matched = {key: typical(key[2], [duration for _, duration in found]) for key, found in calls.items()}
     stage_mean = {stage: statistics.fmean([t for key, t in matched.items() if key[1] == stage] or [0.0])
                   for stage in COMPUTE_STAGES}
     kernels = []
@@ -161,7 +172,7 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
         kernels.append(KernelComparison(layer, names[key[:3]], stage, kernel, occurrence, meas, pred, wre))
 
     halves = _Halves(steps)
-    half_medians = {key: halves.medians(found) for key, found in calls.items()}
+    half_typical = {key: halves.typical(key[2], found) for key, found in calls.items()}
     rank_steps = max(len(steps), 1)
     stage_measured = defaultdict(float)
     for record in train:
@@ -178,8 +189,8 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
         in_stage = [k for k in kernels if k.stage == stage]
         wre = weighted_relative_error([k.predicted for k in in_stage], [k.measured for k in in_stage])
         keys = [(k.layer, k.stage, k.kernel, k.occurrence) for k in in_stage]
-        half_wre = (weighted_relative_error([half_medians[key][0] for key in keys],
-                                             [half_medians[key][1] for key in keys]) if halves.usable else NAN)
+        half_wre = (weighted_relative_error([half_typical[key][0] for key in keys],
+                                             [half_typical[key][1] for key in keys]) if halves.usable else NAN)
         difference = halves.difference([(r.step, r.duration) for r in train if r.stage == stage])
         stages.append(Comparison(stage, stage_measured[stage], stage_predicted[stage], wre, difference, half_wre))
     step_measured = sum(s.duration for s in steps) / rank_steps - stage_measured["DATA"]
