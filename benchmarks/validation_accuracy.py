@@ -98,7 +98,9 @@ def median_magnitudes(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def line(label: str, values: dict[str, float], signed: bool = True) -> str:
-    cells = "".join(f"{100 * values[name]:>+12.1f}" if signed else f"{100 * values[name]:>12.1f}" for name in FIGURES)
+    """One row of percentages; errors carry their sign where ``signed``, a WRE never does."""
+    cells = "".join(f"{100 * values[name]:>+12.1f}" if signed and "error" in name else f"{100 * values[name]:>12.1f}"
+                    for name in FIGURES)
     return f"  {label:<26}{cells}"
 
 

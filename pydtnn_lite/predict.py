@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
 def prediction_json(prediction: StepPrediction, global_batch: int) -> dict:
     return {"procs": prediction.procs, "global_batch": global_batch, "local_batch": prediction.batch,
             "stage_seconds": prediction.stage_seconds, "step_seconds_without_overlap": prediction.step_without_overlap,
-            "step_seconds_with_overlap": prediction.step_with_overlap,
+            "step_seconds_with_overlap": prediction.step_with_overlap, "wait_seconds": prediction.wait_seconds,
+            "synchronisations": prediction.synchronisations,
             "buckets": [{"bytes": n, "seconds": s} for n, s in zip(prediction.bucket_bytes, prediction.bucket_seconds)],
             "kernels": [k.__dict__ for k in prediction.kernels]}
 
@@ -86,6 +87,10 @@ def prediction_text(prediction: StepPrediction, title: str, global_batch: int) -
     lines.append("stages: " + ", ".join(f"{s} {prediction.stage_seconds[s] * 1e3:.3f} ms" for s in STAGES))
     lines.append(f"{len(prediction.bucket_bytes)} gradient buckets, {sum(prediction.bucket_bytes) / 2**20:.1f} MiB, "
                  f"Allreduce {sum(prediction.bucket_seconds) * 1e3:.3f} ms")
+    if prediction.synchronisations:
+        count = prediction.synchronisations
+        lines.append(f"waits for the slowest rank: {prediction.wait_seconds * 1e3:.3f} ms at {count} "
+                     f"synchronisation{'s' if count > 1 else ''} (batch-norm reductions, end of the step)")
     for overlap in (False, True):
         step = prediction.step_seconds(overlap)
         lines.append(f"step {'with' if overlap else 'without'} overlap: {step * 1e3:.3f} ms, "

@@ -16,7 +16,7 @@ from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.layers import KernelCost
 from pydtnn_lite.models import create_model
 from pydtnn_lite.optim import SGD, Adam
-from pydtnn_lite.perfmodel import (QUICK, Calibration, CalibrationSettings, KernelSample, MLPRegressor,
+from pydtnn_lite.perfmodel import (QUICK, Calibration, CalibrationSettings, KernelSample, MLPEnsemble, MLPRegressor,
                                    calibrate, calibration_grid, fit_kernel_model, model_from_dict)
 from pydtnn_lite.perfmodel.allreduce_timing import QUICK_SIZES
 from pydtnn_lite.perfmodel.probes import Probe
@@ -51,12 +51,23 @@ def test_mlp_learns_a_product_of_sizes_deterministically():
         assert restored.predict(sample.dims, 0.0, 0.0) == expected
 
 
+def test_an_ensemble_averages_its_members_in_log_time_and_reads_back_identically():
+    train, test = gemm_like(200, seed=1), gemm_like(20, seed=2)
+    ensemble = MLPEnsemble.fit(train, seed=3, members=3)
+    members = [MLPRegressor.fit(train, seed=seed) for seed in (3, 4, 5)]
+    restored = model_from_dict(json.loads(json.dumps(ensemble.to_dict())))
+    for sample in test:
+        expected = math.exp(np.mean([math.log(m.predict(sample.dims, 0.0, 0.0)) for m in members]))
+        assert ensemble.predict(sample.dims, 0.0, 0.0) == pytest.approx(expected, rel=1e-12)
+        assert restored.predict(sample.dims, 0.0, 0.0) == ensemble.predict(sample.dims, 0.0, 0.0)
+
+
 def test_the_mlp_is_kept_only_where_it_predicts_held_out_calls_better():
     # A bumpy function of one size: no power law and no sum of rates follows it.
     rng = np.random.default_rng(0)
     sizes = np.exp(rng.uniform(0, np.log(1e5), size=300))
     bumpy = [KernelSample((int(n),), n, 4 * n, 1e-6 * np.exp(np.sin(2 * np.log(n)))) for n in sizes]
-    assert fit_kernel_model(bumpy).kind == "mlp"
+    assert fit_kernel_model(bumpy).kind == "mlp_ensemble"
     linear = [KernelSample((int(n),), n, 4 * n, 2e-6 + 4 * n / 1e10) for n in sizes]
     model = fit_kernel_model(linear)
     assert model.kind == "rate" and model.held_out_error < 1e-6
@@ -66,7 +77,7 @@ def test_fallback_fits_a_handful_of_samples():
     sizes = [2 ** i for i in range(6, 18)]  # 12 calls
     samples = [KernelSample((n,), n, 12.0 * n, 3e-6 + 12.0 * n / 2e10) for n in sizes]
     model = fit_kernel_model(samples)
-    assert model.kind != "mlp" and model.samples == 12
+    assert model.kind in ("rate", "loglinear") and model.samples == 12
     assert model.predict((3000,), 3000, 36000) == pytest.approx(3e-6 + 36000 / 2e10, rel=0.02)
     assert model_from_dict(model.to_dict()).predict((3000,), 3000, 36000) == model.predict((3000,), 3000, 36000)
     single = fit_kernel_model(samples[:1])  # nothing to hold out

@@ -201,6 +201,9 @@ def test_predict_and_validate_with_the_reference_calibration(tmp_path):
                               "--calibration", calibration, "--json").stdout)
     assert document["procs"] == 2 and document["step_seconds_with_overlap"] > 0
     assert document["step_seconds_with_overlap"] == pytest.approx(document["step_seconds_without_overlap"])
+    # VGG11 has no batch norm: its ranks synchronise once, at the end of the step, and wait there.
+    assert document["synchronisations"] == 1 and document["wait_seconds"] > 0
+    assert [k["seconds"] for k in document["kernels"] if k["kernel"] == "sync_wait"] == [document["wait_seconds"]]
     fit = json.loads(run("pydtnn_lite.predict", "--model", "vgg11", "--batch-size", "64", "--procs", "2",
                          "--calibration", calibration, "--allreduce-model", "fit", "--json").stdout)
     assert fit["stage_seconds"]["FP"] == document["stage_seconds"]["FP"]

@@ -13,8 +13,8 @@ from pydtnn_lite.perfmodel.calibration import Calibration, CalibrationSettings, 
 from pydtnn_lite.perfmodel.clusters import PRESETS, Cluster
 from pydtnn_lite.perfmodel.prediction import RooflineMachine, StepPrediction, predict_step
 from pydtnn_lite.perfmodel.probes import FULL, QUICK, GridSize, Probe, calibration_grid
-from pydtnn_lite.perfmodel.regression import (KernelModel, KernelSample, LogLinearModel, MLPRegressor, RateModel,
-                                              fit_kernel_model, model_from_dict)
+from pydtnn_lite.perfmodel.regression import (KernelModel, KernelSample, LogLinearModel, MLPEnsemble, MLPRegressor,
+                                              RateModel, fit_kernel_model, model_from_dict)
 from pydtnn_lite.perfmodel.roofline import Roofline
 from pydtnn_lite.perfmodel.sampling import h2d_copy_cost
 from pydtnn_lite.perfmodel.validation import Validation, validate
@@ -22,5 +22,5 @@ from pydtnn_lite.perfmodel.validation import Validation, validate
 __all__ = ["AllreduceModel", "InterpolatedAllreduce", "Link", "allreduce_seconds", "fit_allreduce", "Calibration",
            "CalibrationSettings", "calibrate", "fit_models", "Cluster", "PRESETS", "RooflineMachine", "StepPrediction", "predict_step",
            "FULL", "QUICK", "GridSize", "Probe", "calibration_grid", "KernelModel", "KernelSample", "LogLinearModel",
-           "MLPRegressor", "RateModel", "fit_kernel_model", "model_from_dict", "Roofline", "h2d_copy_cost",
+           "MLPEnsemble", "MLPRegressor", "RateModel", "fit_kernel_model", "model_from_dict", "Roofline", "h2d_copy_cost",
            "Validation", "validate"]

@@ -25,7 +25,7 @@ from pydtnn_lite.layers import KernelCost
 from pydtnn_lite.perfmodel.allreduce_timing import FULL_SIZES, allreduce_samples
 from pydtnn_lite.perfmodel.host import CacheEvictor, describe_machine, gemm_peak, memory_bandwidth
 from pydtnn_lite.perfmodel.probes import FULL, GridSize, calibration_grid
-from pydtnn_lite.perfmodel.regression import KernelModel, KernelSample, fit_kernel_model, model_from_dict
+from pydtnn_lite.perfmodel.regression import KernelModel, KernelSample, MLPEnsemble, fit_kernel_model, model_from_dict
 from pydtnn_lite.perfmodel.sampling import measure_probe, rounded
 from pydtnn_lite.perfmodel.synchronization import NO_WAIT, SyncWaitModel, fit_sync_wait
 
@@ -229,8 +229,8 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                else "skipped: one rank (run under mpiexec)")
 
     models = fit_models(samples, comm, settings.seed)
-    phase_done("fit", f"{sum(m.kind == 'mlp' for m in models.values())} MLPs, "
-                      f"{sum(m.kind != 'mlp' for m in models.values())} closed-form models")
+    ensembles = sum(isinstance(m, MLPEnsemble) for m in models.values())
+    phase_done("fit", f"{ensembles} MLP ensembles, {len(models) - ensembles} closed-form models")
     if comm.rank != 0:
         return None
     grid_settings = {"points": dict(settings.grid.points), "max_step_flops": settings.grid.max_step_flops,

@@ -90,7 +90,8 @@ class PredictedKernel:
 
 @dataclass
 class StepPrediction:
-    """A predicted step: its kernels, bucket reductions and totals with and without overlap."""
+    """A predicted step: its kernels, bucket reductions, waits for the slowest rank, and
+    totals with and without overlap."""
 
     kernels: list[PredictedKernel]
     bucket_bytes: list[float]
@@ -100,6 +101,8 @@ class StepPrediction:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     step_without_overlap: float = 0.0
     step_with_overlap: float = 0.0
+    wait_seconds: float = 0.0  # waits for the slowest rank, at every synchronisation together
+    synchronisations: int = 0
 
     def step_seconds(self, overlap: bool) -> float:
         return self.step_with_overlap if overlap else self.step_without_overlap
@@ -129,7 +132,8 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
         kernels.append(PredictedKernel(layer, name, cost.stage, cost.kernel, calls[key], seconds, cost.flops,
                                        cost.bytes))
         calls[key] += 1
-    kernels, end_wait = _with_sync_waits(kernels, machine, procs)
+    kernels, waits = _with_sync_waits(kernels, machine, procs)
+    end_wait = waits[-1] if waits else 0.0
     buckets = plan_buckets(network, bucket_mb * MIB, min(first_bucket_mb, bucket_mb) * MIB) if procs > 1 else []
     bucket_bytes = [float(b.size * itemsize) for b in buckets]
     bucket_seconds = [machine.allreduce_seconds(n, procs) for n in bucket_bytes]
@@ -138,7 +142,8 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
         kernels += [PredictedKernel(NO_LAYER, "", "COMM", "allreduce", i, s, 0.0, n)
                     for i, (n, s) in enumerate(zip(bucket_bytes + [LOSS_VALUES_BYTES], bucket_seconds + [loss_seconds]))]
         kernels.append(PredictedKernel(NO_LAYER, "", "COMM", SYNC_WAIT, 0, end_wait, 0.0, 0.0))
-    prediction = StepPrediction(kernels, bucket_bytes, bucket_seconds, procs, batch)
+    prediction = StepPrediction(kernels, bucket_bytes, bucket_seconds, procs, batch, wait_seconds=sum(waits),
+                                synchronisations=len(waits))
     stage = defaultdict(float)
     for kernel in kernels:
         stage[kernel.stage] += kernel.seconds
@@ -152,9 +157,10 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
 
 
 def _with_sync_waits(kernels: list[PredictedKernel], machine: Machine,
-                     procs: int) -> tuple[list[PredictedKernel], float]:
+                     procs: int) -> tuple[list[PredictedKernel], list[float]]:
     """``kernels`` with each batch-norm reduction's wait for the slowest rank added to its
-    time, and the wait at the end of the step.
+    time, and every wait of the step in order, the one at the end of the step last (none
+    on one rank).
 
     The work between two synchronisations is walked in the order a rank runs it: the
     update of the previous step, FP layer by layer, then BP from the loss back to the
@@ -162,7 +168,7 @@ def _with_sync_waits(kernels: list[PredictedKernel], machine: Machine,
     layer sums its statistics, reduces them, then normalises).
     """
     if procs <= 1:
-        return kernels, 0.0
+        return kernels, []
     reduced = {(k.layer, k.stage) for k in kernels if k.kernel == "allreduce"}
     order = ([k for k in kernels if k.stage == "WU"]
              + sorted((k for k in kernels if k.stage == "FP" and k.kernel != "allreduce"), key=lambda k: k.layer)
@@ -177,7 +183,7 @@ def _with_sync_waits(kernels: list[PredictedKernel], machine: Machine,
             work = 0.0
     waited = [replace(k, seconds=k.seconds + waits[(k.layer, k.stage)]) if k.kernel == "allreduce" else k
               for k in kernels]
-    return waited, machine.sync_wait_seconds(work, procs)
+    return waited, list(waits.values()) + [machine.sync_wait_seconds(work, procs)]
 
 
 def _batchnorm_reductions(network: Network, itemsize: int) -> list[tuple[int, KernelCost]]:

@@ -7,7 +7,8 @@ its analytic FLOPs and bytes, and the median seconds it took. Three models learn
 - :class:`MLPRegressor`, the model of Barrachina et al. (2021): log-scaled, standardised
   operand sizes in, log(seconds) out, five Dense+ReLU layers of 50 units and one output,
   trained with this framework's own layers, mean squared error and Adam, with early
-  stopping on a held-out fifth of its training samples;
+  stopping on a held-out fifth of its training samples; :class:`MLPEnsemble` averages
+  five of them, trained with different seeds;
 - two closed-form fallbacks for kernels sampled too few times to train an MLP:
   :class:`RateModel` (``overhead + flops / flop_rate + bytes / byte_rate``) and
   :class:`LogLinearModel` (a power law of the sizes).
@@ -35,6 +36,7 @@ MIN_SECONDS = 1e-9  # a timer reading of 0 would have no logarithm
 HELD_OUT = 0.2  # the paper's split: 80 % to train, 20 % to test (and, inside training, to validate)
 STORED_WEIGHTS = np.dtype("<f2")  # little-endian float16: how a calibration file keeps MLP weights
 MLP_MIN_SAMPLES = 30  # below this an MLP's 20 % validation set is too small to stop it in time
+ENSEMBLE_MEMBERS = 5
 
 
 @dataclass(frozen=True)
@@ -329,7 +331,41 @@ class MLPRegressor(KernelModel):
         return model._restore_fit_figures(data)
 
 
-MODEL_KINDS = {model.kind: model for model in (RateModel, LogLinearModel, MLPRegressor)}
+class MLPEnsemble(KernelModel):
+    """The paper's MLP, trained ``members`` times with consecutive seeds, predictions
+    averaged in log(seconds).
+
+    With a few hundred samples one MLP's error depends on its seed as much as on the
+    data: on calibration/dev-2core.json the held-out error of single MLPs ranged from
+    14 to 22 % (median) for im2col and from 7.1 to 8.7 % (time-weighted) for gemm over
+    five seeds, their ensemble's was 15 % and 6.4 %. Each member holds out its own fifth
+    for early stopping, so together they learn from every sample.
+    """
+
+    kind = "mlp_ensemble"
+
+    def __init__(self, members: Sequence[MLPRegressor]) -> None:
+        super().__init__()
+        self.members = list(members)
+
+    @classmethod
+    def fit(cls, samples: Sequence[KernelSample], seed: int = 0, members: int = ENSEMBLE_MEMBERS) -> "MLPEnsemble":
+        model = cls([MLPRegressor.fit(samples, seed=seed + i) for i in range(members)])
+        model.samples = len(samples)
+        return model
+
+    def predict_features(self, x: np.ndarray) -> np.ndarray:
+        return np.exp(np.mean([np.log(member.predict_features(x)) for member in self.members], axis=0))
+
+    def _parameters(self) -> dict:
+        return {"members": [member.to_dict() for member in self.members]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "MLPEnsemble":
+        return cls([MLPRegressor.from_dict(member) for member in data["members"]])._restore_fit_figures(data)
+
+
+MODEL_KINDS = {model.kind: model for model in (RateModel, LogLinearModel, MLPRegressor, MLPEnsemble)}
 FALLBACKS = (RateModel, LogLinearModel)
 
 
@@ -359,21 +395,25 @@ def held_out_errors(model: KernelModel, test: Sequence[KernelSample]) -> tuple[f
 
 def fit_kernel_model(samples: Sequence[KernelSample], seed: int = 0,
                      mlp_min_samples: int = MLP_MIN_SAMPLES) -> KernelModel:
-    """The best of the closed-form fallbacks and, given enough samples, an MLP, for one
-    kernel's ``samples``.
+    """The best of the closed-form fallbacks and, given enough samples, an MLP ensemble,
+    for one kernel's ``samples``.
 
     A fifth of the samples is held out; each candidate is fitted on the rest, and the one
-    with the lowest median relative error on the held-out fifth is kept. The MLP is a
-    candidate once at least ``mlp_min_samples`` samples remain to train it. A kept
-    closed-form model is refitted on all samples (a few coefficients: the held-out error
-    stays a fair estimate); a kept MLP stays as trained. The kept model records its
-    held-out errors.
+    with the lowest mean of its two held-out errors (:func:`held_out_errors`) is kept: it
+    must predict the typical call (the median relative error) and the long calls that a
+    step spends its time in (the time-weighted error) alike. On
+    calibration/dev-2core.json the rate model and the ensemble tie for relu_grad on the
+    first (16 %), but not on the second (52 against 25 %). The ensemble is a candidate once
+    at least ``mlp_min_samples`` samples remain to train it. A kept closed-form model is
+    refitted on all samples (a few coefficients: the held-out error stays a fair
+    estimate); a kept ensemble stays as trained. The kept model records its held-out
+    errors.
 
     Both fallbacks stay candidates because neither fits every kernel: on
-    calibration/dev-2core.json the rate model held out better for relu, relu_grad,
-    sgd_update and gemm (4, 12, 29, 15 % median error against 16, 30, 47, 39 %), the
-    log-linear model for split, maxpool_grad, im2col and h2d_copy (11, 20, 50, 15 % against
-    28, 60, 98, 26 %), whose time the dims tell better than their FLOPs and bytes do.
+    calibration/dev-2core.json the rate model held out better than the log-linear one for
+    sgd_update, gemm and bias_add (median 29, 14, 23 % against 64, 38, 26 %), the
+    log-linear model for im2col (51 against 97 %), whose time its dims tell better than
+    its bytes do.
     """
     if not samples:
         raise ValueError("no samples to fit")
@@ -382,10 +422,10 @@ def fit_kernel_model(samples: Sequence[KernelSample], seed: int = 0,
     test = [samples[i] for i in test_rows]
     candidates: list[KernelModel] = [kind.fit(fit) for kind in FALLBACKS]
     if len(fit) >= mlp_min_samples:
-        candidates.append(MLPRegressor.fit(fit, seed=seed))
+        candidates.append(MLPEnsemble.fit(fit, seed=seed))
     scored = [(held_out_errors(model, test), model) for model in candidates]
     # Without held-out samples (NaN errors) the first fallback is kept.
-    errors, best = min(scored, key=lambda entry: 0.0 if math.isnan(entry[0][0]) else entry[0][0])
-    chosen = best if isinstance(best, MLPRegressor) else type(best).fit(samples)
+    errors, best = min(scored, key=lambda entry: 0.0 if math.isnan(entry[0][0]) else sum(entry[0]) / 2)
+    chosen = best if isinstance(best, MLPEnsemble) else type(best).fit(samples)
     chosen.held_out_error, chosen.held_out_time_error = errors
     return chosen
