@@ -95,8 +95,9 @@ class ProbeSynchronizer(GradientSynchronizer):
         super().finish()
         arrived = time.perf_counter()
         self.ranks.barrier()
-        self.waits.append((arrived - self.last_met, time.perf_counter() - arrived))
-        self.last_met = time.perf_counter()
+        met = time.perf_counter()
+        self.waits.append((arrived - self.last_met, met - arrived))
+        self.last_met = met
         self.evict()
 
 
