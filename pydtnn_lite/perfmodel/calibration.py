@@ -221,8 +221,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     sync_samples = _mean_waits(comm.allgather_object(my_waits))
     sync_wait = fit_sync_wait(sync_samples, comm.size)
     phase_done("kernels", f"{len(grid)} probe networks, {sum(map(len, samples.values()))} samples of "
-                          f"{len(samples)} kernels; waits for the slowest rank "
-                          f"{sync_wait.coefficient * 1e3:.3g} ms x (work in s) ^ {sync_wait.exponent:.2f}")
+                          f"{len(samples)} kernels")
 
     reductions = allreduce_samples(comm.comm, settings.allreduce_sizes) if comm.size > 1 else []
     phase_done("allreduce", f"{len(reductions)} samples of {len(settings.allreduce_sizes)} sizes" if reductions
