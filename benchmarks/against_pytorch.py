@@ -88,8 +88,8 @@ def main() -> None:
     set_blas_threads(args.threads)
     torch.set_num_threads(args.threads)
     trainer = make_trainer(args.model, args.dataset, args.batch_size, SerialCommunicator(), device=args.device)
-    images, labels, batch, _ = trainer.load_step(0, 0)
-    ours = lambda: trainer.train_step(images, labels, batch, 0)  # noqa: E731  (float(loss) waits for the GPU)
+    batch = trainer.load_step(0, 0)
+    ours = lambda: trainer.train_step(batch)  # noqa: E731  (float(loss) waits for the GPU)
     theirs = torch_step(trainer.network, args.batch_size, args.device, args.channels_last)
     samples = interleave([lambda: {"pydtnn_lite": timed(ours)}, lambda: {"pytorch": timed(theirs)}],
                          rounds=args.steps, warmup=2)

@@ -7,12 +7,12 @@ import time
 from typing import Callable, Mapping, Sequence
 
 from pydtnn_lite.backend import make_backend
-from pydtnn_lite.comm import Communicator, make_gradient_synchronizer
+from pydtnn_lite.comm import Communicator
 from pydtnn_lite.data import open_dataset
 from pydtnn_lite.models import create_model
 from pydtnn_lite.optim import SGD, LearningRateSchedule
 from pydtnn_lite.runtime import keep_freed_memory
-from pydtnn_lite.training import Trainer
+from pydtnn_lite.training import Trainer, TrainerSettings, build_trainer
 
 Timings = Mapping[str, float]
 
@@ -56,8 +56,8 @@ def make_trainer(model: str, dataset: str, global_batch: int, comm: Communicator
     keep_freed_memory()
     data = open_dataset(dataset)
     network = create_model(model, data.input_shape, data.num_classes).build(make_backend(device), seed=0)
-    synchronizer = make_gradient_synchronizer(network, comm, bucket_mb, overlap=overlap)
-    return Trainer(network, SGD(network), LearningRateSchedule(0.001), comm, synchronizer, data, global_batch)
+    return build_trainer(network, data, TrainerSettings(global_batch), comm=comm, optimizer=SGD(network),
+                         schedule=LearningRateSchedule(0.001), bucket_mb=bucket_mb, overlap=overlap)
 
 
 def model_parser(description: str) -> argparse.ArgumentParser:

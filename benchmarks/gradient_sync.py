@@ -125,6 +125,7 @@ class ProgressTimer:
 
     def __init__(self, synchronizer: GradientSynchronizer) -> None:
         self.synchronizer, self.seconds = synchronizer, 0.0
+        self.comm = synchronizer.comm  # the trainer's collectives go through its synchronizer's communicator
 
     def layer_done(self, layer_index: int) -> None:
         self.seconds += timed(lambda: self.synchronizer.layer_done(layer_index))
@@ -136,12 +137,12 @@ class ProgressTimer:
 def overlap(trainer: Trainer, blocking: GradientSynchronizer, overlapped: GradientSynchronizer, steps: int) -> str:
     """Part 3: how much of T_comm the overlapped synchronizer hides behind backward."""
     network, loss = trainer.network, trainer.loss
-    images, labels, batch, offset = trainer.load_step(0, 0)
+    batch = trainer.load_step(0, 0)
 
     def step(sync: GradientSynchronizer, mode: str) -> Timings:
         progress = ProgressTimer(sync)
         trainer.synchronizer = progress
-        seconds = timed(lambda: trainer.train_step(images, labels, batch, offset))
+        seconds = timed(lambda: trainer.train_step(batch))
         # The rank whose backward ends last waits least in finish(): its wait is the communication
         # left once every rank is done, free of the ranks' skew, and its progress calls plus that
         # wait are what communication adds to the step.
@@ -150,9 +151,9 @@ def overlap(trainer: Trainer, blocking: GradientSynchronizer, overlapped: Gradie
                 f"charged {mode}": WORLD.allreduce(progress.seconds + sync.exposed_seconds, op=MPI.MIN)}
 
     def backward_then_sync() -> Timings:
-        ctx = StepContext(training=True, global_batch=batch, sample_offset=offset,
+        ctx = StepContext(training=True, global_batch=batch.global_size, sample_offset=batch.offset,
                           sum_across_ranks=trainer.comm.allreduce)
-        loss.forward(network.forward(images, ctx), labels, ctx)
+        loss.forward(network.forward(batch.images, ctx), batch.labels, ctx)
         backward = timed(lambda: network.backward(loss.backward()))
         WORLD.Barrier()  # T_comm without the ranks' skew
         return {"backward": backward, "T_comm": timed(blocking.finish)}
@@ -170,7 +171,7 @@ def overlap(trainer: Trainer, blocking: GradientSynchronizer, overlapped: Gradie
             ["communication charged to the step", times["charged off"] * 1e3, times["charged on"] * 1e3]]
     from_steps = (times["step off"] - times["step on"]) / comm_time
     from_parts = 1 - times["charged on"] / times["charged off"]
-    return (table(f"3. overlap: {network.name}, global batch {batch} ({images.shape[0]} on rank 0), "
+    return (table(f"3. overlap: {network.name}, global batch {batch.global_size} ({batch.samples} on rank 0), "
                   f"median of {steps}", ["ms", "overlap off", "overlap on"], rows)
             + f"backward alone {times['backward'] * 1e3:.1f} ms, T_comm (blocking sync after backward and a barrier) "
               f"{comm_time * 1e3:.2f} ms: backward is {times['backward'] / comm_time:.0f}x T_comm\n"
@@ -186,8 +187,7 @@ def scaling(args: argparse.Namespace, trainer: Trainer, overlapped: GradientSync
     batches = {t: t.load_step(0, 0) for t in (trainer, alone) if t is not None}
 
     def train_step(t: Trainer) -> float:
-        images, labels, batch, offset = batches[t]
-        return timed(lambda: t.train_step(images, labels, batch, offset))
+        return timed(lambda: t.train_step(batches[t]))
 
     def rank_zero_alone() -> Timings:
         timings = {}

@@ -38,7 +38,7 @@ def timed_epoch(trainer: Trainer, epoch: int, steps: int) -> tuple[list[float], 
 
     trainer.steps_per_epoch = steps
     trainer.global_step = epoch * steps
-    trainer.train_epoch(epoch, on_step)
+    trainer.train_epoch(epoch, [on_step])
     return durations, blocked
 
 

@@ -25,11 +25,11 @@ def main() -> None:
 
     set_blas_threads(args.threads)
     trainer = make_trainer(args.model, args.dataset, args.batch_size, SerialCommunicator())
-    images, labels, batch, _ = trainer.load_step(0, 0)
+    batch = trainer.load_step(0, 0)
     tracer = Tracer(trainer)
 
     def step() -> float:
-        return timed(lambda: trainer.train_step(images, labels, batch, 0))
+        return timed(lambda: trainer.train_step(batch))
 
     def untraced() -> dict[str, float]:
         return {"untraced": step()}

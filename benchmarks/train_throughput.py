@@ -33,8 +33,8 @@ def main() -> None:
     peak = gemm_peak(2048, 7)
     trainer = make_trainer(args.model, args.dataset, args.batch_size, SerialCommunicator())
     network = trainer.network
-    images, labels, batch, _ = trainer.load_step(0, 0)
-    step_time = median_seconds(lambda: trainer.train_step(images, labels, batch, 0), args.steps, args.warmup)
+    batch = trainer.load_step(0, 0)
+    step_time = median_seconds(lambda: trainer.train_step(batch), args.steps, args.warmup)
     flops = args.batch_size * (network.flops_per_sample("FP") + network.flops_per_sample("BP"))
     achieved = flops / step_time
     print(f"machine float32 GEMM peak ({args.threads} BLAS threads, 2048^3): {peak / 1e9:.1f} GFLOP/s")

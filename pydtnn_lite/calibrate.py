@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from typing import Optional, Sequence
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import make_communicator
 from pydtnn_lite.errors import UserError
+from pydtnn_lite.paths import check_writable_file
 from pydtnn_lite.perfmodel.allreduce_timing import QUICK_SIZES
 from pydtnn_lite.perfmodel.calibration import (Calibration, CalibrationSettings, calibrate, check_allreduce_ranks,
                                                fit_models, remeasure_allreduce)
@@ -71,15 +71,6 @@ def settings_from(args: argparse.Namespace) -> CalibrationSettings:
     return CalibrationSettings(batch_sizes=tuple(args.batch_sizes), repeats=repeats, seed=args.seed)
 
 
-def check_writable(path: str) -> None:
-    """Make the output's folder now, and refuse one that cannot be written, rather than
-    failing after minutes of measuring."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    if os.path.isdir(path) or not os.access(folder, os.W_OK):
-        raise UserError(f"cannot write the calibration file {path}: pass a writable --out FILE")
-
-
 def _percent(value: float) -> str:
     return "-" if math.isnan(value) else f"{100 * value:.1f}"
 
@@ -129,7 +120,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.allreduce_only:
             check_allreduce_ranks(previous, comm.size)
         backend = make_backend(args.device, args.dtype)
-        check_writable(out)
+        check_writable_file(out, "--out")
     except (UserError, OSError, ValueError) as error:
         if comm.rank == 0:
             print(f"{PROGRAM}: error: {error}", file=sys.stderr)

@@ -8,6 +8,7 @@ the whole job (status 1) within seconds.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import sys
@@ -18,25 +19,27 @@ from typing import Callable, Optional, Sequence, TypeVar
 import numpy as np
 
 from pydtnn_lite.backend import Backend, make_backend
-from pydtnn_lite.comm import Communicator, make_communicator, make_gradient_synchronizer
+from pydtnn_lite.comm import Communicator, make_communicator
 from pydtnn_lite.comm.strategy import STRATEGIES, connect
-from pydtnn_lite.data import Augmentation, Dataset, SlowedDataset, dataset_names, open_dataset, partition
+from pydtnn_lite.data import Dataset, dataset_names, open_dataset, partition
 from pydtnn_lite.errors import TrainingError, UserError
 from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
-from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule, Optimizer
+from pydtnn_lite.optim import SGD, Adam, Optimizer
+from pydtnn_lite.paths import check_writable, check_writable_file
+from pydtnn_lite.perfmodel.machines import calibrated_machine
+from pydtnn_lite.run_config import RunConfig
 from pydtnn_lite.runtime import (default_blas_threads, install_job_abort, keep_freed_memory, report_and_abort,
                                  set_blas_threads)
-from pydtnn_lite.perfmodel.machines import calibrated_machine
 from pydtnn_lite.tracing import Tracer, load_trace
-from pydtnn_lite.training import History, StepResult, Trainer, load_checkpoint, save_checkpoint
+from pydtnn_lite.training import (History, StepCallback, StepResult, Trainer, TrainerSettings, build_trainer,
+                                  load_checkpoint, save_checkpoint)
 from pydtnn_lite.training.balance import LoadBalancer
 from pydtnn_lite.validate import validate_trace
 
 PROGRAM = "pydtnn_lite.train"
 SETUP_ERROR_EXIT = 2
 TRAINING_ERROR_EXIT = 3
-STALL_SECONDS = 600  # long enough for any --collective-timeout under test to fire first
 T = TypeVar("T")
 
 
@@ -142,166 +145,79 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_injection(text: Optional[str], flag: str) -> Optional[tuple[int, int]]:
-    """'RANK:STEP' as two integers (None when not given)."""
-    if text is None:
-        return None
-    try:
-        rank, step = (int(part) for part in text.split(":"))
-    except ValueError:
-        raise UserError(f"{flag} takes RANK:STEP, e.g. 1:3, got {text!r}") from None
-    return rank, step
-
-
-def parse_partition(text: Optional[str], ranks: int) -> Optional[list[float]]:
-    """--partition as one positive weight per rank (None when not given)."""
-    if text is None:
-        return None
-    try:
-        weights = [float(part) for part in text.split(",")]
-    except ValueError:
-        raise UserError(f"--partition takes one number per rank, e.g. 1,3, got {text!r}") from None
-    if len(weights) != ranks or min(weights) < 0 or sum(weights) <= 0:
-        raise UserError(f"--partition needs {ranks} non-negative weights (one per rank) with a positive sum, "
-                        f"got {text!r}")
-    return weights
-
-
-def device_of_rank(text: str, rank: int, size: int) -> str:
-    """This rank's entry of --device: the one value given, or the rank's item of a per-rank list."""
-    devices = text.split(",")
-    if len(devices) not in (1, size) or any(device not in ("cpu", "gpu", "auto") for device in devices):
-        raise UserError(f"--device takes cpu, gpu or auto, once or once per rank ({size} here), got {text!r}")
-    return devices[0] if len(devices) == 1 else devices[rank]
-
-
-def parse_delay(text: Optional[str]) -> Optional[tuple[int, float]]:
-    """--inject-delay RANK:MS as (rank, seconds per sample)."""
-    if text is None:
-        return None
-    try:
-        rank, milliseconds = text.split(":")
-        return int(rank), float(milliseconds) / 1e3
-    except ValueError:
-        raise UserError(f"--inject-delay takes RANK:MS, e.g. 1:2.5, got {text!r}") from None
-
-
 @dataclass
 class Job:
     """Everything one rank needs to train."""
 
+    config: RunConfig
     network: Network
     trainer: Trainer
     optimizer: Optimizer
     test_data: Optional[Dataset]
     history: Optional[History]
-    global_batch: int
     blas_threads: int
     reported_shares: Optional[list[int]] = None
     communication: str = ""  # the communicator and the strategy it was chosen by
 
 
-def check_arguments(args: argparse.Namespace, comm: Communicator) -> int:
-    """Validate flag values that need no data; return the global batch size."""
-    if args.local_batch_size is not None:
-        if args.local_batch_size < 1:
-            raise UserError(f"--local-batch-size must be at least 1, got {args.local_batch_size}")
-        global_batch = args.local_batch_size * comm.size
-    else:
-        global_batch = args.batch_size
-    if global_batch < comm.size:
-        raise UserError(f"the global batch of {global_batch} is smaller than the {comm.size} ranks: "
-                        f"use --batch-size {comm.size} or more")
-    for flag in ("epochs", "steps_per_epoch", "blas_threads", "checkpoint_every", "eval_steps", "trace_skip",
-                 "trace_steps", "balance_warmup", "balance_every"):
-        value = getattr(args, flag)
-        minimum = 0 if flag in ("checkpoint_every", "eval_steps", "trace_skip") else 1
-        if value is not None and value < minimum:
-            raise UserError(f"--{flag.replace('_', '-')} must be at least {minimum}, got {value}")
-    if args.bucket_mb <= 0:
-        raise UserError(f"--bucket-mb must be positive, got {args.bucket_mb}")
-    parse_injection(args.inject_failure, "--inject-failure")
-    parse_injection(args.inject_stall, "--inject-stall")
-    parse_delay(args.inject_delay)
-    parse_partition(args.partition, comm.size)
-    if args.resume is not None and args.resume == "" and not args.checkpoint_dir:
-        raise UserError("--resume without a path needs --checkpoint-dir")
-    if args.validate and not args.trace:
-        raise UserError("--validate sets a trace against the model: add --trace DIR")
-    return global_batch
+def check_outputs(config: RunConfig) -> None:
+    """Refuse unwritable output paths, and a bad --validate file, before training (rank 0 writes them)."""
+    check_writable(config.run_dir, "--run-dir")
+    if config.checkpoint_dir:
+        check_writable(config.checkpoint_dir, "--checkpoint-dir")
+    if config.trace:
+        check_writable(config.trace, "--trace")
+    if config.validate:
+        calibrated_machine(config.validate)
+    if config.save_weights:
+        check_writable_file(config.save_weights, "--save-weights")
 
 
-def check_writable(directory: str, flag: str) -> None:
-    """Create ``directory`` and prove a file can be written there."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-        probe = os.path.join(directory, f".write-test-{os.getpid()}")
-        with open(probe, "w", encoding="utf-8"):
-            pass
-        os.unlink(probe)
-    except OSError as error:
-        raise UserError(f"cannot write to {flag} {directory} ({error.strerror}): choose a writable directory") from None
+def make_optimizer(config: RunConfig, network: Network) -> Optimizer:
+    if config.optimizer == "sgd":
+        return SGD(network, config.momentum, config.nesterov, config.weight_decay)
+    return Adam(network, weight_decay=config.weight_decay)
 
 
-def prepare_device(args: argparse.Namespace, comm: Communicator) -> tuple[int, Backend]:
-    """Check the flags and pick this rank's device: (global batch, backend). No collectives."""
-    global_batch = check_arguments(args, comm)
-    backend = make_backend(device_of_rank(args.device, comm.rank, comm.size), args.dtype, gpu_id=comm.local_rank)
-    return global_batch, backend
-
-
-def build_job(args: argparse.Namespace, comm: Communicator, backend: Backend, global_batch: int,
-              mixed_devices: bool) -> Job:
+def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_devices: bool) -> Job:
     """Build the model, data, optimizer and trainer of this rank; raise UserError on bad input.
 
     No collective may run in here: a rank that fails early would leave the others waiting
     in it instead of in the agreement of :func:`collectively`.
     """
-    augmentation = Augmentation(args.random_crop, args.random_flip)
-    blas_threads = set_blas_threads(args.blas_threads or default_blas_threads(comm))
-    train_data = open_dataset(args.dataset, "train", args.data_dir, seed=args.seed)
-    test_data = None if args.eval_steps == 0 else open_dataset(args.dataset, "test", args.data_dir, seed=args.seed)
+    blas_threads = set_blas_threads(config.blas_threads or default_blas_threads(comm))
+    train_data = open_dataset(config.dataset, "train", config.data_dir, seed=config.seed)
+    test_data = (None if config.eval_steps == 0
+                 else open_dataset(config.dataset, "test", config.data_dir, seed=config.seed))
     try:
-        network = create_model(args.model, train_data.input_shape, train_data.num_classes).build(backend, args.seed)
+        network = create_model(config.model, train_data.input_shape, train_data.num_classes).build(backend,
+                                                                                                   config.seed)
     except UserError:
         raise
     except ValueError as error:
-        raise UserError(f"{args.model} does not fit {args.dataset}'s {train_data.input_shape} images: {error}") from None
-    if args.optimizer == "sgd":
-        optimizer: Optimizer = SGD(network, args.momentum, args.nesterov, args.weight_decay)
-    else:
-        optimizer = Adam(network, weight_decay=args.weight_decay)
-    schedule = LearningRateSchedule(args.lr, args.warmup_epochs, tuple(args.lr_decay_epochs), args.lr_decay_factor)
-    synchronizer = make_gradient_synchronizer(network, comm, args.bucket_mb, overlap=not args.no_overlap)
-    delay = parse_delay(args.inject_delay)
-    if delay is not None and delay[0] == comm.rank:
-        train_data = SlowedDataset(train_data, delay[1])
-    balance = args.balance == "on" or (args.balance == "auto" and mixed_devices and args.partition is None)
-    balancer = LoadBalancer(comm.size, args.balance_warmup, args.balance_every) if balance else None
-    trainer = Trainer(network, optimizer, schedule, comm, synchronizer, train_data, global_batch,
-                      seed=args.seed, steps_per_epoch=args.steps_per_epoch, augmentation=augmentation,
-                      share_weights=parse_partition(args.partition, comm.size), balancer=balancer)
+        raise UserError(f"{config.model} does not fit {config.dataset}'s {train_data.input_shape} images: "
+                        f"{error}") from None
+    optimizer = make_optimizer(config, network)
+    balancer = (LoadBalancer(comm.size, config.balance_warmup, config.balance_every)
+                if config.balances(mixed_devices) else None)
+    settings = TrainerSettings(config.global_batch, config.seed, config.steps_per_epoch, config.share_weights,
+                               config.augmentation)
+    trainer = build_trainer(network, config.faults.slowed(train_data, comm.rank), settings, comm=comm,
+                            optimizer=optimizer, schedule=config.schedule, bucket_mb=config.bucket_mb,
+                            overlap=config.overlap, balancer=balancer)
     history = None
     if comm.rank == 0:
-        check_writable(args.run_dir, "--run-dir")
-        if args.checkpoint_dir:
-            check_writable(args.checkpoint_dir, "--checkpoint-dir")
-        if args.trace:
-            check_writable(args.trace, "--trace")
-        if args.validate:
-            calibrated_machine(args.validate)  # a bad file is a set-up error, found before training
-        if args.save_weights:
-            check_writable(os.path.dirname(os.path.abspath(args.save_weights)), "--save-weights")
+        check_outputs(config)
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        history = History(os.path.join(args.run_dir, f"{args.model}-{args.dataset}-{stamp}", "history.jsonl"))
-    if args.load_weights:
+        history = History(os.path.join(config.run_dir, f"{config.model}-{config.dataset}-{stamp}", "history.jsonl"))
+    if config.load_weights:
         try:
-            network.load(args.load_weights)
+            network.load(config.load_weights)
         except (OSError, ValueError) as error:
-            raise UserError(f"cannot load --load-weights {args.load_weights}: {error}") from None
-    if args.resume is not None:
-        trainer.global_step, _ = load_checkpoint(args.resume or args.checkpoint_dir, network, optimizer)
-    return Job(network, trainer, optimizer, test_data, history, global_batch, blas_threads)
+            raise UserError(f"cannot load --load-weights {config.load_weights}: {error}") from None
+    if config.resume is not None:
+        trainer.global_step, _ = load_checkpoint(config.resume, network, optimizer)
+    return Job(config, network, trainer, optimizer, test_data, history, blas_threads)
 
 
 def collectively(comm: Communicator, action: Callable[[], T]) -> T:
@@ -316,7 +232,7 @@ def collectively(comm: Communicator, action: Callable[[], T]) -> T:
         rank, first = failures[0]
         prefix = f"rank {rank}: " if comm.size > 1 and len(failures) < comm.size else ""
         raise UserError(prefix + first)
-    return result
+    return result  # type: ignore[return-value]  # set whenever no rank failed
 
 
 def say(comm: Communicator, text: str) -> None:
@@ -325,44 +241,34 @@ def say(comm: Communicator, text: str) -> None:
         print(text, flush=True)
 
 
-def train(args: argparse.Namespace, job: Job, comm: Communicator) -> StepResult:
+def train(job: Job, comm: Communicator) -> StepResult:
     """The epoch loop: progress, validation, history, checkpoints. Returns the last epoch's training figures."""
-    trainer, network = job.trainer, job.network
-    shares = job.reported_shares = partition(job.global_batch, trainer.share_weights)
-    say(comm, f"{network.name} on {args.dataset} {network.input_shape}: {network.param_count:,} parameters, "
+    config, trainer, network = job.config, job.trainer, job.network
+    shares = job.reported_shares = partition(config.global_batch, trainer.share_weights)
+    say(comm, f"{network.name} on {config.dataset} {network.input_shape}: {network.param_count:,} parameters, "
               f"{job.communication}, {job.blas_threads} BLAS threads per rank, device {network.backend.device}")
-    say(comm, f"global batch {job.global_batch}, per-rank shares {shares}; {trainer.steps_per_epoch} steps per "
+    say(comm, f"global batch {config.global_batch}, per-rank shares {shares}; {trainer.steps_per_epoch} steps per "
               f"epoch; augmentation: {trainer.augmentation.describe()}; gradients: {trainer.synchronizer.describe()}")
     start_epoch = trainer.global_step // trainer.steps_per_epoch
     if trainer.global_step:
         say(comm, f"resumed at step {trainer.global_step} (epoch {start_epoch + 1})")
-    failure = parse_injection(args.inject_failure, "--inject-failure")
-    stall = parse_injection(args.inject_stall, "--inject-stall")
+    callbacks: list[StepCallback] = [functools.partial(report_shares, job, comm),
+                                     functools.partial(config.faults.after_step, comm.rank)]
+    if config.checkpoint_dir and config.checkpoint_every:
+        callbacks.insert(0, functools.partial(checkpoint_every, job, comm))
     last = StepResult(float("nan"), 0.0, 0)
     started = time.perf_counter()
     total_samples = 0
-    for epoch in range(start_epoch, args.epochs):
-        bar = make_progress(comm, args, epoch, trainer)
-        def on_step(global_step: int, result: StepResult) -> None:
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{result.loss:.4f}", acc=f"{result.accuracy:.1%}",
-                                img_s=f"{result.samples / max(result.seconds, 1e-9):.1f}")
-            if args.checkpoint_dir and args.checkpoint_every and global_step % args.checkpoint_every == 0:
-                checkpoint(args, job, comm)
-            if trainer.rebalanced_at == global_step:
-                report_shares(comm, job, global_step)
-            if failure == (comm.rank, global_step):
-                raise RuntimeError(f"failure injected by --inject-failure after step {global_step}")
-            if stall == (comm.rank, global_step):
-                time.sleep(STALL_SECONDS)
-        last = trainer.train_epoch(epoch, on_step)
+    for epoch in range(start_epoch, config.epochs):
+        bar = make_progress(comm, config, epoch, trainer)
+        last = trainer.train_epoch(epoch, callbacks if bar is None else [bar.after_step, *callbacks])
         if bar is not None:
             bar.close()
         total_samples += last.samples
-        validation = trainer.evaluate(job.test_data, job.global_batch, args.eval_steps) if job.test_data else None
+        validation = (trainer.evaluate(job.test_data, config.global_batch, config.eval_steps)
+                      if job.test_data else None)
         rate = last.samples / max(last.seconds, 1e-9)
-        line = (f"epoch {epoch + 1}/{args.epochs}: loss {last.loss:.4f}, accuracy {last.accuracy:.2%}")
+        line = f"epoch {epoch + 1}/{config.epochs}: loss {last.loss:.4f}, accuracy {last.accuracy:.2%}"
         if validation is not None:
             line += f", validation loss {validation.loss:.4f}, accuracy {validation.accuracy:.2%}"
         line += f"; {rate:.1f} img/s ({rate / comm.size:.1f} per rank), {last.seconds:.2f} s"
@@ -372,58 +278,83 @@ def train(args: argparse.Namespace, job: Job, comm: Communicator) -> StepResult:
                                 "accuracy": last.accuracy, "seconds": last.seconds, "images_per_second": rate,
                                 "validation_loss": validation.loss if validation else None,
                                 "validation_accuracy": validation.accuracy if validation else None,
-                                "ranks": comm.size, "global_batch": job.global_batch})
-        if args.checkpoint_dir and not args.checkpoint_every:
-            checkpoint(args, job, comm)
+                                "ranks": comm.size, "global_batch": config.global_batch})
+        if config.checkpoint_dir and not config.checkpoint_every:
+            checkpoint(job, comm)
     elapsed = time.perf_counter() - started
-    if args.save_weights and comm.rank == 0:
-        network.save(args.save_weights)
+    if config.save_weights and comm.rank == 0:
+        network.save(config.save_weights)
     say(comm, f"done: {total_samples} samples in {elapsed:.2f} s = {total_samples / max(elapsed, 1e-9):.1f} img/s "
               f"on {comm.size} rank(s); final training loss {last.loss:.4f}, accuracy {last.accuracy:.2%}")
     return last
 
 
-def checkpoint(args: argparse.Namespace, job: Job, comm: Communicator) -> None:
-    if comm.rank == 0:
-        save_checkpoint(args.checkpoint_dir, job.network, job.optimizer, job.trainer.global_step,
-                        {"model": args.model, "dataset": args.dataset, "global_batch": job.global_batch})
+def checkpoint(job: Job, comm: Communicator) -> None:
+    """Rank 0 writes the weights, optimizer state and step to --checkpoint-dir."""
+    config = job.config
+    if comm.rank == 0 and config.checkpoint_dir:
+        save_checkpoint(config.checkpoint_dir, job.network, job.optimizer, job.trainer.global_step,
+                        {"model": config.model, "dataset": config.dataset, "global_batch": config.global_batch})
 
 
-def report_shares(comm: Communicator, job: Job, global_step: int) -> None:
-    """Say the per-rank shares after a re-weighting that moved samples between ranks."""
-    shares = partition(job.global_batch, job.trainer.share_weights)
+def checkpoint_every(job: Job, comm: Communicator, global_step: int, result: StepResult) -> None:
+    """The step callback of --checkpoint-every N."""
+    if global_step % job.config.checkpoint_every == 0:
+        checkpoint(job, comm)
+
+
+def report_shares(job: Job, comm: Communicator, global_step: int, result: StepResult) -> None:
+    """The step callback that says the per-rank shares after a re-weighting that moved samples between ranks."""
+    trainer = job.trainer
+    if trainer.rebalanced_at != global_step or trainer.balancer is None:
+        return
+    shares = partition(job.config.global_batch, trainer.share_weights)
     if shares != job.reported_shares:
-        speeds = ", ".join(f"{v:.1f}" for v in job.trainer.balancer.speeds)
+        speeds = ", ".join(f"{v:.1f}" for v in trainer.balancer.speeds)
         say(comm, f"step {global_step}: per-rank shares now {shares} (measured speeds {speeds} img/s per rank)")
         job.reported_shares = shares
 
 
-def write_trace(args: argparse.Namespace, job: Job, comm: Communicator, tracer: Tracer) -> None:
-    """Gather the trace of every rank into ``--trace``, with the description of the run."""
-    trainer = job.trainer
-    meta = {"model": args.model, "dataset": args.dataset, "global_batch": job.global_batch,
-            "shares": partition(job.global_batch, trainer.share_weights), "ranks": comm.size,
-            "communicator": comm.describe(), "device": job.network.backend.device, "dtype": args.dtype,
-            "blas_threads": job.blas_threads, "optimizer": args.optimizer, "bucket_mb": args.bucket_mb,
-            "overlap": not args.no_overlap, "trace_skip": args.trace_skip, "host": platform.node(),
+def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str) -> None:
+    """Gather the trace of every rank into ``trace``, with the description of the run."""
+    config, trainer = job.config, job.trainer
+    meta = {"model": config.model, "dataset": config.dataset, "global_batch": config.global_batch,
+            "shares": partition(config.global_batch, trainer.share_weights), "ranks": comm.size,
+            "communicator": comm.describe(), "device": job.network.backend.device, "dtype": config.dtype,
+            "blas_threads": job.blas_threads, "optimizer": config.optimizer, "bucket_mb": config.bucket_mb,
+            "overlap": config.overlap, "trace_skip": config.trace_skip, "host": platform.node(),
             "processor": platform.processor() or platform.machine(), "numpy": np.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    tracer.save(args.trace, meta)
-    say(comm, f"trace of {len(tracer.steps)} step(s) per rank written to {args.trace}: open trace.json in "
-              f"https://ui.perfetto.dev; summary: python -m pydtnn_lite.trace summarize {args.trace}")
-    if args.validate and comm.rank == 0:
-        print(validate_trace(args.trace, load_trace(args.trace), calibrated_machine(args.validate),
-                             f"calibration {args.validate}"), flush=True)
+    tracer.save(trace, meta)
+    say(comm, f"trace of {len(tracer.steps)} step(s) per rank written to {trace}: open trace.json in "
+              f"https://ui.perfetto.dev; summary: python -m pydtnn_lite.trace summarize {trace}")
+    if config.validate and comm.rank == 0:
+        print(validate_trace(trace, load_trace(trace), calibrated_machine(config.validate),
+                             f"calibration {config.validate}"), flush=True)
 
 
-def make_progress(comm: Communicator, args: argparse.Namespace, epoch: int, trainer: Trainer):
-    if comm.rank != 0 or args.no_progress:
-        return None
-    from tqdm import tqdm
+class ProgressBar:
+    """Rank 0's bar over one epoch's steps: loss, accuracy and images/s of the last step."""
 
-    done = trainer.global_step % trainer.steps_per_epoch
-    return tqdm(total=trainer.steps_per_epoch, initial=done, desc=f"epoch {epoch + 1}/{args.epochs}",
-                unit="step", dynamic_ncols=True, file=sys.stderr)
+    def __init__(self, config: RunConfig, epoch: int, trainer: Trainer) -> None:
+        from tqdm import tqdm
+
+        done = trainer.global_step % trainer.steps_per_epoch
+        self.bar = tqdm(total=trainer.steps_per_epoch, initial=done, desc=f"epoch {epoch + 1}/{config.epochs}",
+                        unit="step", dynamic_ncols=True, file=sys.stderr)
+
+    def after_step(self, global_step: int, result: StepResult) -> None:
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{result.loss:.4f}", acc=f"{result.accuracy:.1%}",
+                             img_s=f"{result.samples / max(result.seconds, 1e-9):.1f}")
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def make_progress(comm: Communicator, config: RunConfig, epoch: int, trainer: Trainer) -> Optional[ProgressBar]:
+    """A progress bar on rank 0 unless --no-progress; None elsewhere."""
+    return ProgressBar(config, epoch, trainer) if comm.rank == 0 and config.progress else None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -434,12 +365,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.summary:
         return print_summary(args, comm)
     try:
-        global_batch, backend = collectively(comm, lambda: prepare_device(args, comm))
-        bucket_elements = int(args.bucket_mb * (1 << 20)) // np.dtype(backend.dtype).itemsize
-        comm, placement, strategy = connect(comm, backend, args.comm, bucket_elements, platform.node(),
-                                            args.collective_timeout)
+        config = collectively(comm, lambda: RunConfig.from_arguments(args, comm.size, comm.rank))
+        backend = collectively(comm, lambda: make_backend(config.device, config.dtype, gpu_id=comm.local_rank))
+        bucket_elements = int(config.bucket_mb * (1 << 20)) // np.dtype(backend.dtype).itemsize
+        comm, placement, strategy = connect(comm, backend, config.comm, bucket_elements, platform.node(),
+                                            config.collective_timeout)
         mixed = bool(placement.cpu_ranks and placement.gpu_ranks)
-        job = collectively(comm, lambda: build_job(args, comm, backend, global_batch, mixed))
+        job = collectively(comm, lambda: build_job(config, comm, backend, mixed))
     except UserError as error:  # every rank raises it: after agreeing in collectively(), or from the same placement
         say(comm, f"{PROGRAM}: error: {error}")
         return SETUP_ERROR_EXIT
@@ -449,11 +381,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Rank 0's weights are everyone's, whatever a rank's RNG, weight file or checkpoint gave.
     comm.broadcast(job.network.flat_params)
     try:
-        tracer = Tracer(job.trainer, args.trace_skip, args.trace_steps).attach() if args.trace else None
-        train(args, job, comm)
-        if tracer is not None:
+        tracer = Tracer(job.trainer, config.trace_skip, config.trace_steps).attach() if config.trace else None
+        train(job, comm)
+        if tracer is not None and config.trace:
             tracer.detach()
-            write_trace(args, job, comm, tracer)
+            write_trace(job, comm, tracer, config.trace)
     except TrainingError as error:  # the loss is global, so every rank raises it at the same step
         say(comm, f"{PROGRAM}: error: {error}")
         return TRAINING_ERROR_EXIT

@@ -6,14 +6,13 @@ from typing import Callable, Optional
 import numpy as np
 
 from pydtnn_lite.backend import make_backend
-from pydtnn_lite.comm import SerialCommunicator, make_gradient_synchronizer
 from pydtnn_lite.data import Augmentation, open_dataset
 from pydtnn_lite.layers import (Add, AvgPool2D, BatchNorm, Concat, Conv2D, Dense, Dropout, Flatten,
                                 GlobalAvgPool2D, MaxPool2D, ReLU)
 from pydtnn_lite.models import create_model
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, LearningRateSchedule
-from pydtnn_lite.training import Trainer
+from pydtnn_lite.training import Trainer, TrainerSettings, build_trainer
 
 FLOAT64 = make_backend("cpu", "float64")
 
@@ -71,7 +70,5 @@ def digits_trainer(model: str, lr: float, batch: int = 32, augmentation: Augment
     """A one-process Trainer of ``model`` on the digits training split, weights seeded with 0."""
     data = open_dataset("digits")
     network = create_model(model, data.input_shape, data.num_classes).build(make_backend(), seed=0)
-    comm = SerialCommunicator()
-    return Trainer(network, SGD(network, momentum=0.9), LearningRateSchedule(lr), comm,
-                   make_gradient_synchronizer(network, comm, 4.0, overlap=True), data, batch, seed=0,
-                   augmentation=augmentation)
+    return build_trainer(network, data, TrainerSettings(batch, augmentation=augmentation),
+                         optimizer=SGD(network, momentum=0.9), schedule=LearningRateSchedule(lr))

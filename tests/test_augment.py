@@ -94,11 +94,10 @@ def test_data_that_cannot_take_the_augmentation_is_refused(augmentation, shape, 
 
 def test_the_trainer_augments_training_batches_only():
     plain, augmented = digits_trainer("lenet", 0.02), digits_trainer("lenet", 0.02, augmentation=BOTH)
-    images, labels, _, _ = plain.load_step(epoch=1, step=3)
-    augmented_images, augmented_labels, _, _ = augmented.load_step(epoch=1, step=3)
-    expected = BOTH.apply(images, plain.sampler.batch(1, 3), seed=0, epoch=1)
-    np.testing.assert_array_equal(augmented_images, expected)
-    np.testing.assert_array_equal(augmented_labels, labels)
+    batch, augmented_batch = plain.load_step(epoch=1, step=3), augmented.load_step(epoch=1, step=3)
+    expected = BOTH.apply(batch.images, plain.sampler.batch(1, 3), seed=0, epoch=1)
+    np.testing.assert_array_equal(augmented_batch.images, expected)
+    np.testing.assert_array_equal(augmented_batch.labels, batch.labels)
     test = open_dataset("digits", "test")
     first, second = (trainer.evaluate(test, 64, max_steps=2) for trainer in (plain, augmented))
     assert (first.loss, first.accuracy) == (second.loss, second.accuracy)

@@ -1,10 +1,10 @@
 """Compute kernels: the unit that is timed, traced and modelled.
 
 Layers call kernels only through this module's attributes (``kernels.gemm(...)``), never
-by importing the functions directly. That single indirection lets the tracer replace an
-entry with a timed wrapper from outside the layers, and lets a backend swap in a faster
-implementation, without a line of layer code knowing. With tracing off the entries are
-the plain functions, so an untraced step pays nothing.
+by importing the functions directly. That single indirection is this module's hook
+point: :func:`instrument` wraps every entry (the tracer times them) from outside the
+layers, without a line of layer code knowing. With tracing off the entries are the plain
+functions, so an untraced step pays nothing.
 
 The window kernels (im2col, col2im and the pooling kernels) also have CUDA versions, in
 :mod:`~pydtnn_lite.kernels.gpu`: their entries run the NumPy version on a NumPy array and
@@ -13,6 +13,7 @@ the CUDA one on any other (a CuPy array), for the cost of one ``isinstance`` che
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Callable
 
 import numpy as np
@@ -55,3 +56,17 @@ __all__ = [
     "batchnorm_inference", "maxpool", "maxpool_grad", "avgpool", "avgpool_grad",
     "sgd_update", "adam_update",
 ]
+
+
+def instrument(wrap: Callable[[str, Callable], Callable]) -> Callable[[], None]:
+    """Replace every kernel entry ``name`` with ``wrap(name, kernel)``; return the function
+    that puts the plain kernels back."""
+    module = sys.modules[__name__]
+    plain = {name: getattr(module, name) for name in __all__}
+    for name, kernel in plain.items():
+        setattr(module, name, wrap(name, kernel))
+
+    def restore() -> None:
+        for name, kernel in plain.items():
+            setattr(module, name, kernel)
+    return restore

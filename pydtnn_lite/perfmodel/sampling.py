@@ -32,7 +32,7 @@ from pydtnn_lite.perfmodel.probes import Probe
 from pydtnn_lite.perfmodel.regression import KernelSample
 from pydtnn_lite.tracing import KernelRecord, Tracer
 from pydtnn_lite.tracing.records import COMPUTE, TRAIN
-from pydtnn_lite.training import Trainer, step_costs
+from pydtnn_lite.training import TrainerSettings, build_trainer, step_costs
 
 H2D_COPY = "h2d_copy"
 HOST_ITEMSIZE = 4  # data sets load float32 images, whatever the device's dtype
@@ -127,8 +127,9 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
     optimizer = Adam(network) if probe.optimizer == "adam" else SGD(network)
     synchronizer = ProbeSynchronizer(network, ranks, evict)
     data = RandomImages(probe.batch * (most + 1), probe.batch, probe.input_shape, probe.classes, seed)
-    trainer = Trainer(network, optimizer, LearningRateSchedule(LEARNING_RATE), synchronizer.comm, synchronizer,
-                      data, probe.batch, seed=seed, steps_per_epoch=1)
+    trainer = build_trainer(network, data, TrainerSettings(probe.batch, seed=seed, steps_per_epoch=1),
+                            optimizer=optimizer, schedule=LearningRateSchedule(LEARNING_RATE),
+                            synchronizer=synchronizer)
     started = time.perf_counter()
     trainer.train_epoch(0)
     warm_up = time.perf_counter() - started

@@ -1,17 +1,19 @@
-"""The tracer: times every kernel of a rank's training steps, wrapping the code from outside.
+"""The tracer: times every kernel of a rank's training steps, observing from outside the code it times.
 
-Attaching a :class:`Tracer` to a :class:`~pydtnn_lite.training.Trainer` replaces, for as
-long as it stays attached,
+Attaching a :class:`Tracer` to a :class:`~pydtnn_lite.training.Trainer`, for as long as
+it stays attached,
 
-- each function of :mod:`pydtnn_lite.kernels` (layers call kernels only through that
-  module, so this catches every compute kernel);
-- the network's ``scope`` hook, which tells it the layer and stage (FP, BP, WU) a kernel
-  runs for;
-- the communicator's reductions and the requests they return, the data set's ``load``
-  and the trainer's host-to-device copy;
-- the trainer's step entry points, which open and close a traced step.
+- wraps each function of :mod:`pydtnn_lite.kernels` (``kernels.instrument``; layers call
+  kernels only through that module, so this catches every compute kernel);
+- sets the network's ``scope`` hook, which tells it the layer and stage (FP, BP, WU) a
+  kernel runs for;
+- puts a :class:`~pydtnn_lite.tracing.communicator.TracedCommunicator` in the gradient
+  synchronizer's place, which times the step's reductions and the tests and waits of
+  their requests;
+- becomes the trainer's ``observer``, which opens and closes traced steps and times
+  the data loading and the host-to-device copy.
 
-Layer code holds no timing calls, and nothing is replaced while no tracer is attached,
+Layer code holds no timing calls, and nothing is wrapped while no tracer is attached,
 so an untraced run pays nothing. Compute kernels are timed with the backend's clock
 (CUDA events on a GPU, read once per step), everything else with the host's counter.
 At the end of a step each call is paired with its analytic cost (``step_costs``) by
@@ -25,20 +27,23 @@ import os
 import time
 from collections import defaultdict
 from dataclasses import astuple
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional, TypeVar
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import HostClock
 from pydtnn_lite.network import no_scope
-from pydtnn_lite.training import Trainer, step_costs
 from pydtnn_lite.tracing.chrome import chrome_trace
+from pydtnn_lite.tracing.communicator import TracedCommunicator, host_bytes
 from pydtnn_lite.tracing.records import (COMMUNICATION, COMPUTE, EVAL, EVENTS_FILE, NO_LAYER, STEPS_FILE, TRAIN,
                                          KernelRecord, StepRecord, write_meta, write_records)
 from pydtnn_lite.tracing.summary import SUMMARY_FILE, write_summary
+from pydtnn_lite.training import Trainer, step_costs
+from pydtnn_lite.training.observer import DATA_LOAD, H2D_COPY, NO_OBSERVER, TrainingObserver
 
 CHROME_FILE = "trace.json"
 
 OUTSIDE = (NO_LAYER, "COMM")  # where gradient buckets and the loss reduction run: in no layer's scope
+T = TypeVar("T")
 
 
 class _Scope:
@@ -56,6 +61,21 @@ class _Scope:
         self.stack.pop()
 
 
+class _Call(NamedTuple):
+    """One timed call of the current step, before its stamps are resolved into seconds."""
+
+    kernel: str
+    thread: str  # COMPUTE or COMMUNICATION
+    clock: HostClock  # the clock that stamped it
+    layer: int
+    stage: str
+    batch: int  # local samples of the step it ran in, for its analytic cost
+    start: Any  # the clock's stamps
+    end: Any
+    shapes: tuple  # of its array arguments
+    moved: Optional[int]  # bytes a communication or copy moved (None: not counted)
+
+
 def _shapes(args: tuple) -> tuple:
     """Shapes of the array arguments of a call (one level into lists, for add and concat)."""
     out = []
@@ -67,12 +87,7 @@ def _shapes(args: tuple) -> tuple:
     return tuple(out)
 
 
-def _nbytes(data: Any) -> int:
-    """Bytes of an array, or of a list of float64 host values."""
-    return data.nbytes if hasattr(data, "nbytes") else 8 * len(data)
-
-
-class Tracer:
+class Tracer(TrainingObserver):
     """Records the kernels of ``trainer``'s steps on this rank.
 
     Steps before global step ``skip_steps`` (warm-up) are not recorded, nor those after
@@ -92,7 +107,7 @@ class Tracer:
         self._step_start = 0.0
         self._stack: list[tuple[int, str]] = [OUTSIDE]
         self._depth = 0  # > 0 inside a timed call: calls nested in it are not timed again
-        self._pending: list[tuple] = []
+        self._pending: list[_Call] = []
         self._undo: list[Callable[[], None]] = []
         self._costs: dict[int, dict[tuple, list]] = {}
 
@@ -101,19 +116,15 @@ class Tracer:
         """Start observing the trainer. Collective: every rank must attach (it sets the common origin)."""
         self.comm.barrier()
         self.origin = time.perf_counter()
-        for name in kernels.__all__:
-            self._replace(kernels, name, self._timed(getattr(kernels, name), name, COMPUTE, self.device_clock))
-        self._replace(self.network, "scope", self.scope)
-        comm, trainer, host = self.comm, self.trainer, self.host_clock
-        self._replace(comm, "allreduce", self._timed(comm.allreduce, "allreduce", COMMUNICATION, host, message=0))
-        self._replace(comm, "allreduce_host", self._timed(comm.allreduce_host, "allreduce", COMMUNICATION, host,
-                                                          message=0))
-        self._replace(comm, "iallreduce", self._iallreduce(comm.iallreduce))
-        self._replace(trainer.data, "load", self._timed(trainer.data.load, "data_load", COMPUTE, host, stage="DATA"))
-        self._replace(trainer, "to_device", self._to_device(trainer.to_device))
-        self._replace(trainer, "load_step", self._load_step(trainer.load_step))
-        self._replace(trainer, "train_step", self._train_step(trainer.train_step))
-        self._replace(trainer, "evaluate", self._evaluate(trainer.evaluate))
+        self._undo.append(kernels.instrument(
+            lambda name, kernel: self._timed(kernel, name, COMPUTE, self.device_clock)))
+        network, synchronizer, trainer = self.network, self.trainer.synchronizer, self.trainer
+        network.scope = self.scope
+        synchronizer.comm = TracedCommunicator(self.comm, self._time_communication)
+        trainer.observer = self
+        self._undo.append(lambda: setattr(network, "scope", no_scope))
+        self._undo.append(lambda: setattr(synchronizer, "comm", self.comm))
+        self._undo.append(lambda: setattr(trainer, "observer", NO_OBSERVER))
         return self
 
     def detach(self) -> None:
@@ -121,21 +132,14 @@ class Tracer:
         while self._undo:
             self._undo.pop()()
 
-    def _replace(self, owner: Any, name: str, replacement: Callable) -> None:
-        had_own = name in vars(owner)
-        original = getattr(owner, name)
-        setattr(owner, name, replacement)
-        self._undo.append(lambda: setattr(owner, name, original) if had_own else delattr(owner, name))
-
     # ------------------------------------------------------------ timing
     def scope(self, layer: int, stage: str) -> Any:
         """The network's scope hook: kernels inside belong to ``layer`` in ``stage``."""
         return _Scope(self._stack, (layer, stage)) if self._recording else no_scope(layer, stage)
 
     def _timed(self, function: Callable, kernel: str, thread: str, clock: HostClock,
-               stage: Optional[str] = None, message: Optional[int] = None) -> Callable:
-        """``function`` timed as ``kernel``; ``message`` is the position of the array argument
-        whose bytes a communication call moves."""
+               stage: Optional[str] = None, moved: Optional[int] = None) -> Callable:
+        """``function`` timed as ``kernel``; ``moved`` is the bytes the call moves."""
         def timed(*args: Any, **kwargs: Any) -> Any:
             if not self._recording or self._depth:
                 return function(*args, **kwargs)
@@ -147,44 +151,38 @@ class Tracer:
             finally:
                 self._depth -= 1
             layer, current_stage = self._stack[-1]
-            moved = _nbytes(args[message]) if message is not None else None
-            self._pending.append((kernel, thread, clock, layer, stage or current_stage, self._batch,
-                                  start, end, _shapes(args), moved))
+            self._pending.append(_Call(kernel, thread, clock, layer, stage or current_stage, self._batch,
+                                       start, end, _shapes(args), moved))
             return result
         return timed
 
-    def _iallreduce(self, start: Callable) -> Callable:
-        """Times starting a non-blocking reduction, and the tests and wait of its request."""
-        timed_start = self._timed(start, "allreduce_start", COMMUNICATION, self.host_clock, message=0)
+    def _time_communication(self, kernel: str, function: Callable, args: tuple, moved: Optional[int]) -> Any:
+        """The traced communicator's timer: ``function(*args)`` on the communication timeline."""
+        return self._timed(function, kernel, COMMUNICATION, self.host_clock, moved=moved)(*args)
 
-        def iallreduce(array: Any) -> Any:
-            request = timed_start(array)
-            if self._recording:
-                request.test = self._timed(request.test, "allreduce_progress", COMMUNICATION, self.host_clock)
-                request.wait = self._timed(request.wait, "allreduce_wait", COMMUNICATION, self.host_clock)
-            return request
-        return iallreduce
-
-    def _to_device(self, copy: Callable) -> Callable:
-        timed = self._timed(copy, "h2d_copy", COMPUTE, self.device_clock, stage="DATA", message=0)
-
-        def to_device(images: Any, labels: Any) -> tuple[Any, Any]:
-            self._batch = len(images)  # the batch the coming kernels run on, for their costs
-            return timed(images, labels)
-        return to_device
+    def run(self, kernel: str, function: Callable[..., T], *args: Any) -> T:
+        """The trainer's host work of a step (DATA_LOAD, or the H2D_COPY that fixes the step's batch)."""
+        if kernel == H2D_COPY:
+            self._batch = len(args[0])  # the batch the coming kernels run on, for their costs
+            return self._timed(function, kernel, COMPUTE, self.device_clock, "DATA", host_bytes(args[0]))(*args)
+        return self._timed(function, DATA_LOAD, COMPUTE, self.host_clock, "DATA")(*args)
 
     # ------------------------------------------------------------ steps
-    def _begin(self, phase: str) -> None:
-        step = self.trainer.global_step
+    def step_started(self, phase: str, step: int, samples: int) -> None:
+        """Open a traced step, unless it is a warm-up step, past ``max_steps`` or already open."""
+        if self._recording:
+            self._batch = samples or self._batch
+            return
         wanted = phase == EVAL or (step >= self.skip_steps
                                    and (self.max_steps is None or len(self.steps) < self.max_steps))
-        if not wanted or self._recording:
+        if not wanted:
             return
-        self._phase, self._step, self._recording = phase, step, True
+        self._phase, self._step, self._batch, self._recording = phase, step, samples, True
         self.device_clock.start_step()
         self._step_start = time.perf_counter()
 
-    def _end(self) -> None:
+    def step_finished(self) -> None:
+        """Close the traced step and turn its calls into records."""
         if not self._recording:
             return
         self._recording = False
@@ -193,31 +191,6 @@ class Tracer:
             self.steps.append(StepRecord(self.comm.rank, self._step, self._step_start - self.origin,
                                          end - self._step_start, self._batch))
         self._resolve()
-
-    def _load_step(self, load: Callable) -> Callable:
-        def load_step(epoch: int, step: int) -> Any:
-            self._begin(TRAIN)
-            return load(epoch, step)
-        return load_step
-
-    def _train_step(self, train: Callable) -> Callable:
-        def train_step(images: Any, labels: Any, *args: Any, **kwargs: Any) -> Any:
-            self._begin(TRAIN)
-            self._batch = len(images)
-            try:
-                return train(images, labels, *args, **kwargs)
-            finally:
-                self._end()
-        return train_step
-
-    def _evaluate(self, evaluate: Callable) -> Callable:
-        def traced_evaluate(*args: Any, **kwargs: Any) -> Any:
-            self._begin(EVAL)
-            try:
-                return evaluate(*args, **kwargs)
-            finally:
-                self._end()
-        return traced_evaluate
 
     # ------------------------------------------------------------ output
     def save(self, directory: str, meta: dict) -> None:
@@ -239,36 +212,38 @@ class Tracer:
     # ------------------------------------------------------------ records
     def _resolve(self) -> None:
         """Turn the step's raw timestamps into records with their analytic costs."""
-        by_clock: dict[int, list] = defaultdict(list)
-        for index, entry in enumerate(self._pending):
-            by_clock[id(entry[2])].append(index)
+        by_clock: dict[int, list[int]] = defaultdict(list)
+        for index, call in enumerate(self._pending):
+            by_clock[id(call.clock)].append(index)
         seconds: dict[int, tuple[float, float]] = {}
         for indices in by_clock.values():
-            clock = self._pending[indices[0]][2]
-            times = clock.resolve([stamp for i in indices for stamp in self._pending[i][6:8]])
+            clock = self._pending[indices[0]].clock
+            times = clock.resolve([stamp for i in indices for stamp in (self._pending[i].start, self._pending[i].end)])
             for position, i in enumerate(indices):
                 seconds[i] = (times[2 * position], times[2 * position + 1])
         calls: dict[tuple, int] = defaultdict(int)
         layers = self.network.layers
-        for index, (kernel, thread, _, layer, stage, batch, _, _, shapes, moved) in enumerate(self._pending):
+        for index, call in enumerate(self._pending):
             start, end = seconds[index]
-            key = (layer, stage, kernel)
-            candidates = self._costs_of(batch).get(key) if thread == COMPUTE else None
+            key = (call.layer, call.stage, call.kernel)
+            candidates = self._costs_of(call.batch).get(key) if call.thread == COMPUTE else None
             if candidates:
                 cost = candidates[calls[key] % len(candidates)]
                 calls[key] += 1
                 flops, nbytes = cost.flops, cost.bytes
-            elif thread == COMMUNICATION:  # a request's bytes count once, where it starts
-                flops, nbytes = 0.0, float(moved or 0)
-            elif stage == "DATA":
-                flops, nbytes = 0.0, math.nan if moved is None else float(moved)
+            elif call.thread == COMMUNICATION:  # a request's bytes count once, where it starts
+                flops, nbytes = 0.0, float(call.moved or 0)
+            elif call.stage == "DATA":
+                flops, nbytes = 0.0, math.nan if call.moved is None else float(call.moved)
             else:
                 flops, nbytes = math.nan, math.nan
+            layer = call.layer
             name, kind = ((layers[layer].name, layers[layer].kind) if 0 <= layer < len(layers)
                           else ("loss", self.trainer.loss.kind) if layer == self.network.loss_index else ("", ""))
             self.kernels.append(KernelRecord(
-                self.comm.rank, self._phase, self._step, stage, layer, name, kind, kernel, thread,
-                start - self.origin, end - start, " ".join("x".join(map(str, s)) for s in shapes), flops, nbytes))
+                self.comm.rank, self._phase, self._step, call.stage, layer, name, kind, call.kernel, call.thread,
+                start - self.origin, end - start, " ".join("x".join(map(str, s)) for s in call.shapes), flops,
+                nbytes))
         self._pending = []
 
     def _costs_of(self, batch: int) -> dict[tuple, list]:

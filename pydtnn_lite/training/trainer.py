@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from pydtnn_lite.comm import Communicator, GradientSynchronizer
+from pydtnn_lite.comm import Communicator, GradientSynchronizer, SerialCommunicator, make_gradient_synchronizer
 from pydtnn_lite.data import Augmentation, Dataset, EpochSampler, local_rows
 from pydtnn_lite.errors import TrainingError
 from pydtnn_lite.layers import SoftmaxCrossEntropy, StepContext
 from pydtnn_lite.network import Network
-from pydtnn_lite.optim import LearningRateSchedule, Optimizer
+from pydtnn_lite.optim import SGD, LearningRateSchedule, Optimizer
 from pydtnn_lite.training.balance import LoadBalancer
+from pydtnn_lite.training.observer import DATA_LOAD, EVAL, H2D_COPY, NO_OBSERVER, TRAIN, TrainingObserver
 
 
 @dataclass
@@ -30,32 +31,82 @@ class StepResult:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class Batch:
+    """This rank's rows of one global batch, on the backend's device.
+
+    ``global_size`` is the whole global batch (all ranks) and ``offset`` the position of
+    this rank's first row in it: layers that draw per sample (dropout) need both.
+    """
+
+    images: Any
+    labels: Any
+    global_size: int
+    offset: int
+
+    @property
+    def samples(self) -> int:
+        """Rows of this rank."""
+        return len(self.images)
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """The trainer's fixed choices.
+
+    ``global_batch`` samples per step, all ranks together; ``share_weights`` set how it is
+    split over ranks (equal by default); ``steps_per_epoch`` cuts epochs short (default:
+    the whole data set); ``augmentation`` applies to training batches only.
+    """
+
+    global_batch: int
+    seed: int = 0
+    steps_per_epoch: Optional[int] = None
+    share_weights: Optional[tuple[float, ...]] = None
+    augmentation: Augmentation = field(default_factory=Augmentation)
+
+
+StepCallback = Callable[[int, StepResult], None]  # called with (global step, its result) after each step
+
+
 class Trainer:
     """Trains ``network`` on this rank's share of every global batch of ``data``.
 
-    ``share_weights`` set how the global batch is split over ranks (equal by default).
-    ``augmentation`` is applied to training batches only, never in ``evaluate``.
-    ``on_step(global_step, result)`` is called after each step (progress, checkpoints).
+    Gradients are summed over the ranks of ``synchronizer.comm``, which is also the
+    communicator of every other collective of the step. Build one with
+    :func:`build_trainer`. ``observer`` is the hook point of a tracer (see
+    :mod:`~pydtnn_lite.training.observer`).
     """
 
     def __init__(self, network: Network, optimizer: Optimizer, schedule: LearningRateSchedule,
-                 comm: Communicator, synchronizer: GradientSynchronizer, data: Dataset,
-                 global_batch: int, seed: int = 0, steps_per_epoch: Optional[int] = None,
-                 share_weights: Optional[Sequence[float]] = None,
-                 augmentation: Augmentation = Augmentation(), balancer: Optional[LoadBalancer] = None) -> None:
-        augmentation.check(data)
+                 synchronizer: GradientSynchronizer, data: Dataset, settings: TrainerSettings,
+                 balancer: Optional[LoadBalancer] = None) -> None:
+        settings.augmentation.check(data)
         self.network, self.optimizer, self.schedule = network, optimizer, schedule
-        self.comm, self.synchronizer, self.data = comm, synchronizer, data
+        self.synchronizer, self.data, self.settings = synchronizer, data, settings
         self.loss = SoftmaxCrossEntropy()
-        self.sampler = EpochSampler(len(data), global_batch, seed=seed)
-        self.steps_per_epoch = min(steps_per_epoch or self.sampler.steps_per_epoch, self.sampler.steps_per_epoch)
-        self.share_weights = list(share_weights) if share_weights else [1.0] * comm.size
+        self.sampler = EpochSampler(len(data), settings.global_batch, seed=settings.seed)
+        self.steps_per_epoch = min(settings.steps_per_epoch or self.sampler.steps_per_epoch,
+                                   self.sampler.steps_per_epoch)
+        self.share_weights = list(settings.share_weights or [1.0] * self.comm.size)
         self.global_step = 0
-        self.seed = seed
-        self.augmentation = augmentation
         self.balancer = balancer
         self.rebalanced_at: Optional[int] = None  # the global step after which the shares last changed
         self.backend = network.backend
+        self.observer: TrainingObserver = NO_OBSERVER
+
+    @property
+    def comm(self) -> Communicator:
+        """The ranks this trainer trains with (the synchronizer's)."""
+        return self.synchronizer.comm
+
+    @property
+    def seed(self) -> int:
+        return self.settings.seed
+
+    @property
+    def augmentation(self) -> Augmentation:
+        return self.settings.augmentation
 
     # ----------------------------------------------------------------- one step
     def local_rows(self, batch_size: int) -> slice:
@@ -65,19 +116,26 @@ class Trainer:
     def _sum_across_ranks(self, array: Any) -> Any:
         return self.comm.allreduce(array)
 
-    def train_step(self, images: Any, labels: Any, global_batch: int, sample_offset: int) -> StepResult:
-        """Forward, backward, gradient Allreduce and update on this rank's ``images``.
+    def train_step(self, batch: Batch) -> StepResult:
+        """Forward, backward, gradient Allreduce and update on this rank's ``batch``.
 
         Returns the global loss and accuracy; raises TrainingError, before updating any
         weight, if the loss is not finite.
         """
+        self.observer.step_started(TRAIN, self.global_step, batch.samples)
+        try:
+            return self._train_step(batch)
+        finally:
+            self.observer.step_finished()
+
+    def _train_step(self, batch: Batch) -> StepResult:
         started = time.perf_counter()
-        ctx = StepContext(training=True, global_batch=global_batch, sample_offset=sample_offset,
+        ctx = StepContext(training=True, global_batch=batch.global_size, sample_offset=batch.offset,
                           step=self.global_step, seed=self.seed, sum_across_ranks=self._sum_across_ranks)
         scope, loss_index = self.network.scope, self.network.loss_index
-        logits = self.network.forward(images, ctx)
+        logits = self.network.forward(batch.images, ctx)
         with scope(loss_index, "FP"):
-            loss_sum, correct = self.loss.forward(logits, labels, ctx)
+            loss_sum, correct = self.loss.forward(logits, batch.labels, ctx)
         with scope(loss_index, "BP"):
             grad_logits = self.loss.backward()
         self.network.backward(grad_logits, on_layer_done=self.synchronizer.layer_done)
@@ -88,58 +146,70 @@ class Trainer:
                                 "(or add --warmup-epochs), and check the input data for NaN or inf")
         self.optimizer.step(self.schedule(self.global_step, self.steps_per_epoch))
         self.global_step += 1
-        return StepResult(total_loss / global_batch, total_correct / global_batch, global_batch,
+        return StepResult(total_loss / batch.global_size, total_correct / batch.global_size, batch.global_size,
                           time.perf_counter() - started)
 
-    def load_step(self, epoch: int, step: int) -> tuple[Any, Any, int, int]:
-        """This rank's images and labels of step ``step`` of ``epoch``: (x, y, global batch, offset)."""
+    def load_step(self, epoch: int, step: int) -> Batch:
+        """This rank's rows of step ``step`` of ``epoch``, augmented and on the device.
+
+        Loading is part of the training step that follows: the observer's step starts here.
+        """
         indices = self.sampler.batch(epoch, step)
         rows = self.local_rows(len(indices))
         mine = indices[rows]
-        images, labels = self.data.load(mine)
+        self.observer.step_started(TRAIN, self.global_step, len(mine))
+        images, labels = self.observer.run(DATA_LOAD, self.data.load, mine)
         # On the host, before the copy to the device. Choices follow the samples' data-set
         # indices, not this rank's rows, so any split of the batch trains the same images.
         images = self.augmentation.apply(images, mine, self.seed, epoch)
-        images, labels = self.to_device(images, labels)
-        return images, labels, len(indices), rows.start
+        images, labels = self.observer.run(H2D_COPY, self.to_device, images, labels)
+        return Batch(images, labels, len(indices), rows.start)
 
     def to_device(self, images: Any, labels: Any) -> tuple[Any, Any]:
         """Copy a batch read on the host to the backend's device (queued; page-locked on a GPU)."""
         return self.backend.to_device(images), self.backend.to_device(labels, labels.dtype)
 
     # ----------------------------------------------------------------- epochs
-    def train_epoch(self, epoch: int, on_step: Optional[Callable[[int, StepResult], None]] = None) -> StepResult:
-        """Run the rest of ``epoch`` from the step ``global_step`` points at."""
+    def train_epoch(self, epoch: int, callbacks: Sequence[StepCallback] = ()) -> StepResult:
+        """Run the rest of ``epoch`` from the step ``global_step`` points at; call each of
+        ``callbacks`` after every step."""
         loss = correct = samples = 0.0
         started = time.perf_counter()
         for step in range(self.global_step % self.steps_per_epoch, self.steps_per_epoch):
             step_started, blocked = time.perf_counter(), self.comm.blocked_seconds
-            images, labels, global_batch, offset = self.load_step(epoch, step)
-            result = self.train_step(images, labels, global_batch, offset)
+            batch = self.load_step(epoch, step)
+            result = self.train_step(batch)
             if self.balancer is not None:
                 busy = time.perf_counter() - step_started - (self.comm.blocked_seconds - blocked)
-                self._balance(len(images), busy)
-            loss += result.loss * global_batch
-            correct += result.accuracy * global_batch
-            samples += global_batch
-            if on_step is not None:
-                on_step(self.global_step, result)
+                self._balance(self.balancer, batch.samples, busy)
+            loss += result.loss * batch.global_size
+            correct += result.accuracy * batch.global_size
+            samples += batch.global_size
+            for callback in callbacks:
+                callback(self.global_step, result)
         samples = max(samples, 1)
         return StepResult(loss / samples, correct / samples, int(samples), time.perf_counter() - started)
 
-    def _balance(self, samples: int, busy_seconds: float) -> None:
+    def _balance(self, balancer: LoadBalancer, samples: int, busy_seconds: float) -> None:
         """Share this rank's samples and busy time with all ranks; re-weight the shares when the balancer says so."""
         size, rank = self.comm.size, self.comm.rank
         values = [0.0] * (2 * size)
         values[rank], values[size + rank] = float(samples), busy_seconds
         totals = self.comm.allreduce_host(values)
-        self.balancer.observe(totals[:size], totals[size:])
-        proposal = self.balancer.propose(self.share_weights)
+        balancer.observe(totals[:size], totals[size:])
+        proposal = balancer.propose(self.share_weights)
         if proposal is not None:
             self.share_weights, self.rebalanced_at = proposal, self.global_step
 
     def evaluate(self, data: Dataset, batch_size: int, max_steps: Optional[int] = None) -> StepResult:
         """Global loss and accuracy over ``data`` (or its first ``max_steps`` batches), ranks sharing each batch."""
+        self.observer.step_started(EVAL, self.global_step, 0)
+        try:
+            return self._evaluate(data, batch_size, max_steps)
+        finally:
+            self.observer.step_finished()
+
+    def _evaluate(self, data: Dataset, batch_size: int, max_steps: Optional[int]) -> StepResult:
         started = time.perf_counter()
         sampler = EpochSampler(len(data), batch_size, shuffle=False)
         steps = min(max_steps or sampler.steps_per_epoch, sampler.steps_per_epoch)
@@ -147,7 +217,8 @@ class Trainer:
         for step in range(steps):
             indices = sampler.batch(0, step)
             rows = self.local_rows(len(indices))
-            images, labels = self.to_device(*data.load(indices[rows]))
+            images, labels = self.observer.run(DATA_LOAD, data.load, indices[rows])
+            images, labels = self.observer.run(H2D_COPY, self.to_device, images, labels)
             ctx = StepContext(training=False, global_batch=len(indices), sample_offset=rows.start)
             logits = self.network.forward(images, ctx)
             with self.network.scope(self.network.loss_index, "FP"):
@@ -159,3 +230,22 @@ class Trainer:
         samples = max(samples, 1)
         return StepResult(loss / samples, correct / samples, int(samples), time.perf_counter() - started)
 
+
+def build_trainer(network: Network, data: Dataset, settings: TrainerSettings, *,
+                  comm: Optional[Communicator] = None, optimizer: Optional[Optimizer] = None,
+                  schedule: Optional[LearningRateSchedule] = None, bucket_mb: float = 4.0, overlap: bool = True,
+                  synchronizer: Optional[GradientSynchronizer] = None,
+                  balancer: Optional[LoadBalancer] = None) -> Trainer:
+    """A trainer of the built ``network`` on ``data``: the one place that wires one up.
+
+    Gradients are summed over ``comm`` (default: this process alone) in buckets of
+    ``bucket_mb`` MiB, overlapped with backward or not; or by a given ``synchronizer``,
+    whose communicator is then the trainer's (give one or the other). The optimizer
+    defaults to SGD with momentum, the schedule to a constant learning rate of 0.01.
+    """
+    if synchronizer is not None and comm is not None:
+        raise ValueError("give comm or a synchronizer (which holds its communicator), not both")
+    if synchronizer is None:
+        synchronizer = make_gradient_synchronizer(network, comm or SerialCommunicator(), bucket_mb, overlap)
+    return Trainer(network, optimizer or SGD(network), schedule or LearningRateSchedule(0.01), synchronizer, data,
+                   settings, balancer)

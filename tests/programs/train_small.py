@@ -12,7 +12,7 @@ import platform
 import numpy as np
 
 from pydtnn_lite.backend import make_backend
-from pydtnn_lite.comm import make_communicator, make_gradient_synchronizer
+from pydtnn_lite.comm import make_communicator
 from pydtnn_lite.comm.staged import HostStagedCommunicator
 from pydtnn_lite.comm.strategy import connect
 from pydtnn_lite.comm.two_level import TwoLevelCommunicator
@@ -21,8 +21,8 @@ from pydtnn_lite.layers import BatchNorm, Conv2D, Dense, Dropout, Flatten, MaxPo
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, LearningRateSchedule
 from pydtnn_lite.runtime import install_job_abort, set_blas_threads
-from pydtnn_lite.train import device_of_rank
-from pydtnn_lite.training import Trainer
+from pydtnn_lite.run_config import device_of_rank
+from pydtnn_lite.training import TrainerSettings, build_trainer
 
 
 def small_network() -> Network:
@@ -68,10 +68,11 @@ def main() -> None:
     network = small_network().build(backend, seed=comm.rank)  # rank 0's weights win
     comm.broadcast(network.flat_params)
     optimizer = SGD(network, momentum=0.9, weight_decay=1e-4)
-    sync = make_gradient_synchronizer(network, comm, args.bucket_mb, overlap=not args.no_overlap)
-    trainer = Trainer(network, optimizer, LearningRateSchedule(0.05), comm, sync, open_dataset("digits"),
-                      args.batch, seed=1, steps_per_epoch=args.steps, share_weights=args.weights,
-                      augmentation=Augmentation(args.random_crop, args.random_flip))
+    settings = TrainerSettings(args.batch, seed=1, steps_per_epoch=args.steps,
+                               share_weights=tuple(args.weights) if args.weights else None,
+                               augmentation=Augmentation(args.random_crop, args.random_flip))
+    trainer = build_trainer(network, open_dataset("digits"), settings, comm=comm, optimizer=optimizer,
+                            schedule=LearningRateSchedule(0.05), bucket_mb=args.bucket_mb, overlap=not args.no_overlap)
     trainer.train_epoch(0)
     if comm.rank == 0:
         np.savez(args.out, **network.state_dict())

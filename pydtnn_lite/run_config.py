@@ -1,0 +1,170 @@
+"""The configuration of one training run, built once from the command line's flags.
+
+Every flag is checked and parsed here, before any data is read or collective is entered,
+so a bad value ends the job with one line naming it. What follows reads this frozen
+record, never the flags.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Optional
+
+from pydtnn_lite.data import Augmentation
+from pydtnn_lite.errors import UserError
+from pydtnn_lite.optim import LearningRateSchedule
+from pydtnn_lite.training.faults import FaultInjection
+
+DEVICES = ("cpu", "gpu", "auto")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One rank's view of the run: what to train, how, and where its outputs go."""
+
+    model: str
+    dataset: str
+    data_dir: Optional[str]
+    augmentation: Augmentation
+    global_batch: int
+    epochs: int
+    steps_per_epoch: Optional[int]
+    eval_steps: Optional[int]  # validation batches after each epoch (None: the whole test split; 0: none)
+    optimizer: str  # sgd or adam
+    momentum: float
+    nesterov: bool
+    weight_decay: float
+    schedule: LearningRateSchedule
+    device: str  # this rank's: cpu, gpu or auto
+    comm: str  # the --comm strategy
+    dtype: str
+    seed: int
+    blas_threads: Optional[int]
+    share_weights: Optional[tuple[float, ...]]
+    balance: str  # on, off, or auto: on for jobs of CPU and GPU ranks without --partition
+    balance_warmup: int
+    balance_every: int
+    bucket_mb: float
+    overlap: bool
+    collective_timeout: float
+    run_dir: str
+    checkpoint_dir: Optional[str]
+    checkpoint_every: int  # steps between checkpoints (0: at the end of each epoch)
+    resume: Optional[str]  # the checkpoint to continue from
+    load_weights: Optional[str]
+    save_weights: Optional[str]
+    progress: bool
+    trace: Optional[str]
+    trace_skip: int
+    trace_steps: Optional[int]
+    validate: Optional[str]
+    faults: FaultInjection
+
+    @classmethod
+    def from_arguments(cls, args: argparse.Namespace, ranks: int, rank: int) -> "RunConfig":
+        """Check the parsed flags of a job of ``ranks`` ranks and build this rank's configuration.
+
+        Raises UserError naming the first bad flag.
+        """
+        check_counts(args)
+        share_weights = parse_partition(args.partition, ranks)
+        if args.resume == "" and not args.checkpoint_dir:
+            raise UserError("--resume without a path needs --checkpoint-dir")
+        if args.validate and not args.trace:
+            raise UserError("--validate sets a trace against the model: add --trace DIR")
+        return cls(
+            model=args.model, dataset=args.dataset, data_dir=args.data_dir,
+            augmentation=Augmentation(args.random_crop, args.random_flip),
+            global_batch=global_batch(args, ranks), epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
+            eval_steps=args.eval_steps, optimizer=args.optimizer, momentum=args.momentum, nesterov=args.nesterov,
+            weight_decay=args.weight_decay,
+            schedule=LearningRateSchedule(args.lr, args.warmup_epochs, tuple(args.lr_decay_epochs),
+                                          args.lr_decay_factor),
+            device=device_of_rank(args.device, rank, ranks), comm=args.comm, dtype=args.dtype, seed=args.seed,
+            blas_threads=args.blas_threads, share_weights=share_weights,
+            balance=args.balance,
+            balance_warmup=args.balance_warmup, balance_every=args.balance_every, bucket_mb=args.bucket_mb,
+            overlap=not args.no_overlap, collective_timeout=args.collective_timeout, run_dir=args.run_dir,
+            checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+            resume=None if args.resume is None else args.resume or args.checkpoint_dir,
+            load_weights=args.load_weights, save_weights=args.save_weights, progress=not args.no_progress,
+            trace=args.trace, trace_skip=args.trace_skip, trace_steps=args.trace_steps, validate=args.validate,
+            faults=FaultInjection(parse_rank_step(args.inject_failure, "--inject-failure"),
+                                  parse_rank_step(args.inject_stall, "--inject-stall"),
+                                  parse_delay(args.inject_delay)))
+
+    def balances(self, mixed_devices: bool) -> bool:
+        """Whether the shares follow the ranks' measured speeds, in a job that mixes devices or not."""
+        return self.balance == "on" or (self.balance == "auto" and mixed_devices and self.share_weights is None)
+
+
+COUNTS = {"epochs": 1, "steps_per_epoch": 1, "blas_threads": 1, "checkpoint_every": 0, "eval_steps": 0,
+          "trace_skip": 0, "trace_steps": 1, "balance_warmup": 1, "balance_every": 1}  # flag: its least value
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """Refuse a count below its least value, and a bucket that is not positive."""
+    for flag, minimum in COUNTS.items():
+        value = getattr(args, flag)
+        if value is not None and value < minimum:
+            raise UserError(f"--{flag.replace('_', '-')} must be at least {minimum}, got {value}")
+    if args.bucket_mb <= 0:
+        raise UserError(f"--bucket-mb must be positive, got {args.bucket_mb}")
+
+
+def global_batch(args: argparse.Namespace, ranks: int) -> int:
+    """--batch-size, or --local-batch-size times the ranks; at least one sample per rank."""
+    if args.local_batch_size is not None:
+        if args.local_batch_size < 1:
+            raise UserError(f"--local-batch-size must be at least 1, got {args.local_batch_size}")
+        batch = args.local_batch_size * ranks
+    else:
+        batch = args.batch_size
+    if batch < ranks:
+        raise UserError(f"the global batch of {batch} is smaller than the {ranks} ranks: "
+                        f"use --batch-size {ranks} or more")
+    return batch
+
+
+def parse_rank_step(text: Optional[str], flag: str) -> Optional[tuple[int, int]]:
+    """'RANK:STEP' as two integers (None when not given)."""
+    if text is None:
+        return None
+    try:
+        rank, step = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise UserError(f"{flag} takes RANK:STEP, e.g. 1:3, got {text!r}") from None
+    return rank, step
+
+
+def parse_delay(text: Optional[str]) -> Optional[tuple[int, float]]:
+    """--inject-delay RANK:MS as (rank, seconds per sample)."""
+    if text is None:
+        return None
+    try:
+        rank, milliseconds = text.split(":")
+        return int(rank), float(milliseconds) / 1e3
+    except ValueError:
+        raise UserError(f"--inject-delay takes RANK:MS, e.g. 1:2.5, got {text!r}") from None
+
+
+def parse_partition(text: Optional[str], ranks: int) -> Optional[tuple[float, ...]]:
+    """--partition as one non-negative weight per rank (None when not given)."""
+    if text is None:
+        return None
+    try:
+        weights = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise UserError(f"--partition takes one number per rank, e.g. 1,3, got {text!r}") from None
+    if len(weights) != ranks or min(weights) < 0 or sum(weights) <= 0:
+        raise UserError(f"--partition needs {ranks} non-negative weights (one per rank) with a positive sum, "
+                        f"got {text!r}")
+    return weights
+
+
+def device_of_rank(text: str, rank: int, size: int) -> str:
+    """This rank's entry of --device: the one value given, or the rank's item of a per-rank list."""
+    devices = text.split(",")
+    if len(devices) not in (1, size) or any(device not in DEVICES for device in devices):
+        raise UserError(f"--device takes cpu, gpu or auto, once or once per rank ({size} here), got {text!r}")
+    return devices[0] if len(devices) == 1 else devices[rank]
