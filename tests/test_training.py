@@ -22,25 +22,6 @@ def test_converges_on_digits(model, lr, epochs):
     assert result.accuracy >= 0.90, result
 
 
-def test_sgd_matches_pytorch_formula():
-    net = Network("one", (2,), 2)
-    from pydtnn_lite.layers import Dense
-    net.add(Dense(2, use_bias=False))
-    net.build(make_backend("cpu", "float64"))
-    p0 = net.flat_params.copy()
-    opt = SGD(net, momentum=0.5, nesterov=True, weight_decay=0.1)
-    g = np.array([1.0, -2.0, 0.5, 3.0])
-    v = np.zeros(4)
-    p = p0.copy()
-    for _ in range(3):
-        net.flat_grads[...] = g
-        opt.step(0.1)
-        d = g + 0.1 * p
-        v = 0.5 * v + d
-        p = p - 0.1 * (d + 0.5 * v)
-    np.testing.assert_allclose(net.flat_params, p)
-
-
 def test_schedule_warmup_and_decay():
     schedule = LearningRateSchedule(0.1, warmup_epochs=1, decay_epochs=(2, 3), decay_factor=0.5)
     assert schedule(0, 10) == pytest.approx(0.01)
