@@ -27,6 +27,7 @@ from pydtnn_lite.perfmodel.allreduce_timing import KIB, MIB, time_allreduce
 from pydtnn_lite.perfmodel.calibration import Calibration
 from pydtnn_lite.perfmodel.machines import allreduce_models
 from pydtnn_lite.runtime import keep_freed_memory
+from pydtnn_lite.textable import format_table
 
 EARLIER_SIZES = [3 * MIB // 2 << k for k in range(0, 7, 2)]  # 1.5, 6, 24, 96 MiB: the first version's sizes
 
@@ -71,11 +72,17 @@ def main() -> None:
     this_run = allreduce_models([(p, n, fresh.get((p, n), t)) for p, n, t in samples])
     print(f"{procs} ranks, {args.calibration}: fit {models['fit'].algorithm} with thresholds "
           f"{[int(t) for t in models['fit'].thresholds]} bytes")
-    print(f"{'bytes':>11}{'sample':>7}{'measured us':>13}" + "".join(f"{name:>13}{'error':>8}" for name in models))
+    headers = ["bytes", "sample", "measured us"]
+    for name in models:
+        headers += [name, "error"]
+    rows = []
     for (nbytes, kind), seconds in zip(sizes.items(), measured):
-        print(f"{nbytes:>11}{kind:>7}{seconds * 1e6:>13.1f}" + "".join(
-            f"{model.seconds(nbytes, procs) * 1e6:>13.1f}{model.seconds(nbytes, procs) / seconds - 1:>+8.1%}"
-            for model in models.values()))
+        row = [nbytes, kind, f"{seconds * 1e6:.1f}"]
+        for model in models.values():
+            predicted = model.seconds(nbytes, procs)
+            row += [f"{predicted * 1e6:.1f}", f"{predicted / seconds - 1:+.1%}"]
+        rows.append(row)
+    print(format_table(headers, rows, align=">" * len(headers)))
     for name in models:
         print(f"{name}, the file's samples: {summary(errors(models[name], procs, sizes, measured), ('in', 'out'))}")
         print(f"{name}, this run's samples: {summary(errors(this_run[name], procs, sizes, measured), ('out',))}")

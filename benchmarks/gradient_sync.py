@@ -37,6 +37,7 @@ from pydtnn_lite.comm.gradients import MIB
 from pydtnn_lite.comm.mpi import MPICommunicator
 from pydtnn_lite.layers import StepContext
 from pydtnn_lite.runtime import default_blas_threads, set_blas_threads, usable_cores
+from pydtnn_lite.textable import format_table
 from pydtnn_lite.training import Trainer
 
 WORLD = MPI.COMM_WORLD
@@ -68,10 +69,8 @@ def bare_allreduce(buffer: np.ndarray) -> None:
 
 def table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Rows as aligned columns under ``title``; floats with two decimals."""
-    cells = [list(header)] + [[f"{c:.2f}" if isinstance(c, float) else str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells]
-    return "\n".join([title, *lines]) + "\n"
+    cells = [[f"{c:.2f}" if isinstance(c, float) else c for c in row] for row in rows]
+    return f"{title}\n{format_table(header, cells)}\n"
 
 
 def sync_rows(times: dict[str, float], nbytes: int, baseline: str) -> list[list[object]]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from pydtnn_lite.perfmodel.machines import calibrated_machine
 from pydtnn_lite.perfmodel.validation import COMPUTE_STAGES, Validation, weighted_relative_error
+from pydtnn_lite.textable import format_table
 from pydtnn_lite.tracing import load_trace
 from pydtnn_lite.validate import validation_of
 
@@ -97,11 +98,10 @@ def median_magnitudes(rows: list[dict[str, float]]) -> dict[str, float]:
     return {name: statistics.median(abs(row[name]) for row in rows) for name in FIGURES}
 
 
-def line(label: str, values: dict[str, float], signed: bool = True) -> str:
-    """One row of percentages; errors carry their sign where ``signed``, a WRE never does."""
-    cells = "".join(f"{100 * values[name]:>+12.1f}" if signed and "error" in name else f"{100 * values[name]:>12.1f}"
-                    for name in FIGURES)
-    return f"  {label:<26}{cells}"
+def row(label: str, values: dict[str, float], signed: bool = True) -> tuple[str, ...]:
+    """A label and its percentages; errors carry their sign where ``signed``, a WRE never does."""
+    return (label, *(f"{100 * values[name]:+.1f}" if signed and "error" in name else f"{100 * values[name]:.1f}"
+                     for name in FIGURES))
 
 
 def report(config: Config, validations: list[Validation]) -> str:
@@ -111,14 +111,14 @@ def report(config: Config, validations: list[Validation]) -> str:
     ratio = {name: model_median[name] / floor_median[name] if floor_median[name] > 0 else float("nan")
              for name in FIGURES}
     steps = ", ".join(f"{1e3 * v.step.measured:.1f}" for v in validations)
-    lines = [f"{config}: measured steps {steps} ms; predicted {1e3 * validations[0].step.predicted:.1f} ms",
-             f"  {'(%; medians of magnitudes)':<26}" + "".join(f"{name:>12}" for name in FIGURES)]
-    lines += [line(f"model, run {i + 1}", row) for i, row in enumerate(model)]
-    lines += [line("model, median", model_median, signed=False),
-              line("between runs, median", floor_median, signed=False),
-              line("split-half, median", median_magnitudes([split_half(v) for v in validations]), signed=False),
-              f"  {'model / between runs':<26}" + "".join(f"{value:>12.2f}" for value in ratio.values())]
-    return "\n".join(lines)
+    rows = [row(f"model, run {i + 1}", values) for i, values in enumerate(model)]
+    rows += [row("model, median", model_median, signed=False),
+             row("between runs, median", floor_median, signed=False),
+             row("split-half, median", median_magnitudes([split_half(v) for v in validations]), signed=False),
+             ("model / between runs", *(f"{value:.2f}" for value in ratio.values()))]
+    table = format_table(("(%; medians of magnitudes)", *FIGURES), rows)
+    return "\n".join([f"{config}: measured steps {steps} ms; predicted {1e3 * validations[0].step.predicted:.1f} ms",
+                      *("  " + line for line in table.split("\n"))])
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ from pydtnn_lite.perfmodel.calibration import (Calibration, CalibrationSettings,
 from pydtnn_lite.perfmodel.probes import QUICK
 from pydtnn_lite.perfmodel.synchronization import fit_sync_wait
 from pydtnn_lite.runtime import default_blas_threads, install_job_abort, keep_freed_memory, set_blas_threads
+from pydtnn_lite.textable import format_table
 
 PROGRAM = "pydtnn_lite.calibrate"
 SETUP_ERROR_EXIT = 2
@@ -96,13 +97,11 @@ def report(calibration: Calibration) -> str:
     rows = []
     for name, model in sorted(calibration.kernel_models.items()):
         rates = calibration.kernel_rates.get(name, {})
-        rows.append((name, str(len(calibration.kernel_samples.get(name, ()))), model.kind,
+        rows.append((name, len(calibration.kernel_samples.get(name, ())), model.kind,
                      _percent(model.held_out_error), _percent(model.held_out_time_error),
                      f"{rates.get('flops_per_second', 0.0) / 1e9:.1f}",
                      f"{rates.get('bytes_per_second', 0.0) / 1e9:.1f}"))
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-    return "\n".join(lines + [line(header), "-" * (sum(widths) + 2 * len(widths) - 2)] + [line(row) for row in rows])
+    return "\n".join(lines + [format_table(header, rows)])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

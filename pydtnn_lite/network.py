@@ -20,6 +20,7 @@ import numpy as np
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend, make_backend
 from pydtnn_lite.layers.base import KernelCost, Layer, Shape, StepContext
+from pydtnn_lite.textable import format_table
 
 Scope = Callable[[int, str], AbstractContextManager]
 _NO_SCOPE = nullcontext()
@@ -244,15 +245,16 @@ class Network:
 
     def summary(self) -> str:
         """A table of layers, output shapes, parameters and forward FLOPs per sample."""
-        head = f"{'#':>3}  {'layer':<12} {'inputs':<10} {'output':<16} {'params':>11} {'MFLOP/sample':>13}  details"
-        rows = [f"{self.name}: input {self.input_shape}, {self.num_classes} classes", head, "-" * len(head)]
+        rows = []
         for layer, sources in zip(self.layers, self.inputs):
             fp = sum(c.flops for c in layer.costs(1) if c.stage == "FP") / 1e6
             src = ",".join("in" if s == self.INPUT else str(s) for s in sources)
-            rows.append(f"{layer.index:>3}  {layer.name:<12} {src:<10} {str(layer.output_shape):<16} "
-                        f"{layer.param_count:>11,} {fp:>13.2f}  {layer.describe()}")
-        rows.append("-" * len(head))
-        rows.append(f"total parameters {self.param_count:,}; forward {self.flops_per_sample('FP') / 1e9:.3f} "
-                    f"GFLOP/sample; training step {(self.flops_per_sample('FP') + self.flops_per_sample('BP')) / 1e9:.3f}"
-                    f" GFLOP/sample")
-        return "\n".join(rows)
+            rows.append((layer.index, layer.name, src, layer.output_shape, f"{layer.param_count:,}", f"{fp:.2f}",
+                         layer.describe()))
+        table = format_table(("#", "layer", "inputs", "output", "params", "MFLOP/sample", "details"), rows,
+                             align="><<<>><")
+        rule = table.split("\n")[1]  # the rule under the header closes the table too
+        return "\n".join([f"{self.name}: input {self.input_shape}, {self.num_classes} classes", table, rule,
+                          f"total parameters {self.param_count:,}; forward {self.flops_per_sample('FP') / 1e9:.3f} "
+                          f"GFLOP/sample; training step "
+                          f"{(self.flops_per_sample('FP') + self.flops_per_sample('BP')) / 1e9:.3f} GFLOP/sample"])

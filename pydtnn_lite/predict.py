@@ -19,6 +19,7 @@ from pydtnn_lite.perfmodel.clusters import PRESETS
 from pydtnn_lite.perfmodel.machines import ALLREDUCE_MODELS, calibrated_machine, cluster_machine, described_cluster
 from pydtnn_lite.perfmodel.prediction import STAGES, Machine, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.workload import DATASET_SHAPES, build_workload
+from pydtnn_lite.textable import format_table
 
 PROGRAM = "pydtnn_lite.predict"
 
@@ -78,12 +79,11 @@ def prediction_json(prediction: StepPrediction, global_batch: int) -> dict:
 
 
 def prediction_text(prediction: StepPrediction, title: str, global_batch: int) -> str:
-    lines = [title, f"{'layer':<16}{'FP ms':>10}{'BP ms':>10}{'WU ms':>10}", "-" * 46]
-    for (index, name), stages in sorted(prediction.layer_table().items()):
-        if index >= 0:
-            lines.append(f"{f'{index} {name}':<16}" + "".join(f"{stages.get(s, 0.0) * 1e3:>10.3f}"
-                                                              for s in ("FP", "BP", "WU")))
-    lines.append("-" * 46)
+    table = format_table(("layer", "FP ms", "BP ms", "WU ms"),
+                         [(f"{index} {name}", *(f"{stages.get(s, 0.0) * 1e3:.3f}" for s in ("FP", "BP", "WU")))
+                          for (index, name), stages in sorted(prediction.layer_table().items()) if index >= 0])
+    rule = table.split("\n")[1]  # the rule under the header closes the table too
+    lines = [title, table, rule]
     lines.append("stages: " + ", ".join(f"{s} {prediction.stage_seconds[s] * 1e3:.3f} ms" for s in STAGES))
     lines.append(f"{len(prediction.bucket_bytes)} gradient buckets, {sum(prediction.bucket_bytes) / 2**20:.1f} MiB, "
                  f"Allreduce {sum(prediction.bucket_seconds) * 1e3:.3f} ms")

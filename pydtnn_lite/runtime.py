@@ -23,9 +23,10 @@ def keep_freed_memory() -> None:
 
     Every step allocates and frees the same large temporaries (patch matrices and their
     gradients, hundreds of MB for VGG11). By default glibc maps each one fresh and unmaps
-    it on free, so each step pays a page fault for every page it touches again: about 7 %
-    of a VGG11 step here. Training, calibration and benchmarks all call this, so the
-    calibrated kernel times match the training runs. Does nothing without glibc.
+    it on free, so each step pays a page fault for every page it touches again
+    (docs/performance.md, 'Single-process training step against the GEMM peak').
+    Training, calibration and benchmarks all call this, so the calibrated kernel times
+    match the training runs. Does nothing without glibc.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")

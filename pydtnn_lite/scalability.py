@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.clusters import PRESETS
 from pydtnn_lite.perfmodel.scalability import BASELINE_BATCH, SWEEPS, Point, study
+from pydtnn_lite.textable import format_table
 
 PROGRAM = "pydtnn_lite.scalability"
 
@@ -79,10 +80,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{PROGRAM}: error: the plots need matplotlib: pip install 'pydtnn_lite[plot]'", file=sys.stderr)
         return 2
     print(f"baseline {args.preset}: {PRESETS[args.preset].nodes} nodes, per-node batch {BASELINE_BATCH}")
-    for p in points:
-        if p.parameter == "batch" and p.value == BASELINE_BATCH:
-            print(f"  {p.model:<12} {p.dataset:<9} computation {1e3 * p.computation:8.2f} ms, communication "
-                  f"{1e3 * p.communication:8.2f} ms, overlapped step {1e3 * p.step_with_overlap:8.2f} ms")
+    baseline = [p for p in points if p.parameter == "batch" and p.value == BASELINE_BATCH]
+    print(format_table(("model", "dataset", "computation ms", "communication ms", "overlapped step ms"),
+                       [(p.model, p.dataset, f"{1e3 * p.computation:.2f}", f"{1e3 * p.communication:.2f}",
+                         f"{1e3 * p.step_with_overlap:.2f}") for p in baseline], align="<<>>>"))
     print(f"wrote {args.out}/scalability.csv and {len(args.datasets)} plot(s)")
     return 0
 

@@ -15,7 +15,7 @@ PROGRAM = "pydtnn_lite.trace"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"python -m {PROGRAM}", description=__doc__.split("\\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     summarize = commands.add_parser("summarize", help="print the per-stage, per-layer, kernel and rank tables")
     summarize.add_argument("directory", help="a directory written by python -m pydtnn_lite.train --trace DIR")

@@ -8,7 +8,7 @@ import numpy as np
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.data import Augmentation, open_dataset
 from pydtnn_lite.layers import (Add, AvgPool2D, BatchNorm, Concat, Conv2D, Dense, Dropout, Flatten,
-                                GlobalAvgPool2D, MaxPool2D, ReLU)
+                                GlobalAvgPool2D, MaxPool2D, ReLU, SoftmaxCrossEntropy, StepContext)
 from pydtnn_lite.models import create_model
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, LearningRateSchedule
@@ -56,6 +56,25 @@ def relative_error(analytic: np.ndarray, numeric: np.ndarray) -> float:
     """Norm-wise relative error, guarded against two zero gradients."""
     scale = max(np.linalg.norm(analytic), np.linalg.norm(numeric), 1e-12)
     return float(np.linalg.norm(analytic - numeric) / scale)
+
+
+def network_gradient_error(network: Network, x: np.ndarray, labels: np.ndarray,
+                           indices: Optional[np.ndarray] = None) -> float:
+    """Relative error of ``network``'s parameter gradients, back-propagated from the mean
+    softmax cross-entropy of the batch ``x``, against its central differences, at the flat
+    parameter ``indices`` (default: every parameter)."""
+    loss = SoftmaxCrossEntropy()
+    ctx = StepContext(training=True, global_batch=len(x))
+
+    def objective() -> float:
+        return float(loss.forward(network.forward(x, ctx), labels, ctx)[0]) / len(x)
+
+    objective()
+    network.backward(loss.backward())
+    picks = np.arange(network.flat_params.size) if indices is None else indices
+    analytic = network.flat_grads[picks]
+    numeric = numeric_gradient(objective, network.flat_params, indices=picks)[picks]
+    return relative_error(analytic, numeric)
 
 
 def sample_per_segment(network, per_segment: int, seed: int = 0) -> np.ndarray:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import FLOAT64, every_layer_network, numeric_gradient, relative_error, sample_per_segment
+from helpers import (FLOAT64, every_layer_network, network_gradient_error, numeric_gradient, relative_error,
+                     sample_per_segment)
 
 from pydtnn_lite.layers import (Add, AvgPool2D, BatchNorm, Concat, Conv2D, Dense, Dropout, Flatten,
                                 GlobalAvgPool2D, MaxPool2D, MeanSquaredError, ReLU, SoftmaxCrossEntropy,
@@ -102,42 +103,20 @@ def test_softmax_cross_entropy():
 
 @pytest.mark.parametrize("name,shape", [("lenet", (8, 8, 1)), ("mlp", (4, 4, 2))])
 def test_whole_model(name, shape):
-    """Every parameter gradient of a small model, through the network's backward and the loss."""
+    """40 parameter gradients of every layer of a small model, through the network's backward and the loss."""
     net = create_model(name, shape, 3).build(FLOAT64, seed=3)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(4,) + shape)
+    x = np.random.default_rng(0).normal(size=(4,) + shape)
     labels = np.array([0, 1, 2, 1])
-    loss = SoftmaxCrossEntropy()
-    ctx = StepContext(training=True, global_batch=4)
-
-    def objective():
-        return float(loss.forward(net.forward(x, ctx), labels, ctx)[0]) / 4
-
-    objective()
-    net.backward(loss.backward())
-    picks = sample_per_segment(net, 40)
-    analytic = net.flat_grads[picks]
-    numeric = numeric_gradient(objective, net.flat_params, indices=picks)[picks]
-    assert relative_error(analytic, numeric) <= TOLERANCE
+    assert network_gradient_error(net, x, labels, indices=sample_per_segment(net, 40)) <= TOLERANCE
 
 
 def test_residual_and_dense_connectivity():
     """A branchy graph (shortcut Add, Concat, BatchNorm, pooling, dropout) back-propagates exactly."""
     net = every_layer_network((5, 5, 2), 3)
     net.build(FLOAT64, seed=1)
-    rng = np.random.default_rng(2)
-    x = rng.normal(size=(3, 5, 5, 2))
+    x = np.random.default_rng(2).normal(size=(3, 5, 5, 2))
     labels = np.array([2, 0, 1])
-    loss = SoftmaxCrossEntropy()
-    ctx = StepContext(training=True, global_batch=3)
-
-    def objective():
-        return float(loss.forward(net.forward(x, ctx), labels, ctx)[0]) / 3
-
-    objective()
-    net.backward(loss.backward())
-    analytic = net.flat_grads.copy()
-    assert relative_error(analytic, numeric_gradient(objective, net.flat_params)) <= TOLERANCE
+    assert network_gradient_error(net, x, labels) <= TOLERANCE
 
 
 def test_mean_squared_error():

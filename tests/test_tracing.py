@@ -1,6 +1,7 @@
 """The tracer: complete, correctly attributed and annotated records; valid outputs; no trace when off."""
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import subprocess
@@ -133,3 +134,15 @@ def test_summarize_names_a_directory_that_holds_no_trace(tmp_path):
     assert result.returncode == 2
     assert "is not a trace directory" in result.stderr and "--trace DIR" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("module", ["trace", "predict", "validate", "calibrate", "scalability"])
+def test_help_describes_the_program_with_one_paragraph_of_its_docstring(module):
+    result = subprocess.run([sys.executable, "-m", f"pydtnn_lite.{module}", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    description = " ".join(result.stdout.split("\n\n")[1].split())
+    paragraphs = [" ".join(p.split()) for p in importlib.import_module(f"pydtnn_lite.{module}").__doc__.split("\n\n")]
+    assert description in paragraphs
+    if module == "trace":
+        assert description == "Command line: ``python -m pydtnn_lite.trace summarize DIR`` prints what a trace holds."

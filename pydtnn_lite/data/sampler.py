@@ -40,7 +40,6 @@ class EpochSampler:
     global_batch: int
     seed: int = 0
     shuffle: bool = True
-    drop_last: bool = False
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -50,8 +49,7 @@ class EpochSampler:
 
     @property
     def steps_per_epoch(self) -> int:
-        full, rest = divmod(self.num_samples, self.global_batch)
-        return full if (self.drop_last and full) or rest == 0 else full + 1
+        return -(-self.num_samples // self.global_batch)  # rounded up: the last batch may be short
 
     def order(self, epoch: int) -> np.ndarray:
         """Sample order of ``epoch``: identical on every rank (computed once per epoch)."""

@@ -80,7 +80,6 @@ class Layer:
     """
 
     kind = "layer"
-    n_inputs = 1
 
     def __init__(self) -> None:
         self.name = self.kind  # made unique ("conv3") by the network

@@ -14,30 +14,27 @@ class Add(Layer):
     """Element-wise sum of two or more same-shaped inputs (ResNet's shortcut)."""
 
     kind = "add"
-    n_inputs = 2
 
     def init(self, input_shapes: Sequence[Shape], backend: Backend, rng: np.random.Generator) -> Shape:
         if len(set(map(tuple, input_shapes))) != 1:
             raise ValueError(f"{self.name}: inputs must have one shape, got {list(input_shapes)}")
-        self.n_inputs = len(input_shapes)
         return tuple(input_shapes[0])
 
     def forward(self, *inputs: Any, ctx: StepContext) -> Any:
         return kernels.add(inputs)
 
     def backward(self, grad_out: Any) -> list:
-        return [grad_out] * self.n_inputs
+        return [grad_out] * len(self.input_shapes)
 
     def costs(self, batch: int) -> list[KernelCost]:
-        n = self.elements(batch)
-        return [KernelCost("FP", "add", (self.n_inputs - 1) * n, (self.n_inputs + 1) * n * self.itemsize, (n,))]
+        n, inputs = self.elements(batch), len(self.input_shapes)
+        return [KernelCost("FP", "add", (inputs - 1) * n, (inputs + 1) * n * self.itemsize, (n,))]
 
 
 class Concat(Layer):
     """Join inputs along the channel axis (DenseNet's dense connectivity)."""
 
     kind = "concat"
-    n_inputs = 2
 
     def init(self, input_shapes: Sequence[Shape], backend: Backend, rng: np.random.Generator) -> Shape:
         if len({tuple(s[:-1]) for s in input_shapes}) != 1:

@@ -5,8 +5,8 @@ side's job (``allreduce.py``). Timed through mpi4py's buffer interface on float3
 arrays, as the trainer's gradient buckets are, and, as in training, on buffers that are
 not in the cache: a bucket is reduced once, after backward has streamed the rest of the
 step through memory, while a timing loop that repeats a call on one buffer finds it in
-the cache (here 0.18 against 0.26-0.32 ns/B at 4-16 MiB). Each call is preceded by an
-untimed cache eviction.
+the cache and under-estimates a bucket's time (docs/performance-model.md, 'What is
+measured'). Each call is preceded by an untimed cache eviction.
 
 MPICH's time is not a smooth function of the message size (docs/performance-model.md):
 the time per byte falls up to a few MiB and rises again as the operands leave the last

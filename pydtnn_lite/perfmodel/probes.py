@@ -143,8 +143,9 @@ class GridSize:
     max_activations: int
 
 
-# About 2-3 minutes of probes on 2 cores; covers the layers of VGG11 and ResNet18 at batch
-# 64 on CIFAR-sized images (up to 512 channels).
+# Sized to calibrate in minutes on 2 cores (docs/performance-model.md, 'How well the models
+# fit here'); covers the layers of VGG11 and ResNet18 at batch 64 on CIFAR-sized images
+# (up to 512 channels).
 FULL = GridSize({"conv": 300, "dense": 48, "pool": 96, "merge": 64}, 8e9, 1 << 22)
 QUICK = GridSize({"conv": 6, "dense": 4, "pool": 3, "merge": 3}, 5e7, 1 << 16)
 

@@ -225,10 +225,10 @@ class MLPRegressor(KernelModel):
 
     ``hidden`` Dense+ReLU layers (the paper: five of 50 units) and a Dense layer with one
     output, trained in float32. After training the weights are rounded to float16, the
-    precision a calibration file stores them in (base64 of the flat parameter array: a
-    calibration's models then fit in under 1 MB), so a model read back predicts exactly
-    what the fitted one did. The rounding moves a prediction by about 0.1 %, far below
-    the run-to-run noise of the timings.
+    precision a calibration file stores them in (base64 of the flat parameter array, half
+    the bytes of float32), so a model read back predicts exactly what the fitted one did.
+    The rounding moves a prediction far less than the timings vary from run to run
+    (docs/performance-model.md, 'The models').
     """
 
     kind = "mlp"
@@ -336,10 +336,9 @@ class MLPEnsemble(KernelModel):
     averaged in log(seconds).
 
     With a few hundred samples one MLP's error depends on its seed as much as on the
-    data: on calibration/dev-2core.json the held-out error of single MLPs ranged from
-    14 to 22 % (median) for im2col and from 7.1 to 8.7 % (time-weighted) for gemm over
-    five seeds, their ensemble's was 15 % and 6.4 %. Each member holds out its own fifth
-    for early stopping, so together they learn from every sample.
+    data, and averaging several evens that out (docs/performance-model.md, 'The models').
+    Each member holds out its own fifth for early stopping, so together they learn from
+    every sample.
     """
 
     kind = "mlp_ensemble"
@@ -401,19 +400,15 @@ def fit_kernel_model(samples: Sequence[KernelSample], seed: int = 0,
     A fifth of the samples is held out; each candidate is fitted on the rest, and the one
     with the lowest mean of its two held-out errors (:func:`held_out_errors`) is kept: it
     must predict the typical call (the median relative error) and the long calls that a
-    step spends its time in (the time-weighted error) alike. On
-    calibration/dev-2core.json the rate model and the ensemble tie for relu_grad on the
-    first (16 %), but not on the second (52 against 25 %). The ensemble is a candidate once
-    at least ``mlp_min_samples`` samples remain to train it. A kept closed-form model is
-    refitted on all samples (a few coefficients: the held-out error stays a fair
-    estimate); a kept ensemble stays as trained. The kept model records its held-out
-    errors.
+    step spends its time in (the time-weighted error) alike; two models can tie on the
+    first and not on the second. The ensemble is a candidate once at least
+    ``mlp_min_samples`` samples remain to train it. A kept closed-form model is refitted
+    on all samples (a few coefficients: the held-out error stays a fair estimate); a kept
+    ensemble stays as trained. The kept model records its held-out errors.
 
-    Both fallbacks stay candidates because neither fits every kernel: on
-    calibration/dev-2core.json the rate model held out better than the log-linear one for
-    sgd_update, gemm and bias_add (median 29, 14, 23 % against 64, 38, 26 %), the
-    log-linear model for im2col (51 against 97 %), whose time its dims tell better than
-    its bytes do.
+    Both fallbacks stay candidates because neither fits every kernel: the log-linear
+    model holds out better for kernels whose time their dims tell better than their bytes
+    do (im2col), the rate model for others (docs/performance-model.md, 'The models').
     """
     if not samples:
         raise ValueError("no samples to fit")

@@ -10,6 +10,7 @@ import os
 
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.validation import COMPUTE_STAGES, Comparison, Validation
+from pydtnn_lite.textable import format_table
 
 KERNELS_FILE, REPORT_FILE = "validation.csv", "report.html"
 
@@ -119,8 +120,8 @@ img{{max-width:100%}}</style></head><body>
 
 def summary_text(validation: Validation) -> str:
     """The step and stage table as text."""
-    lines = [f"{'':<6}{'measured ms':>14}{'predicted ms':>14}{'error':>10}{'WRE':>10}{'half diff':>11}{'half WRE':>10}"]
-    for c in [validation.step] + validation.stages:
-        lines.append(f"{c.name:<6}{c.measured * 1e3:>14.3f}{c.predicted * 1e3:>14.3f}{_percent(c.relative_error):>10}"
-                     f"{_magnitude(c.wre):>10}{_magnitude(c.half_difference):>11}{_magnitude(c.half_wre):>10}")
-    return "\n".join(lines + [HALVES_NOTE])
+    rows = [(c.name, f"{c.measured * 1e3:.3f}", f"{c.predicted * 1e3:.3f}", _percent(c.relative_error),
+             _magnitude(c.wre), _magnitude(c.half_difference), _magnitude(c.half_wre))
+            for c in [validation.step] + validation.stages]
+    table = format_table(("", "measured ms", "predicted ms", "error", "WRE", "half diff", "half WRE"), rows)
+    return "\n".join([table, HALVES_NOTE])

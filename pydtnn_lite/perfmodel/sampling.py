@@ -81,8 +81,8 @@ class ProbeSynchronizer(GradientSynchronizer):
     and the barrier measures how long each rank waits for the slowest after a step's work
     (``waits``: (seconds of work since the last barrier, seconds waited) per step). Then
     the caches are evicted, so that the update reads the optimizer state from memory, as
-    every update of a network whose state exceeds the cache does (VGG11's is 110 MB; in
-    its probes the same update ran 1.5x faster from the cache).
+    every update of a network whose state exceeds the cache does: an update timed from the
+    cache under-estimates it (docs/performance-model.md, 'What is measured').
     """
 
     def __init__(self, network: Network, ranks: Communicator, evict: Callable[[], None]) -> None:

@@ -8,11 +8,12 @@ the batch-norm reductions in FP and BP, and the gradient and loss reductions at 
 
 The wait after a stretch of T seconds of work grows with T, but more slowly than T: the
 calibration measures the ranks' mean wait at a barrier after each probe step and fits
-``wait = coefficient * T ** exponent`` (about 0.012 * T ** 0.7 on the 2-core development
-machine). For P ranks whose times vary independently, the mean wait is the expected
-maximum of P draws minus their mean, i.e. sigma * E[max of P standard normals]; so a
-wait measured on ``ranks`` ranks is scaled to P ranks by the ratio of those expected
-maxima (:func:`expected_maximum`): 0.56 for 2 ranks, 1.03 for 4, 1.42 for 8, 2.33 for 64.
+``wait = coefficient * T ** exponent`` (docs/performance-model.md, 'Synchronisation: the
+wait for the slowest rank'). For P ranks whose times vary independently, the mean wait
+is the expected maximum of P draws minus their mean, i.e. sigma * E[max of P standard
+normals]; so a wait measured on ``ranks`` ranks is scaled to P ranks by the ratio of those
+expected maxima (:func:`expected_maximum`): 0.56 for 2 ranks, 1.03 for 4, 1.42 for 8,
+2.34 for 64.
 """
 from __future__ import annotations
 

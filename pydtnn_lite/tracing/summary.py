@@ -8,6 +8,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from pydtnn_lite.textable import format_table
 from pydtnn_lite.tracing.records import COMMUNICATION, TRAIN, KernelRecord, StepRecord
 
 SUMMARY_FILE = "summary.csv"
@@ -83,13 +84,6 @@ def _rate(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.1f}"
 
 
-def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    rows = [list(map(str, row)) for row in rows]
-    widths = [max(len(str(h)), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-    return [line(list(header)), "-" * (sum(widths) + 2 * (len(widths) - 1))] + [line(row) for row in rows]
-
-
 def report(records: Sequence[KernelRecord], steps: Sequence[StepRecord], meta: dict, top: int = 10) -> str:
     """The text summary: per stage, per layer, the top kernels and each rank's wait."""
     train = [r for r in records if r.phase == TRAIN]
@@ -100,11 +94,11 @@ def report(records: Sequence[KernelRecord], steps: Sequence[StepRecord], meta: d
              f"{len({s.step for s in steps})} traced step(s), mean step {_milliseconds(mean_step)} ms", ""]
 
     stage_rows = {row["stage"]: row for row in grouped(train, lambda r: (r.stage,), ("stage",))}
-    lines += ["Per stage (ms per step, mean over ranks)"] + _table(
+    lines += ["Per stage (ms per step, mean over ranks)", format_table(
         ("stage", "ms/step", "% of step", "GFLOP/s", "GB/s"),
         [(stage, _milliseconds(row["total_s"] / rank_steps), f"{100 * row['total_s'] / rank_steps / mean_step:.1f}",
           _rate(row["gflops_per_s"]), _rate(row["gbytes_per_s"]))
-         for stage in STAGES if (row := stage_rows.get(stage))]) + [""]
+         for stage in STAGES if (row := stage_rows.get(stage))]), ""]
 
     by_layer: dict[tuple, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     flops: dict[tuple, float] = defaultdict(float)
@@ -121,21 +115,21 @@ def report(records: Sequence[KernelRecord], steps: Sequence[StepRecord], meta: d
         stage_times = (_milliseconds(times.get(stage, 0.0)) for stage in ("FP", "BP", "WU", "comm"))
         achieved = _rate(flops[key] / rank_steps / compute / 1e9) if compute else "-"
         layer_lines.append((f"{key[0]} {key[1]}", key[2], *stage_times, achieved))
-    lines += ["Per layer (ms per step)"] + _table(("layer", "type", "FP", "BP", "WU", "comm", "GFLOP/s"),
-                                                  layer_lines) + [""]
+    lines += ["Per layer (ms per step)",
+              format_table(("layer", "type", "FP", "BP", "WU", "comm", "GFLOP/s"), layer_lines), ""]
 
     kernels = sorted(grouped(train, lambda r: (r.kernel,), ("kernel",)), key=lambda row: -row["total_s"])[:top]
-    lines += [f"Top {len(kernels)} kernels"] + _table(
+    lines += [f"Top {len(kernels)} kernels", format_table(
         ("kernel", "calls/step", "ms/step", "% of step", "mean ms", "GFLOP/s", "GB/s"),
         [(row["kernel"], f"{row['calls'] / rank_steps:.1f}", _milliseconds(row["total_s"] / rank_steps),
           f"{100 * row['total_s'] / rank_steps / mean_step:.1f}", _milliseconds(row["mean_s"]),
-          _rate(row["gflops_per_s"]), _rate(row["gbytes_per_s"])) for row in kernels]) + [""]
+          _rate(row["gflops_per_s"]), _rate(row["gbytes_per_s"])) for row in kernels]), ""]
 
     ranks = rank_rows(records, steps)
-    lines += ["Per rank (ms per step): communication is mostly waiting for the slowest rank"] + _table(
+    lines += ["Per rank (ms per step): communication is mostly waiting for the slowest rank", format_table(
         ("rank", "steps", "step", "compute", "communication", "straggler wait"),
         [(row["rank"], row["steps"], _milliseconds(row["step_s"]), _milliseconds(row["compute_s"]),
-          _milliseconds(row["communication_s"]), _milliseconds(row["straggler_wait_s"])) for row in ranks])
+          _milliseconds(row["communication_s"]), _milliseconds(row["straggler_wait_s"])) for row in ranks])]
     if len(ranks) > 1:
         slowest = min(ranks, key=lambda row: row["communication_s"])
         worst = max(row["straggler_wait_s"] for row in ranks)
