@@ -134,4 +134,5 @@ class SerialCommunicator(Communicator):
         raise SystemExit(code)
 
     def describe(self) -> str:
+        """No MPI library to name: one process."""
         return "1 process"
