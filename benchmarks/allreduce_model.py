@@ -20,8 +20,8 @@ import argparse
 import math
 
 import numpy as np
-from mpi4py import MPI
 
+from pydtnn_lite.comm.mpi import MPICommunicator
 from pydtnn_lite.perfmodel.allreduce import AllreduceTime
 from pydtnn_lite.perfmodel.allreduce_timing import KIB, MIB, time_allreduce
 from pydtnn_lite.perfmodel.calibration import Calibration
@@ -60,12 +60,12 @@ def main() -> None:
     parser.add_argument("--min-mib", type=float, default=1.0, help="smallest message, MiB")
     args = parser.parse_args()
     keep_freed_memory()  # as the trainer and the calibration do: MPICH's large reductions run 2x faster with it
-    world = MPI.COMM_WORLD
-    procs = world.Get_size()
+    world = MPICommunicator()
+    procs = world.size
     samples = Calibration.load(args.calibration).allreduce_samples
     sizes = benchmark_sizes([int(n) for p, n, _ in samples if p == procs], int(args.min_mib * MIB))
     measured = time_allreduce(world, list(sizes))
-    if world.Get_rank() != 0:
+    if world.rank != 0:
         return
     models = allreduce_models(samples)
     fresh = {(procs, float(n)): t for (n, kind), t in zip(sizes.items(), measured) if kind == "in"}

@@ -3,71 +3,136 @@
 Arrays passed to collectives are backend arrays (NumPy here; CuPy for a device-aware
 implementation), reduced in place with SUM. Small host-side values (loss, counts,
 timings) travel through ``allreduce_host`` and the ``*_object`` calls.
+
+Both classes are abstract so that an implementation that forgets a method fails when it
+is instantiated instead of silently behaving as a single process.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
 import numpy as np
 
 
-class Request:
+class Request(ABC):
     """A started non-blocking collective."""
 
+    @abstractmethod
     def test(self) -> bool:
         """Drive progress; True once complete."""
-        return True
 
+    @abstractmethod
     def wait(self) -> None:
         """Block until complete."""
 
 
-class Communicator:
+class CompletedRequest(Request):
+    """A collective that was complete when it started (one process has no one to wait for)."""
+
+    def test(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        """Nothing to wait for."""
+
+
+class Communicator(ABC):
     """Rank, size and the collectives of synchronous data-parallel training."""
 
-    rank = 0
-    size = 1
-    local_rank = 0  # rank among the processes of this node
-    local_size = 1  # processes of this job on this node
-    name = "serial"
-    blocked_seconds = 0.0  # time spent blocked in collectives so far (waiting for data or other ranks)
+    rank: int
+    size: int
+    local_rank: int  # rank among the processes of this node
+    local_size: int  # processes of this job on this node
+    name: str
+    blocked_seconds: float  # time spent blocked in collectives so far (waiting for data or other ranks)
 
+    @abstractmethod
     def allreduce(self, array: Any) -> Any:
         """Sum ``array`` over all ranks, in place; return it."""
-        return array
 
+    @abstractmethod
     def iallreduce(self, array: Any) -> Request:
         """Start summing ``array`` over all ranks, in place."""
-        return Request()
 
+    @abstractmethod
     def broadcast(self, array: Any, root: int = 0) -> Any:
         """Overwrite ``array`` on every rank with root's, in place; return it."""
-        return array
 
+    @abstractmethod
     def allreduce_host(self, values: Sequence[float]) -> np.ndarray:
         """Sum a few float64 host values over all ranks."""
-        return np.asarray(values, dtype=np.float64)
 
+    @abstractmethod
     def allgather_object(self, obj: Any) -> list:
         """Every rank's ``obj``, in rank order."""
-        return [obj]
 
+    @abstractmethod
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
-        return obj
+        """Root's ``obj``, on every rank."""
 
+    @abstractmethod
     def gather_object(self, obj: Any, root: int = 0) -> list | None:
         """Every rank's ``obj`` in rank order on ``root``; None on the other ranks."""
-        return [obj]
 
+    @abstractmethod
     def barrier(self) -> None:
         """Wait for every rank."""
 
+    @abstractmethod
     def abort(self, code: int) -> None:
         """End every process of the job now (never returns)."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """The processes and library, for the first line of a run."""
+
+
+class SerialCommunicator(Communicator):
+    """One process: every collective's result is this process's own contribution."""
+
+    rank = 0
+    size = 1
+    local_rank = 0
+    local_size = 1
+    name = "serial"
+    blocked_seconds = 0.0  # there is no other rank to wait for
+
+    def allreduce(self, array: Any) -> Any:
+        """The sum over one rank is ``array`` itself, unchanged."""
+        return array
+
+    def iallreduce(self, array: Any) -> Request:
+        """``array`` already holds the sum: a request that is complete."""
+        return CompletedRequest()
+
+    def broadcast(self, array: Any, root: int = 0) -> Any:
+        """This process is the root: ``array`` is unchanged."""
+        return array
+
+    def allreduce_host(self, values: Sequence[float]) -> np.ndarray:
+        """The values themselves, as float64 like the other implementations return them."""
+        return np.asarray(values, dtype=np.float64)
+
+    def allgather_object(self, obj: Any) -> list:
+        """The only rank's ``obj``."""
+        return [obj]
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        """This process is the root: ``obj`` itself."""
+        return obj
+
+    def gather_object(self, obj: Any, root: int = 0) -> list | None:
+        """This process is the root: the list of the only rank's ``obj``."""
+        return [obj]
+
+    def barrier(self) -> None:
+        """No other rank to wait for."""
+
+    def abort(self, code: int) -> None:
+        """The job is this process: exit it with ``code``."""
         raise SystemExit(code)
 
     def describe(self) -> str:
+        """No MPI library to name: one process."""
         return "1 process"
-
-
-SerialCommunicator = Communicator

@@ -20,6 +20,7 @@ from pydtnn_lite.comm.base import Communicator, Request
 from pydtnn_lite.network import Network
 
 MIB = 1 << 20
+FIRST_BUCKET_MB = 1.0  # the first bucket's default limit: small, so that communication starts early
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,12 @@ class Bucket:
         return self.stop - self.start
 
 
-def plan_buckets(network: Network, bucket_bytes: float, first_bucket_bytes: float) -> list[Bucket]:
+def plan_buckets(network: Network, bucket_bytes: float, first_bucket_bytes: Optional[float] = None) -> list[Bucket]:
     """Cut the flat gradient, last layer first, into buckets of at most ``bucket_bytes``
-    (the first at most ``first_bucket_bytes``); a layer larger than a bucket spans several."""
+    (the first at most ``first_bucket_bytes``, by default the smaller of
+    :data:`FIRST_BUCKET_MB` MiB and ``bucket_bytes``); a layer larger than a bucket spans several."""
+    if first_bucket_bytes is None:
+        first_bucket_bytes = min(FIRST_BUCKET_MB * MIB, bucket_bytes)
     itemsize = np.dtype(network.backend.dtype).itemsize
     buckets: list[Bucket] = []
     top = None  # upper end of the bucket being filled
@@ -64,9 +68,10 @@ class GradientSynchronizer:
     """
 
     def __init__(self, network: Network, comm: Communicator, bucket_mb: float = 4.0,
-                 first_bucket_mb: float = 1.0, overlap: bool = True) -> None:
+                 first_bucket_mb: Optional[float] = None, overlap: bool = True) -> None:
         self.network, self.comm, self.overlap = network, comm, overlap
-        self.buckets = plan_buckets(network, bucket_mb * MIB, first_bucket_mb * MIB) if network.segments else []
+        first_bucket_bytes = None if first_bucket_mb is None else first_bucket_mb * MIB
+        self.buckets = plan_buckets(network, bucket_mb * MIB, first_bucket_bytes) if network.segments else []
         self.pending: list[Request] = []
         self.next_bucket = 0
         self.exposed_seconds = 0.0
@@ -108,6 +113,6 @@ class GradientSynchronizer:
 
 def make_gradient_synchronizer(network: Network, comm: Communicator, bucket_mb: float,
                                overlap: bool, first_bucket_mb: Optional[float] = None) -> GradientSynchronizer:
-    """A synchronizer whose first bucket is the smaller of 1 MiB and ``bucket_mb``."""
-    first = min(1.0, bucket_mb) if first_bucket_mb is None else first_bucket_mb
-    return GradientSynchronizer(network, comm, bucket_mb, first, overlap)
+    """A synchronizer whose first bucket is at most ``first_bucket_mb``, by default the
+    smaller of :data:`FIRST_BUCKET_MB` and ``bucket_mb``."""
+    return GradientSynchronizer(network, comm, bucket_mb, first_bucket_mb, overlap)

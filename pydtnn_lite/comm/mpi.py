@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class MPIRequest(Request):
 
 
 class MPICommunicator(Communicator):
-    """MPI.COMM_WORLD (or a given communicator).
+    """MPI over the ranks of the job, or over those of a :meth:`split`.
 
     With ``timeout`` > 0 every collective of a step (batch-norm sums, gradient buckets,
     the loss) waits at most that many seconds. Past it, the ranks that are stuck tell each
@@ -46,16 +46,23 @@ class MPICommunicator(Communicator):
 
     name = "mpi"
 
-    def __init__(self, comm: Any = None, timeout: float = 0.0) -> None:
+    def __init__(self, world: Optional[MPICommunicator] = None, timeout: float = 0.0) -> None:
+        """Over the ranks of ``world`` (MPI.COMM_WORLD when None)."""
         from mpi4py import MPI
 
-        self.MPI = MPI
-        self.comm = comm if comm is not None else MPI.COMM_WORLD
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self._attach(MPI.COMM_WORLD if world is None else world._mpi, timeout)
+
+    def _attach(self, handle: Any, timeout: float) -> None:
+        """Span the ranks of the mpi4py communicator ``handle`` (private: other code uses the methods)."""
+        from mpi4py import MPI
+
+        self.MPI, self._mpi = MPI, handle
+        self.rank, self.size = handle.Get_rank(), handle.Get_size()
+        node = handle.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         node.Free()
         self.timeout = timeout
+        self.blocked_seconds = 0.0
         self.started = 0  # collectives started by this rank, for matching across ranks
         self._notices: list[Any] = []  # sends of a timed-out rank, kept alive until the abort
 
@@ -68,7 +75,7 @@ class MPICommunicator(Communicator):
 
     def broadcast(self, array: Any, root: int = 0) -> Any:
         self.started += 1
-        self.comm.Bcast(array, root=root)
+        self._mpi.Bcast(array, root=root)
         return array
 
     def allreduce_host(self, values: Sequence[float]) -> np.ndarray:
@@ -83,7 +90,7 @@ class MPICommunicator(Communicator):
         if self.timeout <= 0:
             self.started += 1
             began = time.perf_counter()
-            self.comm.Allreduce(self.MPI.IN_PLACE, buffer, op=self.MPI.SUM)
+            self._mpi.Allreduce(self.MPI.IN_PLACE, buffer, op=self.MPI.SUM)
             self.blocked_seconds += time.perf_counter() - began
         else:
             self.iallreduce_buffer(buffer).wait()
@@ -92,7 +99,7 @@ class MPICommunicator(Communicator):
     def iallreduce_buffer(self, buffer: np.ndarray) -> MPIRequest:
         """Start summing the host ``buffer`` over all ranks, in place."""
         self.started += 1
-        request = self.comm.Iallreduce(self.MPI.IN_PLACE, buffer, op=self.MPI.SUM)
+        request = self._mpi.Iallreduce(self.MPI.IN_PLACE, buffer, op=self.MPI.SUM)
         return MPIRequest(self, request, self.started, f"Allreduce of {buffer.size} values")
 
     def wait_for(self, request: Any, what: str) -> None:
@@ -102,19 +109,42 @@ class MPICommunicator(Communicator):
 
     def allgather_object(self, obj: Any) -> list:
         self.started += 1
-        return self.comm.allgather(obj)
+        return self._mpi.allgather(obj)
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         self.started += 1
-        return self.comm.bcast(obj, root=root)
+        return self._mpi.bcast(obj, root=root)
 
     def gather_object(self, obj: Any, root: int = 0) -> list | None:
         self.started += 1
-        return self.comm.gather(obj, root=root)
+        return self._mpi.gather(obj, root=root)
 
     def barrier(self) -> None:
         self.started += 1
-        self.comm.Barrier()
+        self._mpi.Barrier()
+
+    # ------------------------------------------------------------- sub-communicators and timing
+    def split(self, color: Optional[int], key: int) -> Optional[MPICommunicator]:
+        """Collective: a communicator over the ranks that pass the same ``color``, ranked by
+        ``key``, with this one's timeout; None for a rank that passes None (it joins none).
+        Release it with :meth:`free`."""
+        handle = self._mpi.Split(self.MPI.UNDEFINED if color is None else color, key)
+        if color is None:
+            return None
+        sub = MPICommunicator.__new__(MPICommunicator)  # over the new handle, not over a communicator's ranks
+        sub._attach(handle, self.timeout)
+        return sub
+
+    def free(self) -> None:
+        """Release the MPI communicator of a :meth:`split` (collective over its ranks)."""
+        self._mpi.Free()
+
+    def allreduce_bare(self, buffer: np.ndarray) -> np.ndarray:
+        """Sum the host ``buffer`` over all ranks, in place, with MPI's Allreduce and nothing
+        else: no timeout, not counted in ``started`` or ``blocked_seconds``, so that timing
+        it times MPI alone (the calibration's Allreduce samples)."""
+        self._mpi.Allreduce(self.MPI.IN_PLACE, buffer, op=self.MPI.SUM)
+        return buffer
 
     # ------------------------------------------------------------- bounded waits
     def complete(self, request: MPIRequest) -> None:
@@ -145,13 +175,13 @@ class MPICommunicator(Communicator):
         to the peers that are stuck too, and describe who never arrived."""
         notice = np.array([request.sequence], dtype=np.int64)
         peers = [r for r in range(self.size) if r != self.rank]
-        self._notices += [self.comm.Isend(notice, dest=r, tag=STUCK_TAG) for r in peers]
+        self._notices += [self._mpi.Isend(notice, dest=r, tag=STUCK_TAG) for r in peers]
         heard: dict[int, int] = {}
         status, received = self.MPI.Status(), np.zeros(1, dtype=np.int64)
         deadline = time.monotonic() + min(self.timeout, 2.0)
         while len(heard) < len(peers) and time.monotonic() < deadline:
-            if self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=STUCK_TAG, status=status):
-                self.comm.Recv(received, source=status.Get_source(), tag=STUCK_TAG)
+            if self._mpi.Iprobe(source=self.MPI.ANY_SOURCE, tag=STUCK_TAG, status=status):
+                self._mpi.Recv(received, source=status.Get_source(), tag=STUCK_TAG)
                 heard[status.Get_source()] = int(received[0])
             else:
                 time.sleep(1e-3)
@@ -167,7 +197,7 @@ class MPICommunicator(Communicator):
 
     # ------------------------------------------------------------- job control
     def abort(self, code: int) -> None:
-        self.comm.Abort(code)
+        self._mpi.Abort(code)
         os._exit(code)  # Abort does not return; this line only guards a broken MPI
 
     def describe(self) -> str:

@@ -10,7 +10,7 @@ of hanging the GPU.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -111,9 +111,9 @@ class NCCLCommunicator(MPICommunicator):
 
     name = "nccl"
 
-    def __init__(self, backend: Backend, comm: Any = None, timeout: float = 0.0) -> None:
-        super().__init__(comm, timeout)
-        self.level = NCCLLevel(self.comm, self, backend.xp)
+    def __init__(self, backend: Backend, world: Optional[MPICommunicator] = None, timeout: float = 0.0) -> None:
+        super().__init__(world, timeout)
+        self.level = NCCLLevel(self._mpi, self, backend.xp)
 
     def allreduce(self, array: Any) -> Any:
         return self.level.allreduce(array)

@@ -7,7 +7,7 @@ copies are plain memory copies and the results are those of :class:`MPICommunica
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm.base import Request
@@ -39,8 +39,8 @@ class HostStagedCommunicator(MPICommunicator):
 
     name = "mpi-host-staged"
 
-    def __init__(self, backend: Backend, comm: Any = None, timeout: float = 0.0) -> None:
-        super().__init__(comm, timeout)
+    def __init__(self, backend: Backend, world: Optional[MPICommunicator] = None, timeout: float = 0.0) -> None:
+        super().__init__(world, timeout)
         self.backend = backend
 
     def stage(self, array: Any) -> Any:

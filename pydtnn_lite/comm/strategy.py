@@ -18,10 +18,11 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm.base import Communicator
+from pydtnn_lite.comm.mpi import MPICommunicator
 from pydtnn_lite.errors import UserError
 
 STRATEGIES = ("auto", "mpi", "nccl", "hierarchical", "gpu-side")
@@ -106,27 +107,26 @@ def group_kind(placement: Placement, leader_of: Sequence[int], leader: int) -> s
     return "nccl" if all(placement.devices[rank].startswith("gpu") for rank in members) else "mpi"
 
 
-def build_communicator(strategy: str, placement: Placement, backend: Backend, rank: int, mpi_comm: Any,
+def build_communicator(strategy: str, placement: Placement, backend: Backend, world: MPICommunicator,
                        timeout: float) -> Communicator:
-    """This rank's communicator for ``strategy`` (not 'auto') over the mpi4py communicator ``mpi_comm``."""
-    from pydtnn_lite.comm.mpi import MPICommunicator
+    """This rank's communicator for ``strategy`` (not 'auto') over the ranks of ``world``."""
     from pydtnn_lite.comm.staged import HostStagedCommunicator
     from pydtnn_lite.comm.two_level import TwoLevelCommunicator
 
     if strategy == "nccl":
         from pydtnn_lite.comm.nccl import NCCLCommunicator
 
-        return NCCLCommunicator(backend, mpi_comm, timeout)
+        return NCCLCommunicator(backend, world, timeout)
     if strategy == "hierarchical":
         leader_of = node_leaders(placement)
-        return TwoLevelCommunicator(backend, leader_of, group_kind(placement, leader_of, leader_of[rank]), "mpi",
-                                    "hierarchical", mpi_comm, timeout)
+        return TwoLevelCommunicator(backend, leader_of, group_kind(placement, leader_of, leader_of[world.rank]),
+                                    "mpi", "hierarchical", world, timeout)
     if strategy == "gpu-side":
         leader_of = gpu_leaders(placement)
-        return TwoLevelCommunicator(backend, leader_of, "mpi", "nccl", "gpu-side", mpi_comm, timeout)
+        return TwoLevelCommunicator(backend, leader_of, "mpi", "nccl", "gpu-side", world, timeout)
     if backend.on_gpu:
-        return HostStagedCommunicator(backend, mpi_comm, timeout)
-    return MPICommunicator(mpi_comm, timeout)
+        return HostStagedCommunicator(backend, world, timeout)
+    return MPICommunicator(world, timeout)
 
 
 def fastest(candidates: dict[str, Communicator], elements: int, backend: Backend,
@@ -151,7 +151,8 @@ def connect(world: Communicator, backend: Backend, choice: str, bucket_elements:
     """This rank's communicator for ``--comm choice``, the job's placement, and a line that
     says which strategy was taken.
 
-    Collective: every rank of ``world`` calls it. A single process keeps ``world``. For a
+    Collective: every rank of ``world`` calls it. A single process keeps ``world``; the
+    communicators of several ranks span those of ``world``, an MPICommunicator. For a
     mixed job, ``auto`` times mpi and gpu-side on buffers of ``bucket_elements`` values.
     """
     placement = gather_placement(world, backend, host)
@@ -160,9 +161,9 @@ def connect(world: Communicator, backend: Backend, choice: str, bucket_elements:
     if world.size == 1:
         return world, placement, world.describe()
     if strategy:
-        comm = build_communicator(strategy, placement, backend, world.rank, world.comm, timeout)
+        comm = build_communicator(strategy, placement, backend, world, timeout)
         return comm, placement, f"{comm.describe()}, {strategy} strategy"
-    candidates = {name: build_communicator(name, placement, backend, world.rank, world.comm, timeout)
+    candidates = {name: build_communicator(name, placement, backend, world, timeout)
                   for name in ("mpi", "gpu-side")}
     mpi = candidates["mpi"]
     best = fastest(candidates, bucket_elements, backend, lambda seconds: max(mpi.allgather_object(seconds)))

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm.base import Request
+from pydtnn_lite.comm.mpi import MPICommunicator
 from pydtnn_lite.comm.staged import HostStagedCommunicator
 
 
@@ -29,29 +30,29 @@ class MPILevel:
     """MPI over one group of ranks; device arrays go through host buffers of ``owner``."""
 
     def __init__(self, mpi_comm: Any, owner: HostStagedCommunicator) -> None:
-        self.comm, self.owner, self.MPI = mpi_comm, owner, owner.MPI
+        self._mpi, self.owner, self.MPI = mpi_comm, owner, owner.MPI
         self.rank = mpi_comm.Get_rank()
 
     def reduce(self, array: Any, root: int) -> Any:
         host = self.owner.stage(array)
         if self.rank == root:
-            self.owner.wait_for(self.comm.Ireduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM, root=root),
+            self.owner.wait_for(self._mpi.Ireduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM, root=root),
                                 f"Reduce of {array.size} values")
             self.owner.backend.copy_from_host(host, array)
         else:
-            self.owner.wait_for(self.comm.Ireduce(host, None, op=self.MPI.SUM, root=root),
+            self.owner.wait_for(self._mpi.Ireduce(host, None, op=self.MPI.SUM, root=root),
                                 f"Reduce of {array.size} values")
         return array
 
     def allreduce(self, array: Any) -> Any:
         host = self.owner.stage(array)
-        self.owner.wait_for(self.comm.Iallreduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM),
+        self.owner.wait_for(self._mpi.Iallreduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM),
                             f"Allreduce of {array.size} values")
         return self.owner.backend.copy_from_host(host, array)
 
     def broadcast(self, array: Any, root: int) -> Any:
         host = self.owner.stage(array)
-        self.owner.wait_for(self.comm.Ibcast(host, root=root), f"Bcast of {array.size} values")
+        self.owner.wait_for(self._mpi.Ibcast(host, root=root), f"Bcast of {array.size} values")
         return array if self.rank == root else self.owner.backend.copy_from_host(host, array)
 
 
@@ -82,13 +83,13 @@ class TwoLevelCommunicator(HostStagedCommunicator):
     """
 
     def __init__(self, backend: Backend, leader_of: Sequence[int], inner_kind: str, outer_kind: str,
-                 name: str, comm: Any = None, timeout: float = 0.0) -> None:
-        super().__init__(backend, comm, timeout)
+                 name: str, world: Optional[MPICommunicator] = None, timeout: float = 0.0) -> None:
+        super().__init__(backend, world, timeout)
         self.name, self.leader_of = name, list(leader_of)
         leader = self.leader_of[self.rank]
         is_leader = leader == self.rank
-        group = self.comm.Split(color=leader, key=0 if is_leader else 1 + self.rank)  # the leader is the group's root
-        leaders = self.comm.Split(color=0 if is_leader else self.MPI.UNDEFINED, key=self.rank)
+        group = self._mpi.Split(color=leader, key=0 if is_leader else 1 + self.rank)  # the leader is the group's root
+        leaders = self._mpi.Split(color=0 if is_leader else self.MPI.UNDEFINED, key=self.rank)
         self.inner: Optional[Level] = self._level(inner_kind, group) if group.Get_size() > 1 else None
         self.outer: Optional[Level] = None
         if is_leader and leaders.Get_size() > 1:

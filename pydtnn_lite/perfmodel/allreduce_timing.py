@@ -1,12 +1,13 @@
 """Allreduce samples: how long an in-place SUM Allreduce of n bytes takes on P ranks.
 
 The samples are stored raw in the calibration file; modelling them is the prediction
-side's job (``allreduce.py``). Timed through mpi4py's buffer interface on float32 host
-arrays, as the trainer's gradient buckets are, and, as in training, on buffers that are
-not in the cache: a bucket is reduced once, after backward has streamed the rest of the
-step through memory, while a timing loop that repeats a call on one buffer finds it in
-the cache and under-estimates a bucket's time (docs/performance-model.md, 'What is
-measured'). Each call is preceded by an untimed cache eviction.
+side's job (``allreduce.py``). Timed with ``MPICommunicator.allreduce_bare`` (mpi4py's
+buffer interface, nothing around it) on float32 host arrays, as the trainer's gradient
+buckets are, and, as in training, on buffers that are not in the cache: a bucket is
+reduced once, after backward has streamed the rest of the step through memory, while a
+timing loop that repeats a call on one buffer finds it in the cache and under-estimates a
+bucket's time (docs/performance-model.md, 'What is measured'). Each call is preceded by
+an untimed cache eviction.
 
 MPICH's time is not a smooth function of the message size (docs/performance-model.md):
 the time per byte falls up to a few MiB and rises again as the operands leave the last
@@ -16,12 +17,15 @@ prediction interpolates between the samples.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.perfmodel.host import CacheEvictor
+
+if TYPE_CHECKING:
+    from pydtnn_lite.comm.mpi import MPICommunicator
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -48,30 +52,27 @@ def rank_counts(size: int) -> list[int]:
     return sorted({1 << i for i in range(1, size.bit_length())} | {size}) if size > 1 else []
 
 
-def call_seconds(comm: Any, nbytes: int, budget: float, min_calls: int, max_calls: int,
+def call_seconds(comm: MPICommunicator, nbytes: int, budget: float, min_calls: int, max_calls: int,
                  evict: Callable[[], None]) -> np.ndarray:
     """Seconds of in-place Allreduce calls of ``nbytes`` on ``comm`` (every rank of it calls
     this): after one untimed warm-up, as many calls as fit in ``budget`` seconds, within
     ``min_calls`` and ``max_calls``. Each call starts after ``evict()`` and a barrier and
     lasts until the slowest rank is done."""
-    from mpi4py import MPI
-
     buffer = np.zeros(max(nbytes // 4, 1), dtype=np.float32)  # zeros stay zeros: no overflow, no denormals
     started = time.perf_counter()
-    comm.Allreduce(MPI.IN_PLACE, buffer)  # warm-up (page faults, MPICH's buffers), and a guess of the time
-    first = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
+    comm.allreduce_bare(buffer)  # warm-up (page faults, MPICH's buffers), and a guess of the time
+    first = max(comm.allgather_object(time.perf_counter() - started))
     seconds = np.empty(int(np.clip(budget / max(first, 1e-9), min_calls, max_calls)))
     for call in range(len(seconds)):
         evict()
-        comm.Barrier()
+        comm.barrier()
         started = time.perf_counter()
-        comm.Allreduce(MPI.IN_PLACE, buffer)
+        comm.allreduce_bare(buffer)
         seconds[call] = time.perf_counter() - started
-    comm.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)
-    return seconds
+    return np.max(comm.allgather_object(seconds), axis=0)
 
 
-def time_allreduce(comm: Any, sizes: Sequence[int], rounds: int = ROUNDS) -> list[float]:
+def time_allreduce(comm: MPICommunicator, sizes: Sequence[int], rounds: int = ROUNDS) -> list[float]:
     """Median seconds of an in-place Allreduce of each of ``sizes`` bytes on ``comm``
     (collective), over the calls of ``rounds`` passes over the sizes, each call on a
     buffer evicted from the cache."""
@@ -84,17 +85,14 @@ def time_allreduce(comm: Any, sizes: Sequence[int], rounds: int = ROUNDS) -> lis
     return [float(np.median(np.concatenate(calls[n]))) for n in sizes]
 
 
-def allreduce_samples(comm: Any, sizes: Sequence[int]) -> list[tuple[int, int, float]]:
+def allreduce_samples(comm: MPICommunicator, sizes: Sequence[int]) -> list[tuple[int, int, float]]:
     """(ranks, bytes, seconds) for each of :func:`rank_counts` and each message size, on the
-    first ranks of ``comm`` (an mpi4py communicator). Collective; every rank gets the list."""
-    from mpi4py import MPI
-
+    first ranks of ``comm``. Collective; every rank gets the list."""
     samples = []
-    for ranks in rank_counts(comm.Get_size()):
-        member = comm.Get_rank() < ranks
-        sub = comm.Split(0 if member else MPI.UNDEFINED, comm.Get_rank())
-        if member:
+    for ranks in rank_counts(comm.size):
+        sub = comm.split(0 if comm.rank < ranks else None, comm.rank)
+        if sub is not None:
             samples += [(ranks, nbytes, seconds) for nbytes, seconds in zip(sizes, time_allreduce(sub, sizes))]
-            sub.Free()
-        comm.Barrier()
-    return comm.bcast(samples, root=0)
+            sub.free()
+        comm.barrier()
+    return comm.broadcast_object(samples, root=0)

@@ -192,8 +192,9 @@ class CalibrationSettings:
 
 def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSettings, blas_threads: int,
               log: Callable[[str], None] = lambda line: None) -> Optional[Calibration]:
-    """Measure and fit on every rank of ``comm`` (collective); rank 0 gets the Calibration,
-    the other ranks None. ``log`` is called with a line after each phase."""
+    """Measure and fit on every rank of ``comm`` (collective; an MPICommunicator when there
+    are several ranks); rank 0 gets the Calibration, the other ranks None. ``log`` is
+    called with a line after each phase."""
     started = time.perf_counter()
     load_before = os.getloadavg()
     timings: dict[str, float] = {}
@@ -223,7 +224,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     phase_done("kernels", f"{len(grid)} probe networks, {sum(map(len, samples.values()))} samples of "
                           f"{len(samples)} kernels")
 
-    reductions = allreduce_samples(comm.comm, settings.allreduce_sizes) if comm.size > 1 else []
+    reductions = allreduce_samples(comm, settings.allreduce_sizes) if comm.size > 1 else []
     phase_done("allreduce", f"{len(reductions)} samples of {len(settings.allreduce_sizes)} sizes" if reductions
                else "skipped: one rank (run under mpiexec)")
 
@@ -262,7 +263,7 @@ def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tup
     measured with that many ranks per node (:func:`check_allreduce_ranks`)."""
     check_allreduce_ranks(calibration, comm.size)
     started, load_before = time.perf_counter(), os.getloadavg()
-    calibration.allreduce_samples = [(p, float(n), t) for p, n, t in allreduce_samples(comm.comm, sizes)]
+    calibration.allreduce_samples = [(p, float(n), t) for p, n, t in allreduce_samples(comm, sizes)]
     calibration.settings["allreduce_sizes"] = list(sizes)
     calibration.settings["allreduce_remeasured"] = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Protocol, Sequence
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -116,8 +116,9 @@ class StepPrediction:
 
 
 def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int, machine: Machine,
-                 bucket_mb: float = 4.0, first_bucket_mb: float = 1.0) -> StepPrediction:
-    """Predict one training step of a rank that holds ``batch`` samples, with ``procs`` ranks."""
+                 bucket_mb: float = 4.0, first_bucket_mb: Optional[float] = None) -> StepPrediction:
+    """Predict one training step of a rank that holds ``batch`` samples, with ``procs`` ranks
+    and the gradient buckets a GradientSynchronizer of ``bucket_mb`` and ``first_bucket_mb`` plans."""
     itemsize = np.dtype(network.backend.dtype).itemsize
     costs = step_costs(network, optimizer, batch)
     reductions = _batchnorm_reductions(network, itemsize) if procs > 1 else []
@@ -134,7 +135,8 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
         calls[key] += 1
     kernels, waits = _with_sync_waits(kernels, machine, procs)
     end_wait = waits[-1] if waits else 0.0
-    buckets = plan_buckets(network, bucket_mb * MIB, min(first_bucket_mb, bucket_mb) * MIB) if procs > 1 else []
+    first_bucket_bytes = None if first_bucket_mb is None else first_bucket_mb * MIB
+    buckets = plan_buckets(network, bucket_mb * MIB, first_bucket_bytes) if procs > 1 else []
     bucket_bytes = [float(b.size * itemsize) for b in buckets]
     bucket_seconds = [machine.allreduce_seconds(n, procs) for n in bucket_bytes]
     loss_seconds = machine.allreduce_seconds(LOSS_VALUES_BYTES, procs)

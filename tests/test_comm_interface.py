@@ -1,0 +1,98 @@
+"""The communicator interface is abstract, the serial communicator does the one-process thing,
+the MPI communicator's sub-communicators work, and every planner uses one first-bucket default."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from mpi import REPO, run
+
+from pydtnn_lite.comm import Communicator, Request, SerialCommunicator, make_gradient_synchronizer
+from pydtnn_lite.comm.base import CompletedRequest
+from pydtnn_lite.comm.gradients import FIRST_BUCKET_MB, MIB, GradientSynchronizer, plan_buckets
+from pydtnn_lite.perfmodel.prediction import predict_step
+from pydtnn_lite.perfmodel.workload import build_workload
+
+COLLECTIVES = ("allreduce", "iallreduce", "broadcast", "allreduce_host", "allgather_object", "broadcast_object",
+               "gather_object", "barrier", "abort", "describe")
+
+
+def test_every_collective_is_abstract():
+    assert Communicator.__abstractmethods__ == frozenset(COLLECTIVES)
+    assert Request.__abstractmethods__ == frozenset(("test", "wait"))
+    with pytest.raises(TypeError):
+        Communicator()
+    with pytest.raises(TypeError):
+        Request()
+
+
+@pytest.mark.parametrize("missing", COLLECTIVES)
+def test_a_communicator_that_omits_a_collective_cannot_be_made(missing):
+    methods = {name: getattr(SerialCommunicator, name) for name in COLLECTIVES if name != missing}
+    partial = type("Partial", (Communicator,), methods)
+    with pytest.raises(TypeError, match=missing):
+        partial()
+    complete = type("Complete", (Communicator,), {**methods, missing: getattr(SerialCommunicator, missing)})
+    assert isinstance(complete(), Communicator)
+
+
+def test_a_request_that_omits_wait_cannot_be_made():
+    with pytest.raises(TypeError, match="wait"):
+        type("Partial", (Request,), {"test": lambda self: True})()
+
+
+def test_serial_collectives_return_the_single_process_results():
+    comm = SerialCommunicator()
+    assert (comm.rank, comm.size, comm.local_rank, comm.local_size) == (0, 1, 0, 1)
+    assert comm.blocked_seconds == 0.0 and comm.describe() == "1 process"
+    array = np.arange(5, dtype=np.float32)
+    assert comm.allreduce(array) is array and comm.broadcast(array, root=0) is array
+    request = comm.iallreduce(array)
+    assert isinstance(request, CompletedRequest) and request.test()
+    request.wait()
+    np.testing.assert_array_equal(array, np.arange(5, dtype=np.float32))
+    host = comm.allreduce_host([1.5, 2])
+    assert host.dtype == np.float64 and host.tolist() == [1.5, 2.0]
+    obj = {"loss": 0.5}
+    assert comm.allgather_object(obj) == [obj] and comm.gather_object(obj) == [obj]
+    assert comm.broadcast_object(obj) is obj
+    assert comm.barrier() is None
+    with pytest.raises(SystemExit) as ended:
+        comm.abort(3)
+    assert ended.value.code == 3
+
+
+def test_mpi_communicator_splits_and_times_on_sub_communicators():
+    result = run(3, [os.path.join(REPO, "tests", "programs", "comm_split.py")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "split ok" in result.stdout
+
+
+class Machine:
+    """Every kernel and every Allreduce a millisecond: enough to plan a prediction's buckets."""
+
+    overlaps_communication = True
+
+    def kernel_seconds(self, kernel: str, cost: object) -> float:
+        return 1e-3
+
+    def allreduce_seconds(self, nbytes: float, procs: int) -> float:
+        return 1e-3
+
+    def sync_wait_seconds(self, segment: float, procs: int) -> float:
+        return 0.0
+
+
+@pytest.mark.parametrize("bucket_mb", [0.01, 4.0])
+def test_one_first_bucket_default_for_synchronizers_and_predictions(bucket_mb):
+    """The first bucket holds at most the smaller of FIRST_BUCKET_MB and the bucket size,
+    however the synchronizer is made, and the prediction plans the same buckets."""
+    network, optimizer = build_workload("lenet", "mnist")
+    expected = plan_buckets(network, bucket_mb * MIB)
+    assert expected[0].size * 4 <= min(FIRST_BUCKET_MB, bucket_mb) * MIB
+    comm = SerialCommunicator()
+    assert GradientSynchronizer(network, comm, bucket_mb).buckets == expected
+    assert make_gradient_synchronizer(network, comm, bucket_mb, overlap=True).buckets == expected
+    predicted = predict_step(network, optimizer, 8, 2, Machine(), bucket_mb)
+    assert predicted.bucket_bytes == [b.size * 4.0 for b in expected]
