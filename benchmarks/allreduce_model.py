@@ -22,10 +22,10 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from pydtnn_lite.perfmodel.allreduce import AllreduceTime
-from pydtnn_lite.perfmodel.allreduce_timing import KIB, MIB, time_allreduce
-from pydtnn_lite.perfmodel.calibration import Calibration
-from pydtnn_lite.perfmodel.machines import allreduce_models
+from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceTime
+from pydtnn_lite.perfmodel.measuring.allreduce_timing import KIB, MIB, time_allreduce
+from pydtnn_lite.perfmodel.measuring.calibrate import Calibration
+from pydtnn_lite.perfmodel.modelling.machines import allreduce_models
 from pydtnn_lite.runtime import keep_freed_memory
 
 EARLIER_SIZES = [3 * MIB // 2 << k for k in range(0, 7, 2)]  # 1.5, 6, 24, 96 MiB: the first version's sizes

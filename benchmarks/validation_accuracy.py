@@ -28,8 +28,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from pydtnn_lite.perfmodel.machines import calibrated_machine
-from pydtnn_lite.perfmodel.validation import COMPUTE_STAGES, Validation, weighted_relative_error
+from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
+from pydtnn_lite.perfmodel.modelling.validation import COMPUTE_STAGES, Validation, weighted_relative_error
 from pydtnn_lite.tracing import load_trace
 from pydtnn_lite.validate import validation_of
 

@@ -27,7 +27,7 @@ from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule, Optimizer
 from pydtnn_lite.runtime import (default_blas_threads, install_job_abort, keep_freed_memory, report_and_abort,
                                  set_blas_threads)
-from pydtnn_lite.perfmodel.machines import calibrated_machine
+from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
 from pydtnn_lite.tracing import Tracer, load_trace
 from pydtnn_lite.training import History, StepResult, Trainer, load_checkpoint, save_checkpoint
 from pydtnn_lite.training.balance import LoadBalancer

@@ -12,10 +12,10 @@ import sys
 from typing import Optional, Sequence
 
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.prediction import Machine, predict_step
-from pydtnn_lite.perfmodel.report import summary_text, write_report
-from pydtnn_lite.perfmodel.validation import Validation, validate
-from pydtnn_lite.perfmodel.workload import build_workload
+from pydtnn_lite.perfmodel.modelling.prediction import Machine, predict_step
+from pydtnn_lite.perfmodel.modelling.report import summary_text, write_report
+from pydtnn_lite.perfmodel.modelling.validation import Validation, validate
+from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from pydtnn_lite.predict import add_machine_arguments, machine_from_arguments
 from pydtnn_lite.tracing import load_trace
 

@@ -16,11 +16,12 @@ from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.layers import KernelCost
 from pydtnn_lite.models import create_model
 from pydtnn_lite.optim import SGD, Adam
-from pydtnn_lite.perfmodel import (QUICK, Calibration, CalibrationSettings, KernelSample, MLPEnsemble, MLPRegressor,
-                                   calibrate, calibration_grid, fit_kernel_model, model_from_dict)
-from pydtnn_lite.perfmodel.allreduce_timing import QUICK_SIZES
-from pydtnn_lite.perfmodel.probes import Probe
-from pydtnn_lite.perfmodel.sampling import measure_probe
+from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
+from pydtnn_lite.perfmodel.measuring.calibrate import Calibration, CalibrationSettings, calibrate
+from pydtnn_lite.perfmodel.measuring.probes import QUICK, Probe, calibration_grid
+from pydtnn_lite.perfmodel.measuring.sampling import measure_probe
+from pydtnn_lite.perfmodel.modelling.regression import (KernelSample, MLPEnsemble, MLPRegressor, fit_kernel_model,
+                                                        model_from_dict)
 from pydtnn_lite.training import step_costs
 
 TINY = CalibrationSettings(batch_sizes=(4, 8), repeats=1, min_seconds=0.0, grid=QUICK, roof_repeats=1)

@@ -13,16 +13,16 @@ import pytest
 from mpi import REPO, train_cli
 
 from pydtnn_lite.layers.base import KernelCost
-from pydtnn_lite.perfmodel import (AllreduceModel, InterpolatedAllreduce, Link, Roofline, allreduce_seconds,
-                                   fit_allreduce, predict_step)
-from pydtnn_lite.perfmodel.allreduce_timing import FULL_SIZES, KIB, log_spaced_sizes
-from pydtnn_lite.perfmodel.machines import calibrated_machine
-from pydtnn_lite.perfmodel.prediction import PredictedKernel, StepPrediction, balanced_shares
-from pydtnn_lite.perfmodel.validation import typical, validate
+from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, KIB, log_spaced_sizes
+from pydtnn_lite.perfmodel.modelling.allreduce import (AllreduceModel, InterpolatedAllreduce, Link, allreduce_seconds,
+                                                       fit_allreduce)
+from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
+from pydtnn_lite.perfmodel.modelling.prediction import PredictedKernel, StepPrediction, balanced_shares, predict_step
+from pydtnn_lite.perfmodel.modelling.roofline import Roofline, gemm_intensity
+from pydtnn_lite.perfmodel.modelling.synchronization import expected_maximum, fit_sync_wait
+from pydtnn_lite.perfmodel.modelling.validation import typical, validate
+from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from pydtnn_lite.tracing.records import KernelRecord, StepRecord
-from pydtnn_lite.perfmodel.roofline import gemm_intensity
-from pydtnn_lite.perfmodel.synchronization import expected_maximum, fit_sync_wait
-from pydtnn_lite.perfmodel.workload import build_workload
 
 LINK = Link(alpha=1e-6, beta=1e-9, gamma=1e-10)
 MB = 1e6

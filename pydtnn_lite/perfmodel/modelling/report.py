@@ -9,7 +9,7 @@ import math
 import os
 
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.validation import COMPUTE_STAGES, Comparison, Validation
+from pydtnn_lite.perfmodel.modelling.validation import COMPUTE_STAGES, Comparison, Validation
 
 KERNELS_FILE, REPORT_FILE = "validation.csv", "report.html"
 

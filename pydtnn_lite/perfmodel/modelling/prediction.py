@@ -27,8 +27,8 @@ from pydtnn_lite.data.sampler import partition
 from pydtnn_lite.layers.base import KernelCost
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Optimizer
-from pydtnn_lite.perfmodel.allreduce import AllreduceModel
-from pydtnn_lite.perfmodel.roofline import Roofline
+from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel
+from pydtnn_lite.perfmodel.modelling.roofline import Roofline
 from pydtnn_lite.tracing.records import NO_LAYER
 from pydtnn_lite.training import step_costs
 

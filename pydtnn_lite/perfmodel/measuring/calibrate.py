@@ -22,12 +22,12 @@ import numpy as np
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.layers import KernelCost
-from pydtnn_lite.perfmodel.allreduce_timing import FULL_SIZES, allreduce_samples
-from pydtnn_lite.perfmodel.host import CacheEvictor, describe_machine, gemm_peak, memory_bandwidth
-from pydtnn_lite.perfmodel.probes import FULL, GridSize, calibration_grid
-from pydtnn_lite.perfmodel.regression import KernelModel, KernelSample, MLPEnsemble, fit_kernel_model, model_from_dict
-from pydtnn_lite.perfmodel.sampling import measure_probe, rounded
-from pydtnn_lite.perfmodel.synchronization import NO_WAIT, SyncWaitModel, fit_sync_wait
+from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, allreduce_samples
+from pydtnn_lite.perfmodel.measuring.host import CacheEvictor, describe_machine, gemm_peak, memory_bandwidth
+from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, calibration_grid
+from pydtnn_lite.perfmodel.modelling.regression import KernelModel, KernelSample, MLPEnsemble, fit_kernel_model, model_from_dict
+from pydtnn_lite.perfmodel.measuring.sampling import measure_probe, rounded
+from pydtnn_lite.perfmodel.modelling.synchronization import NO_WAIT, SyncWaitModel, fit_sync_wait
 
 FORMAT, VERSION = "pydtnn_lite calibration", 2
 

@@ -28,8 +28,8 @@ from pydtnn_lite.data import Dataset
 from pydtnn_lite.layers import KernelCost
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule
-from pydtnn_lite.perfmodel.probes import Probe
-from pydtnn_lite.perfmodel.regression import KernelSample
+from pydtnn_lite.perfmodel.measuring.probes import Probe
+from pydtnn_lite.perfmodel.modelling.regression import KernelSample
 from pydtnn_lite.tracing import KernelRecord, Tracer
 from pydtnn_lite.tracing.records import COMPUTE, TRAIN
 from pydtnn_lite.training import Trainer, step_costs
@@ -120,7 +120,7 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
     a step of a small probe takes a few milliseconds, and its median over a longer span is
     less at the mercy of whatever else the machine runs at that moment. ``evict()`` runs
     between backward and the update of every step (e.g. a
-    :class:`~pydtnn_lite.perfmodel.host.CacheEvictor`).
+    :class:`~pydtnn_lite.perfmodel.measuring.host.CacheEvictor`).
     """
     most = max(repeats, MAX_STEPS)
     network = probe.network().build(backend, seed=seed)

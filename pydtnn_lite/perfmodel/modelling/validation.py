@@ -27,7 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from pydtnn_lite.perfmodel.prediction import STAGES, StepPrediction
+from pydtnn_lite.perfmodel.modelling.prediction import STAGES, StepPrediction
 from pydtnn_lite.tracing.records import TRAIN, KernelRecord, StepRecord
 
 COMPUTE_STAGES = ("FP", "BP", "WU")

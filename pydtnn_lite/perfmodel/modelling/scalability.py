@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from pydtnn_lite.perfmodel.clusters import GBIT, Cluster
-from pydtnn_lite.perfmodel.machines import cluster_machine
-from pydtnn_lite.perfmodel.prediction import predict_step
-from pydtnn_lite.perfmodel.workload import build_workload
+from pydtnn_lite.perfmodel.modelling.clusters import GBIT, Cluster
+from pydtnn_lite.perfmodel.modelling.machines import cluster_machine
+from pydtnn_lite.perfmodel.modelling.prediction import predict_step
+from pydtnn_lite.perfmodel.modelling.workload import build_workload
 
 BASELINE_BATCH = 128  # per node, as in the paper
 SCALES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from pydtnn_lite.backend import make_backend
-from pydtnn_lite.perfmodel.host import CacheEvictor
+from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
 
 KIB, MIB = 1 << 10, 1 << 20
 
