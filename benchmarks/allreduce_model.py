@@ -22,9 +22,9 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceTime
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import KIB, MIB, time_allreduce
-from pydtnn_lite.perfmodel.measuring.calibrate import Calibration
+from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceTime
+from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.machines import allreduce_models
 from pydtnn_lite.runtime import keep_freed_memory
 

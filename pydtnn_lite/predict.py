@@ -16,7 +16,8 @@ from typing import Optional, Sequence
 from pydtnn_lite.data import partition
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.clusters import PRESETS
-from pydtnn_lite.perfmodel.modelling.machines import ALLREDUCE_MODELS, calibrated_machine, cluster_machine, described_cluster
+from pydtnn_lite.perfmodel.modelling.machines import (ALLREDUCE_MODELS, calibrated_machine, cluster_machine,
+                                                      described_cluster)
 from pydtnn_lite.perfmodel.modelling.prediction import STAGES, Machine, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.modelling.workload import DATASET_SHAPES, build_workload
 

@@ -17,9 +17,10 @@ from pydtnn_lite.layers import KernelCost
 from pydtnn_lite.models import create_model
 from pydtnn_lite.optim import SGD, Adam
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
-from pydtnn_lite.perfmodel.measuring.calibrate import Calibration, CalibrationSettings, calibrate
+from pydtnn_lite.perfmodel.measuring.calibrate import CalibrationSettings, calibrate
 from pydtnn_lite.perfmodel.measuring.probes import QUICK, Probe, calibration_grid
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe
+from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.regression import (KernelSample, MLPEnsemble, MLPRegressor, fit_kernel_model,
                                                         model_from_dict)
 from pydtnn_lite.training import step_costs

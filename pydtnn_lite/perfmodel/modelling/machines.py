@@ -6,8 +6,9 @@ from typing import Optional, Sequence
 
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.layers.base import KernelCost
-from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel, AllreduceTime, InterpolatedAllreduce, Link, fit_allreduce
-from pydtnn_lite.perfmodel.measuring.calibrate import Calibration
+from pydtnn_lite.perfmodel.modelling.allreduce import (AllreduceModel, AllreduceTime, InterpolatedAllreduce, Link,
+                                                       fit_allreduce)
+from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.clusters import PRESETS, Cluster
 from pydtnn_lite.perfmodel.modelling.prediction import RooflineMachine
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline
