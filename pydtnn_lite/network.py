@@ -19,7 +19,8 @@ import numpy as np
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend, make_backend
-from pydtnn_lite.layers.base import KernelCost, Layer, Shape, StepContext
+from pydtnn_lite.costs import KernelCost, Stage
+from pydtnn_lite.layers.base import Layer, Shape, StepContext
 
 Scope = Callable[[int, str], AbstractContextManager]
 _NO_SCOPE = nullcontext()
@@ -114,7 +115,7 @@ class Network:
         remaining = self._consumer_counts()
         outputs: dict[int, Any] = {self.INPUT: x}
         for index, (layer, sources) in enumerate(zip(self.layers, self.inputs)):
-            with self.scope(index, "FP"):
+            with self.scope(index, Stage.FP):
                 outputs[index] = layer.forward(*(outputs[s] for s in sources), ctx=ctx)
             for source in sources:
                 remaining[source] -= 1
@@ -131,7 +132,7 @@ class Network:
             grad_out = pending.pop(index, None)
             if grad_out is None:  # nothing downstream of the images needs this layer's gradient
                 continue
-            with self.scope(index, "BP"):
+            with self.scope(index, Stage.BP):
                 grad_in = layer.backward(grad_out)
             if on_layer_done is not None:
                 on_layer_done(index)
@@ -142,7 +143,7 @@ class Network:
                 if source == self.INPUT:
                     continue
                 if source in pending:  # a shortcut: sum the gradients of every consumer
-                    with self.scope(source, "BP"):
+                    with self.scope(source, Stage.BP):
                         grad = kernels.add((pending[source], grad))
                 pending[source] = grad
 
@@ -234,11 +235,11 @@ class Network:
                     continue
                 if source in has_grad:
                     n = self.layers[source].elements(batch)
-                    out.append((source, KernelCost("BP", "add", n, 3 * n * self.layers[source].itemsize, (n,))))
+                    out.append((source, KernelCost(Stage.BP, "add", n, 3 * n * self.layers[source].itemsize, (n,))))
                 has_grad.add(source)
         return out
 
-    def flops_per_sample(self, stage: str = "FP") -> float:
+    def flops_per_sample(self, stage: str = Stage.FP) -> float:
         """FLOPs of one sample through the given stage."""
         return sum(cost.flops for _, cost in self.costs(1) if cost.stage == stage)
 
@@ -247,12 +248,12 @@ class Network:
         head = f"{'#':>3}  {'layer':<12} {'inputs':<10} {'output':<16} {'params':>11} {'MFLOP/sample':>13}  details"
         rows = [f"{self.name}: input {self.input_shape}, {self.num_classes} classes", head, "-" * len(head)]
         for layer, sources in zip(self.layers, self.inputs):
-            fp = sum(c.flops for c in layer.costs(1) if c.stage == "FP") / 1e6
+            fp = sum(c.flops for c in layer.costs(1) if c.stage == Stage.FP) / 1e6
             src = ",".join("in" if s == self.INPUT else str(s) for s in sources)
             rows.append(f"{layer.index:>3}  {layer.name:<12} {src:<10} {str(layer.output_shape):<16} "
                         f"{layer.param_count:>11,} {fp:>13.2f}  {layer.describe()}")
         rows.append("-" * len(head))
-        rows.append(f"total parameters {self.param_count:,}; forward {self.flops_per_sample('FP') / 1e9:.3f} "
-                    f"GFLOP/sample; training step {(self.flops_per_sample('FP') + self.flops_per_sample('BP')) / 1e9:.3f}"
-                    f" GFLOP/sample")
+        forward, backward = self.flops_per_sample(Stage.FP), self.flops_per_sample(Stage.BP)
+        rows.append(f"total parameters {self.param_count:,}; forward {forward / 1e9:.3f} GFLOP/sample; training step "
+                    f"{(forward + backward) / 1e9:.3f} GFLOP/sample")
         return "\n".join(rows)

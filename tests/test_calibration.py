@@ -13,7 +13,7 @@ from mpi import run
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import SerialCommunicator
-from pydtnn_lite.layers import KernelCost
+from pydtnn_lite.costs import KernelCost
 from pydtnn_lite.models import create_model
 from pydtnn_lite.optim import SGD, Adam
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES

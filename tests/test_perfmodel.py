@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from mpi import REPO, train_cli
 
-from pydtnn_lite.layers.base import KernelCost
+from pydtnn_lite.costs import KernelCost
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, KIB, log_spaced_sizes
 from pydtnn_lite.perfmodel.modelling.allreduce import (AllreduceModel, InterpolatedAllreduce, Link, allreduce_seconds,
                                                        fit_allreduce)

@@ -7,7 +7,8 @@ import numpy as np
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend
-from pydtnn_lite.layers.base import KernelCost, Layer, Shape, StepContext
+from pydtnn_lite.costs import KernelCost, Stage
+from pydtnn_lite.layers.base import Layer, Shape, StepContext
 
 
 class Add(Layer):
@@ -30,7 +31,7 @@ class Add(Layer):
 
     def costs(self, batch: int) -> list[KernelCost]:
         n = self.elements(batch)
-        return [KernelCost("FP", "add", (self.n_inputs - 1) * n, (self.n_inputs + 1) * n * self.itemsize, (n,))]
+        return [KernelCost(Stage.FP, "add", (self.n_inputs - 1) * n, (self.n_inputs + 1) * n * self.itemsize, (n,))]
 
 
 class Concat(Layer):
@@ -53,5 +54,5 @@ class Concat(Layer):
 
     def costs(self, batch: int) -> list[KernelCost]:
         n = self.elements(batch)
-        return [KernelCost("FP", "concat", 0, 2 * n * self.itemsize, (n,)),
-                KernelCost("BP", "split", 0, 0, (n,))]  # views, no copy
+        return [KernelCost(Stage.FP, "concat", 0, 2 * n * self.itemsize, (n,)),
+                KernelCost(Stage.BP, "split", 0, 0, (n,))]  # views, no copy

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pydtnn_lite.costs import KernelCost
 from pydtnn_lite.layers import SoftmaxCrossEntropy
-from pydtnn_lite.layers.base import KernelCost
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Optimizer
 

@@ -24,8 +24,8 @@ import numpy as np
 
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm import Communicator, GradientSynchronizer, SerialCommunicator
+from pydtnn_lite.costs import KernelCost
 from pydtnn_lite.data import Dataset
-from pydtnn_lite.layers import KernelCost
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule
 from pydtnn_lite.perfmodel.measuring.probes import Probe

@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from pydtnn_lite.layers import KernelCost
+from pydtnn_lite.costs import KernelCost
 from pydtnn_lite.perfmodel.modelling.regression import KernelModel, KernelSample, model_from_dict
 from pydtnn_lite.perfmodel.modelling.synchronization import NO_WAIT, SyncWaitModel
 

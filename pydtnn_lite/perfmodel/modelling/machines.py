@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from pydtnn_lite.costs import KernelCost
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.layers.base import KernelCost
 from pydtnn_lite.perfmodel.modelling.allreduce import (AllreduceModel, AllreduceTime, InterpolatedAllreduce, Link,
                                                        fit_allreduce)
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration

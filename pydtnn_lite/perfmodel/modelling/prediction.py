@@ -23,8 +23,8 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from pydtnn_lite.comm.gradients import MIB, plan_buckets
+from pydtnn_lite.costs import KernelCost
 from pydtnn_lite.data.sampler import partition
-from pydtnn_lite.layers.base import KernelCost
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Optimizer
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel
