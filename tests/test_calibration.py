@@ -23,7 +23,7 @@ from pydtnn_lite.perfmodel.measuring.sampling import measure_probe
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.regression import (KernelSample, MLPEnsemble, MLPRegressor, fit_kernel_model,
                                                         model_from_dict)
-from pydtnn_lite.training import step_costs
+from pydtnn_lite.step_costs import step_costs
 
 TINY = CalibrationSettings(batch_sizes=(4, 8), repeats=1, min_seconds=0.0, grid=QUICK, roof_repeats=1)
 

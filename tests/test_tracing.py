@@ -19,9 +19,10 @@ from pydtnn_lite.kernels import blas
 from pydtnn_lite.models import create_model
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, LearningRateSchedule
+from pydtnn_lite.step_costs import step_costs
 from pydtnn_lite.tracing import Tracer, load_trace
 from pydtnn_lite.tracing.records import COMPUTE, EVAL, TRAIN
-from pydtnn_lite.training import Trainer, step_costs
+from pydtnn_lite.training import Trainer
 
 
 def traced_trainer(network: Network, dataset: str = "digits", batch: int = 8, steps: int = 3, skip: int = 1,

@@ -2,7 +2,7 @@
 
 The tracer times every kernel call of a step with its (layer, stage, kernel); the i-th
 call of a kernel by a layer in a stage is the i-th matching entry of
-:func:`~pydtnn_lite.training.step_costs`, which gives its ``dims``, FLOPs and bytes. A
+:func:`~pydtnn_lite.step_costs.step_costs`, which gives its ``dims``, FLOPs and bytes. A
 sample is one call of the step with the median of its times over the repeated steps.
 
 The ranks train their copies of a probe in step with each other and wait for the slowest
@@ -24,18 +24,17 @@ import numpy as np
 
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm import Communicator, GradientSynchronizer, SerialCommunicator
-from pydtnn_lite.costs import KernelCost
+from pydtnn_lite.costs import H2D_COPY, NO_LAYER, KernelCost, Stage
 from pydtnn_lite.data import Dataset
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule
 from pydtnn_lite.perfmodel.measuring.probes import Probe
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample
+from pydtnn_lite.step_costs import h2d_copy_cost, step_costs
 from pydtnn_lite.tracing import KernelRecord, Tracer
 from pydtnn_lite.tracing.records import COMPUTE, TRAIN
-from pydtnn_lite.training import Trainer, step_costs
+from pydtnn_lite.training import Trainer
 
-H2D_COPY = "h2d_copy"
-HOST_ITEMSIZE = 4  # data sets load float32 images, whatever the device's dtype
 LEARNING_RATE = 1e-4  # small enough that no probe's loss diverges on random labels
 MAX_STEPS = 20
 
@@ -44,12 +43,6 @@ def rounded(seconds: float) -> float:
     """A measured time kept to 4 significant digits: the noise of a timing on a shared machine
     is far larger, and the calibration file a third smaller."""
     return float(f"{seconds:.4g}")
-
-
-def h2d_copy_cost(batch: int, input_shape: Sequence[int]) -> KernelCost:
-    """Cost of copying a batch of float32 images to the device: dims (batch, elements per sample)."""
-    per_sample = int(np.prod(input_shape))
-    return KernelCost("DATA", H2D_COPY, 0, batch * per_sample * HOST_ITEMSIZE, (batch, per_sample))
 
 
 class RandomImages(Dataset):
@@ -143,7 +136,7 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
     costs: dict[tuple, list[KernelCost]] = defaultdict(list)
     for layer, cost in step_costs(network, optimizer, probe.batch):
         costs[(layer, cost.stage, cost.kernel)].append(cost)
-    costs[(-1, "DATA", H2D_COPY)] = [h2d_copy_cost(probe.batch, probe.input_shape)]
+    costs[(NO_LAYER, Stage.DATA, H2D_COPY)] = [h2d_copy_cost(probe.batch, probe.input_shape)]
     return ProbeMeasurement(paired_samples(tracer.kernels, costs), list(synchronizer.waits))
 
 

@@ -1,6 +1,6 @@
 """Predict a training step, kernel by kernel, from a model's layer shapes and a machine model.
 
-The step is what the trainer runs (``training.step_costs``): every layer's FP kernels,
+The step is what the trainer runs (``step_costs``): every layer's FP kernels,
 the loss, every layer's BP kernels with the gradient buckets reduced as backward
 completes them, the loss reduction, and the WU kernels. Batch-norm layers add the
 reductions of their statistics. Without overlap the bucket reductions follow backward;
@@ -29,8 +29,8 @@ from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Optimizer
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline
+from pydtnn_lite.step_costs import step_costs
 from pydtnn_lite.tracing.records import NO_LAYER
-from pydtnn_lite.training import step_costs
 
 LOSS_VALUES_BYTES = 16  # the step's loss and correct count, two float64
 SYNC_WAIT = "sync_wait"  # the COMM entry of the wait for the slowest rank at the end of a step
