@@ -13,6 +13,7 @@ import sys
 from dataclasses import replace
 from typing import Optional, Sequence
 
+from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.data import partition
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.clusters import PRESETS
@@ -83,7 +84,7 @@ def prediction_text(prediction: StepPrediction, title: str, global_batch: int) -
     for (index, name), stages in sorted(prediction.layer_table().items()):
         if index >= 0:
             lines.append(f"{f'{index} {name}':<16}" + "".join(f"{stages.get(s, 0.0) * 1e3:>10.3f}"
-                                                              for s in ("FP", "BP", "WU")))
+                                                              for s in COMPUTE_STAGES))
     lines.append("-" * 46)
     lines.append("stages: " + ", ".join(f"{s} {prediction.stage_seconds[s] * 1e3:.3f} ms" for s in STAGES))
     lines.append(f"{len(prediction.bucket_bytes)} gradient buckets, {sum(prediction.bucket_bytes) / 2**20:.1f} MiB, "

@@ -1,9 +1,9 @@
 """Kernel samples: train a probe network for a few steps under the tracer and pair each call with its cost.
 
-The tracer times every kernel call of a step with its (layer, stage, kernel); the i-th
-call of a kernel by a layer in a stage is the i-th matching entry of
-:func:`~pydtnn_lite.step_costs.step_costs`, which gives its ``dims``, FLOPs and bytes. A
-sample is one call of the step with the median of its times over the repeated steps.
+The tracer times every kernel call of a step with its (layer, stage, kernel); each call
+is paired with its entry of :func:`~pydtnn_lite.step_costs.step_costs`, which gives its
+``dims``, FLOPs and bytes, by their :class:`~pydtnn_lite.costs.CallKey`. A sample is one
+call of the step with the median of its times over the repeated steps.
 
 The ranks train their copies of a probe in step with each other and wait for the slowest
 after each step's backward, as a training job's ranks do (:class:`ProbeSynchronizer`).
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -24,7 +24,7 @@ import numpy as np
 
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm import Communicator, GradientSynchronizer, SerialCommunicator
-from pydtnn_lite.costs import H2D_COPY, NO_LAYER, KernelCost, Stage
+from pydtnn_lite.costs import NO_LAYER, CallCounter, CallKey, KernelCost, keyed_costs
 from pydtnn_lite.data import Dataset
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule
@@ -133,29 +133,26 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
         trainer.train_epoch(0)
     finally:
         tracer.detach()
-    costs: dict[tuple, list[KernelCost]] = defaultdict(list)
-    for layer, cost in step_costs(network, optimizer, probe.batch):
-        costs[(layer, cost.stage, cost.kernel)].append(cost)
-    costs[(NO_LAYER, Stage.DATA, H2D_COPY)] = [h2d_copy_cost(probe.batch, probe.input_shape)]
+    costs = keyed_costs(step_costs(network, optimizer, probe.batch)
+                        + [(NO_LAYER, h2d_copy_cost(probe.batch, probe.input_shape))])
     return ProbeMeasurement(paired_samples(tracer.kernels, costs), list(synchronizer.waits))
 
 
-def paired_samples(records: Sequence[KernelRecord],
-                   costs: dict[tuple, list[KernelCost]]) -> dict[str, list[KernelSample]]:
-    """One sample per (layer, stage, kernel, occurrence) of a step that ``costs`` lists: its
-    cost, and the median duration of its calls over the traced training steps."""
-    durations: dict[tuple, list[float]] = defaultdict(list)
+def paired_samples(records: Sequence[KernelRecord], costs: dict[CallKey, KernelCost]) -> dict[str, list[KernelSample]]:
+    """One sample per call of a step that ``costs`` lists: its cost, and the median duration
+    of its calls over the traced training steps."""
+    durations: dict[CallKey, list[float]] = defaultdict(list)
     for step in sorted({r.step for r in records}):
-        seen: Counter = Counter()
+        counter = CallCounter()
         for record in records:
-            key = (record.layer, record.stage, record.kernel)
-            if record.step != step or record.phase != TRAIN or record.thread != COMPUTE or key not in costs:
+            if record.step != step or record.phase != TRAIN or record.thread != COMPUTE:
                 continue
-            durations[key + (seen[key],)].append(record.duration)
-            seen[key] += 1
+            key = counter.key(record.layer, record.stage, record.kernel)
+            if key in costs:
+                durations[key].append(record.duration)
     samples: dict[str, list[KernelSample]] = defaultdict(list)
-    for (layer, stage, kernel, occurrence), seconds in durations.items():
-        cost = costs[(layer, stage, kernel)][occurrence]
-        median = rounded(statistics.median(seconds))
-        samples[kernel].append(KernelSample(tuple(cost.dims), cost.flops, cost.bytes, median))
+    for key, seconds in durations.items():
+        cost = costs[key]
+        samples[key.kernel].append(KernelSample(tuple(cost.dims), cost.flops, cost.bytes,
+                                                rounded(statistics.median(seconds))))
     return dict(samples)

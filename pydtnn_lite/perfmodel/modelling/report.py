@@ -9,7 +9,8 @@ import math
 import os
 
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.modelling.validation import COMPUTE_STAGES, Comparison, Validation
+from pydtnn_lite.costs import COMPUTE_STAGES
+from pydtnn_lite.perfmodel.modelling.validation import Comparison, Validation
 
 KERNELS_FILE, REPORT_FILE = "validation.csv", "report.html"
 
