@@ -2,8 +2,8 @@
 
 The step is what the trainer runs (``step_costs``): every layer's FP kernels,
 the loss, every layer's BP kernels with the gradient buckets reduced as backward
-completes them, the loss reduction, and the WU kernels. Batch-norm layers add the
-reductions of their statistics. Without overlap the bucket reductions follow backward;
+completes them, the loss reduction, and the WU kernels; batch-norm layers list the
+reductions of their statistics among their costs. Without overlap the bucket reductions follow backward;
 with overlap each starts when its last layer's backward is done and they run one at a
 time on a communication channel beside the computation.
 
@@ -122,11 +122,12 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
                  bucket_mb: float = 4.0, first_bucket_mb: float = 1.0) -> StepPrediction:
     """Predict one training step of a rank that holds ``batch`` samples, with ``procs`` ranks."""
     itemsize = np.dtype(network.backend.dtype).itemsize
-    costs = step_costs(network, optimizer, batch)
-    reductions = _batchnorm_reductions(network, itemsize) if procs > 1 else []
+    # One rank has nothing to reduce: no batch-norm reduction is predicted (a 1-rank trace's calls stay unmatched).
+    costs = [(layer, cost) for layer, cost in step_costs(network, optimizer, batch)
+             if procs > 1 or cost.kernel != ALLREDUCE]
     counter = CallCounter()
     kernels = []
-    for layer, cost in costs + reductions:
+    for layer, cost in costs:
         key = counter.key(layer, cost.stage, cost.kernel)
         seconds = (machine.allreduce_seconds(cost.bytes, procs) if cost.kernel == ALLREDUCE
                    else machine.kernel_seconds(cost.kernel, cost))
@@ -186,19 +187,6 @@ def _with_sync_waits(kernels: list[PredictedKernel], machine: Machine,
     waited = [replace(k, seconds=k.seconds + waits[(k.layer, k.stage)]) if k.kernel == ALLREDUCE else k
               for k in kernels]
     return waited, list(waits.values()) + [machine.sync_wait_seconds(work, procs)]
-
-
-def _batchnorm_reductions(network: Network, itemsize: int) -> list[tuple[int, KernelCost]]:
-    """The Allreduce of each batch-norm layer's (sum, sum of squares) in FP, and of its
-    gradient sums in BP when it computes an input gradient."""
-    out = []
-    for layer in network.layers:
-        if layer.kind == "bn":
-            nbytes = 2 * layer.output_shape[-1] * itemsize
-            out.append((layer.index, KernelCost(Stage.FP, ALLREDUCE, 0.0, nbytes, (nbytes,))))
-            if layer.needs_input_grad:
-                out.append((layer.index, KernelCost(Stage.BP, ALLREDUCE, 0.0, nbytes, (nbytes,))))
-    return out
 
 
 def _exposed_bucket_seconds(network: Network, kernels: list[PredictedKernel], buckets: list,
