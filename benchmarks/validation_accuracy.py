@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 from pydtnn_lite.costs import COMPUTE_STAGES, Stage
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
+from pydtnn_lite.perfmodel.modelling.trace_validation import validation_of
 from pydtnn_lite.perfmodel.modelling.validation import Validation, weighted_relative_error
 from pydtnn_lite.tracing import load_trace
-from pydtnn_lite.validate import validation_of
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 FIGURES = ("step error", "WRE FP", "WRE BP", "WRE WU", "COMM error")

@@ -16,40 +16,12 @@ from typing import Optional, Sequence
 from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.data import partition
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.modelling.clusters import PRESETS
-from pydtnn_lite.perfmodel.modelling.machines import (ALLREDUCE_MODELS, calibrated_machine, cluster_machine,
-                                                      described_cluster)
-from pydtnn_lite.perfmodel.modelling.prediction import STAGES, Machine, StepPrediction, balanced_shares, predict_step
+from pydtnn_lite.perfmodel.modelling.machine_flags import add_machine_arguments, machine_from_arguments
+from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
+from pydtnn_lite.perfmodel.modelling.prediction import STAGES, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.modelling.workload import DATASET_SHAPES, build_workload
 
 PROGRAM = "pydtnn_lite.predict"
-
-
-def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags that describe the machine, shared with the validator."""
-    machine = parser.add_argument_group("machine: a calibration file, or a preset changed by any of the figures")
-    machine.add_argument("--calibration", default=None, metavar="FILE",
-                         help="kernel and Allreduce models from python -m pydtnn_lite.calibrate")
-    machine.add_argument("--preset", choices=sorted(PRESETS), default=None, help="cluster preset (default ampere)")
-    machine.add_argument("--peak-flops", type=float, default=None, help="peak FLOP/s per node")
-    machine.add_argument("--mem-bw", type=float, default=None, help="memory bandwidth per node, bytes/s")
-    machine.add_argument("--link-bw", type=float, default=None, help="link bandwidth, bytes/s")
-    machine.add_argument("--latency", type=float, default=None, help="link latency, seconds")
-    machine.add_argument("--algorithm", choices=("ring", "mst", "bkt"), default=None,
-                         help="Allreduce algorithm of the model (default: ring for a preset, the best fit for "
-                              "a calibration)")
-    machine.add_argument("--allreduce-model", choices=ALLREDUCE_MODELS, default="interpolate",
-                         help="with a calibration: interpolate its Allreduce times (the fitted model beyond them), "
-                              "or the fitted model for every message")
-
-
-def machine_from_arguments(args: argparse.Namespace, itemsize: int) -> tuple[Machine, str, int]:
-    """The machine the flags describe, its name, and its nodes (the default number of ranks)."""
-    if args.calibration:
-        machine = calibrated_machine(args.calibration, args.algorithm, args.allreduce_model)
-        return machine, f"calibration {args.calibration}", machine.calibration.allreduce_ranks
-    cluster = described_cluster(args.preset, args.peak_flops, args.mem_bw, args.link_bw, args.latency)
-    return cluster_machine(cluster, args.algorithm or "ring", itemsize), cluster.name, cluster.nodes
 
 
 def build_parser() -> argparse.ArgumentParser:

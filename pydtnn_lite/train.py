@@ -28,10 +28,10 @@ from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule, Optimizer
 from pydtnn_lite.runtime import (default_blas_threads, install_job_abort, keep_freed_memory, report_and_abort,
                                  set_blas_threads)
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
+from pydtnn_lite.perfmodel.modelling.trace_validation import validate_trace
 from pydtnn_lite.tracing import Tracer, load_trace
 from pydtnn_lite.training import History, StepResult, Trainer, load_checkpoint, save_checkpoint
 from pydtnn_lite.training.balance import LoadBalancer
-from pydtnn_lite.validate import validate_trace
 
 PROGRAM = "pydtnn_lite.train"
 SETUP_ERROR_EXIT = 2

@@ -226,6 +226,16 @@ def test_predict_cli_prints_a_table_and_json():
     assert all(math.isfinite(k["seconds"]) and k["seconds"] >= 0 for k in document["kernels"])
 
 
+def test_predicting_loads_no_trainer_tracer_or_mpi():
+    # Prediction is a function of shapes and a calibration: it must run where no MPI job can.
+    unwanted = ("mpi4py", "pydtnn_lite.training.trainer", "pydtnn_lite.tracing.tracer", "pydtnn_lite.comm.mpi")
+    code = (f"import sys, pydtnn_lite.predict; print(sorted(name for name in sys.modules for unwanted in {unwanted!r} "
+            "if name == unwanted or name.startswith(unwanted + '.')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
 @pytest.mark.parametrize("flags,message", [
     (("--batch-size", "4", "--procs", "8"), "at least --procs 8"),
     (("--model", "vgg99"), "unknown model 'vgg99'"),
