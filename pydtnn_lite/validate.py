@@ -3,6 +3,8 @@
 Sets the kernels of a trace (``python -m pydtnn_lite.train --trace DIR``) against the
 performance model's predictions for the same model, batch and ranks, and writes a CSV per
 kernel, a plot per stage and an HTML report (``TRACE_DIR/validation`` by default).
+Without machine flags it uses the calibration the trace's meta.json names, and stops if
+it names none: a preset describes another machine than the one a trace was taken on.
 """
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ import sys
 from typing import Optional, Sequence
 
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.modelling.machine_flags import add_machine_arguments, machine_from_arguments
-from pydtnn_lite.perfmodel.modelling.trace_validation import validate_trace
+from pydtnn_lite.perfmodel.modelling.machine_flags import add_machine_arguments, machine_from_arguments, names_a_machine
+from pydtnn_lite.perfmodel.modelling.trace_validation import trace_calibration, validate_trace
 from pydtnn_lite.tracing import load_trace
 
 PROGRAM = "pydtnn_lite.validate"
@@ -30,6 +32,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         loaded = load_trace(args.trace)
+        if not names_a_machine(args):
+            args.calibration = trace_calibration(loaded[2])
         dtype = loaded[2].get("dtype", "float32")
         machine, machine_name, _ = machine_from_arguments(args, 8 if dtype == "float64" else 4)
         print(validate_trace(args.trace, loaded, machine, machine_name, args.out))

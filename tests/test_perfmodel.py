@@ -5,6 +5,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -25,6 +26,7 @@ from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from pydtnn_lite.tracing.records import KernelRecord, StepRecord
 
 LINK = Link(alpha=1e-6, beta=1e-9, gamma=1e-10)
+REFERENCE_CALIBRATION = os.path.join(REPO, "calibration", "dev-2core.json")
 MB = 1e6
 
 
@@ -286,14 +288,22 @@ def test_validation_metrics_against_hand_computed_values():
     assert math.isnan(one_step.step.half_difference) and all(math.isnan(s.half_wre) for s in one_step.stages)
 
 
-def test_validate_a_short_traced_run_end_to_end(tmp_path):
-    trace = tmp_path / "trace"
-    calibration = os.path.join(REPO, "calibration", "dev-2core.json")
+@pytest.fixture(scope="module")
+def traced_run(tmp_path_factory):
+    """A short 2-rank run traced and validated against the reference calibration: (trace directory, stdout).
+    Tests that change the trace work on a copy."""
+    directory = tmp_path_factory.mktemp("traced")
+    trace = directory / "trace"
     trained = train_cli(2, "--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--steps-per-epoch", "4",
-                        "--eval-steps", "0", "--run-dir", str(tmp_path), "--trace", str(trace),
-                        "--validate", calibration)
+                        "--eval-steps", "0", "--run-dir", str(directory), "--trace", str(trace),
+                        "--validate", REFERENCE_CALIBRATION)
     assert trained.returncode == 0, trained.stderr[-2000:]
-    assert "measured against predicted (calibration" in trained.stdout and "WRE" in trained.stdout
+    return trace, trained.stdout
+
+
+def test_validate_a_short_traced_run_end_to_end(traced_run, tmp_path):
+    trace, trained = traced_run
+    assert "measured against predicted (calibration" in trained and "WRE" in trained
     result = run("pydtnn_lite.validate", str(trace), "--peak-flops", "50e9", "--mem-bw", "10e9",
                  "--link-bw", "5e9", "--latency", "5e-6")
     assert result.returncode == 0, result.stderr
@@ -305,6 +315,23 @@ def test_validate_a_short_traced_run_end_to_end(tmp_path):
     assert "step" in result.stdout and "WRE" in result.stdout
     missing = run("pydtnn_lite.validate", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "is not a trace directory" in missing.stderr
+
+
+def test_validate_without_a_machine_takes_the_calibration_the_trace_names(traced_run, tmp_path):
+    trace = tmp_path / "trace"
+    shutil.copytree(traced_run[0], trace)
+    meta = json.loads((trace / "meta.json").read_text())
+    (trace / "meta.json").write_text(json.dumps({**meta, "calibration": REFERENCE_CALIBRATION}))
+    named = run("pydtnn_lite.validate", str(trace))
+    assert named.returncode == 0, named.stderr
+    assert f"measured against predicted (calibration {REFERENCE_CALIBRATION})" in named.stdout
+
+    meta.pop("calibration", None)
+    (trace / "meta.json").write_text(json.dumps(meta))
+    unnamed = run("pydtnn_lite.validate", str(trace))
+    assert unnamed.returncode == 2 and unnamed.stdout == ""
+    assert len(unnamed.stderr.strip().splitlines()) == 1
+    assert "--calibration" in unnamed.stderr and "--preset" in unnamed.stderr
 
 
 def test_scalability_study_writes_csv_and_plots_with_the_expected_trends(tmp_path):

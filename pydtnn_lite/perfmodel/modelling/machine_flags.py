@@ -9,6 +9,8 @@ from pydtnn_lite.perfmodel.modelling.machines import (ALLREDUCE_MODELS, calibrat
                                                       described_cluster)
 from pydtnn_lite.perfmodel.modelling.prediction import Machine
 
+FIGURES = ("peak_flops", "mem_bw", "link_bw", "latency")  # the flags that change a preset's figures
+
 
 def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--calibration``, ``--preset``, the figures that change a preset, ``--algorithm``
@@ -27,6 +29,11 @@ def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
     machine.add_argument("--allreduce-model", choices=ALLREDUCE_MODELS, default="interpolate",
                          help="with a calibration: interpolate its Allreduce times (the fitted model beyond them), "
                               "or the fitted model for every message")
+
+
+def names_a_machine(args: argparse.Namespace) -> bool:
+    """Whether the flags describe a machine: a calibration, a preset, or figures of one."""
+    return bool(args.calibration or args.preset or any(getattr(args, figure) is not None for figure in FIGURES))
 
 
 def machine_from_arguments(args: argparse.Namespace, itemsize: int) -> tuple[Machine, str, int]:

@@ -10,6 +10,17 @@ from pydtnn_lite.perfmodel.modelling.report import summary_text, write_report
 from pydtnn_lite.perfmodel.modelling.validation import Validation, validate
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
 
+CALIBRATION_KEY = "calibration"  # meta.json: the calibration file the traced run was validated with
+
+
+def trace_calibration(meta: dict) -> str:
+    """The calibration file a trace's ``meta`` names; UserError when it names none."""
+    path = meta.get(CALIBRATION_KEY)
+    if not path:
+        raise UserError("the trace's meta.json names no calibration to validate against: give --calibration FILE "
+                        "(python -m pydtnn_lite.calibrate) or --preset NAME")
+    return str(path)
+
 
 def validation_of(trace: str, loaded: tuple[list, list, dict], machine: Machine) -> Validation:
     """The trace of directory ``trace`` (``loaded`` is what ``load_trace`` read there)
