@@ -42,10 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def prediction_json(prediction: StepPrediction, global_batch: int) -> dict:
-    return {"procs": prediction.procs, "global_batch": global_batch, "local_batch": prediction.batch,
-            "stage_seconds": prediction.stage_seconds, "step_seconds_without_overlap": prediction.step_without_overlap,
-            "step_seconds_with_overlap": prediction.step_with_overlap, "wait_seconds": prediction.wait_seconds,
+def prediction_json(prediction: StepPrediction, model: str, dataset: str, machine_name: str,
+                    global_batch: int) -> dict:
+    """One JSON object: the run and machine, the step (``step_seconds``: with overlap, as
+    training runs by default), the stages, the waits, every bucket and every kernel."""
+    return {"model": model, "dataset": dataset, "global_batch": global_batch, "procs": prediction.procs,
+            "local_batch": prediction.batch, "machine": machine_name, "step_seconds": prediction.step_with_overlap,
+            "step_seconds_with_overlap": prediction.step_with_overlap,
+            "step_seconds_without_overlap": prediction.step_without_overlap,
+            "stage_seconds": prediction.stage_seconds, "wait_seconds": prediction.wait_seconds,
             "synchronisations": prediction.synchronisations,
             "buckets": [{"bytes": n, "seconds": s} for n, s in zip(prediction.bucket_bytes, prediction.bucket_seconds)],
             "kernels": [k.__dict__ for k in prediction.kernels]}
@@ -72,8 +77,9 @@ def prediction_text(prediction: StepPrediction, title: str, global_batch: int) -
     return "\n".join(lines)
 
 
-def heterogeneous_text(args: argparse.Namespace) -> str:
-    """Balanced shares and steps of a job whose ranks have the calibrations ``--rank-calibrations``."""
+def heterogeneous_prediction(args: argparse.Namespace) -> dict:
+    """Equal and balanced shares, and each rank's step, of a job whose ranks have the
+    calibrations ``--rank-calibrations``, as one JSON object."""
     machines = [calibrated_machine(path, args.algorithm, args.allreduce_model) for path in args.rank_calibrations]
     allreduce = next((m.allreduce for m in machines if m.allreduce is not None), None)
     machines = [replace(m, allreduce=m.allreduce or allreduce) for m in machines]
@@ -84,11 +90,24 @@ def heterogeneous_text(args: argparse.Namespace) -> str:
     equal_shares = partition(args.batch_size, [1.0] * len(machines))
     equal = [predict_step(network, optimizer, share, len(machines), machine, args.bucket_mb)
              for share, machine in zip(equal_shares, machines)]
-    lines = [f"{args.model} on {args.dataset}, global batch {args.batch_size}, {len(machines)} ranks"]
-    for title, chosen, steps in (("equal shares", equal_shares, equal), ("balanced shares", shares, balanced)):
-        per_rank = ", ".join(f"rank {r}: {s} samples, {p.step_with_overlap * 1e3:.1f} ms"
-                             for r, (s, p) in enumerate(zip(chosen, steps)))
-        lines.append(f"{title} {chosen}: step {max(p.step_with_overlap for p in steps) * 1e3:.1f} ms ({per_rank})")
+    return {"model": args.model, "dataset": args.dataset, "global_batch": args.batch_size, "procs": len(machines),
+            "machines": [f"calibration {path}" for path in args.rank_calibrations],
+            **{name: {"shares": chosen, "step_seconds": max(p.step_with_overlap for p in steps),
+                      "rank_step_seconds": [p.step_with_overlap for p in steps]}
+               for name, chosen, steps in (("equal_shares", equal_shares, equal),
+                                           ("balanced_shares", shares, balanced))}}
+
+
+def heterogeneous_text(result: dict) -> str:
+    """:func:`heterogeneous_prediction` as text: the step with each choice of shares."""
+    lines = [f"{result['model']} on {result['dataset']}, global batch {result['global_batch']}, "
+             f"{result['procs']} ranks"]
+    for name in ("equal_shares", "balanced_shares"):
+        chosen = result[name]
+        per_rank = ", ".join(f"rank {r}: {s} samples, {seconds * 1e3:.1f} ms"
+                             for r, (s, seconds) in enumerate(zip(chosen["shares"], chosen["rank_step_seconds"])))
+        lines.append(f"{name.replace('_', ' ')} {chosen['shares']}: step {chosen['step_seconds'] * 1e3:.1f} ms "
+                     f"({per_rank})")
     return "\n".join(lines)
 
 
@@ -96,10 +115,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.rank_calibrations:
         try:
-            print(heterogeneous_text(args))
+            result = heterogeneous_prediction(args)
         except UserError as error:
             print(f"{PROGRAM}: error: {error}", file=sys.stderr)
             return 2
+        print(json.dumps(result, indent=1) if args.json else heterogeneous_text(result))
         return 0
     try:
         machine, machine_name, nodes = machine_from_arguments(args, 8 if args.dtype == "float64" else 4)
@@ -113,7 +133,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(prediction_json(prediction, args.batch_size), indent=1))
+        print(json.dumps(prediction_json(prediction, args.model, args.dataset, machine_name, args.batch_size),
+                         indent=1))
     else:
         print(prediction_text(prediction, f"{args.model} on {args.dataset}, global batch {args.batch_size} over "
                                           f"{procs} ranks ({local_batch} per rank), {machine_name}", args.batch_size))

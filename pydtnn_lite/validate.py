@@ -9,12 +9,13 @@ it names none: a preset describes another machine than the one a trace was taken
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Optional, Sequence
 
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.machine_flags import add_machine_arguments, machine_from_arguments, names_a_machine
-from pydtnn_lite.perfmodel.modelling.trace_validation import trace_calibration, validate_trace
+from pydtnn_lite.perfmodel.modelling.trace_validation import check_trace, trace_calibration
 from pydtnn_lite.tracing import load_trace
 
 PROGRAM = "pydtnn_lite.validate"
@@ -24,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[0])
     parser.add_argument("trace", help="a directory written by python -m pydtnn_lite.train --trace DIR")
     parser.add_argument("--out", default=None, help="where to write the report (default TRACE/validation)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the step and stage figures as one JSON object instead of the table")
     add_machine_arguments(parser)
     return parser
 
@@ -36,11 +39,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.calibration = trace_calibration(loaded[2])
         dtype = loaded[2].get("dtype", "float32")
         machine, machine_name, _ = machine_from_arguments(args, 8 if dtype == "float64" else 4)
-        print(validate_trace(args.trace, loaded, machine, machine_name, args.out))
+        checked = check_trace(args.trace, loaded, machine, machine_name, args.out)
     except (OSError, ValueError, KeyError, UserError) as error:
         detail = f"the trace's meta.json lacks {error}" if isinstance(error, KeyError) else str(error)
         print(f"{PROGRAM}: error: {detail}", file=sys.stderr)
         return 2
+    print(json.dumps(checked.summary(), indent=1) if args.json else checked.text())
     return 0
 
 

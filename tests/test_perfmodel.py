@@ -223,9 +223,16 @@ def test_predict_cli_prints_a_table_and_json():
     assert table.returncode == 0, table.stderr
     assert "conv1" in table.stdout and "step with overlap" in table.stdout
     document = json.loads(run("pydtnn_lite.predict", "--model", "resnet18", "--preset", "altec", "--json").stdout)
-    assert document["procs"] == 8 and document["local_batch"] == 16
+    assert {"model", "dataset", "global_batch", "procs", "local_batch", "machine", "step_seconds",
+            "step_seconds_with_overlap", "step_seconds_without_overlap", "stage_seconds", "wait_seconds",
+            "synchronisations", "buckets", "kernels"} <= set(document)
+    assert (document["model"], document["dataset"], document["machine"]) == ("resnet18", "cifar10", "altec")
+    assert document["procs"] == 8 and document["local_batch"] == 16 and document["global_batch"] == 128
+    assert document["step_seconds"] == document["step_seconds_with_overlap"] > 0
     assert document["step_seconds_with_overlap"] <= document["step_seconds_without_overlap"]
+    assert set(document["stage_seconds"]) == {"FP", "BP", "WU", "COMM"}
     assert all(math.isfinite(k["seconds"]) and k["seconds"] >= 0 for k in document["kernels"])
+    assert {k["stage"] for k in document["kernels"]} == {"FP", "BP", "WU", "COMM"}
 
 
 def test_predicting_loads_no_trainer_tracer_or_mpi():
@@ -317,6 +324,31 @@ def test_validate_a_short_traced_run_end_to_end(traced_run, tmp_path):
     assert missing.returncode == 2 and "is not a trace directory" in missing.stderr
 
 
+def test_validate_prints_its_figures_as_one_json_object(traced_run, tmp_path):
+    trace = traced_run[0]
+    result = run("pydtnn_lite.validate", str(trace), "--calibration", REFERENCE_CALIBRATION, "--json",
+                 "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert (document["model"], document["dataset"], document["procs"], document["global_batch"]) == (
+        "lenet", "digits", 2, 16)
+    assert document["machine"] == f"calibration {REFERENCE_CALIBRATION}"
+    assert all(isinstance(document[key], float) and document[key] > 0
+               for key in ("measured_step_seconds", "predicted_step_seconds"))
+    assert isinstance(document["raw_step_error"], float)
+    expected = (document["predicted_step_seconds"] - document["measured_step_seconds"]) / document[
+        "measured_step_seconds"]
+    assert document["raw_step_error"] == pytest.approx(expected)
+    # No drift probe yet: nothing corrects the raw error.
+    assert document["drift_factor"] is None and document["step_error"] == document["raw_step_error"]
+    assert set(document["wre"]) == {"FP", "BP", "WU"} and all(isinstance(v, float) for v in document["wre"].values())
+    for key in ("measured_stage_seconds", "predicted_stage_seconds", "stage_errors"):
+        assert set(document[key]) == {"FP", "BP", "WU", "COMM"}
+    assert set(document["split_half"]) == {"step_difference", "stage_differences", "wre"}
+    assert isinstance(document["unmatched_calls"], int)
+    assert document["report"] and all(os.path.isfile(path) for path in document["report"])
+
+
 def test_validate_without_a_machine_takes_the_calibration_the_trace_names(traced_run, tmp_path):
     trace = tmp_path / "trace"
     shutil.copytree(traced_run[0], trace)
@@ -362,3 +394,7 @@ def test_balanced_shares_follow_the_predicted_speed_of_each_rank():
                calibration)
     assert same.returncode == 0, same.stderr
     assert "balanced shares [32, 32]" in same.stdout and "equal shares [32, 32]" in same.stdout
+    document = json.loads(run("pydtnn_lite.predict", "--model", "vgg11", "--batch-size", "64", "--rank-calibrations",
+                              calibration, calibration, "--json").stdout)
+    assert document["balanced_shares"]["shares"] == [32, 32] and document["procs"] == 2
+    assert document["balanced_shares"]["step_seconds"] == max(document["balanced_shares"]["rank_step_seconds"])
