@@ -1,12 +1,12 @@
 """Measured against predicted: per kernel, per stage and per step, from a trace directory.
 
-Each traced kernel call is matched with its prediction by (layer, stage, kernel,
-occurrence), the same key the tracer uses to pair calls with their costs. Per kernel the
+Each traced kernel call is matched with its prediction by its
+:class:`~pydtnn_lite.costs.CallKey`, the key that pairs calls with their costs. Per kernel the
 measured time is the median over the traced steps and ranks, robust to the odd call that
 another job interrupted; a reduction's (batch norm) is the mean: its time is mostly the
 wait for the slowest rank, nothing on that rank and much on the others, so its median
 says little of what it costs a step, and the prediction is of the mean wait. The metrics
-are those of the paper (../shared/seeds/003_*):
+are those of Barrachina et al. (2021, docs/performance-model.md):
 
 - relative error ``RE_k = (T_est - T_meas) / T_meas``;
 - weighted relative error ``WRE_k = (T_est - T_meas) / T_avg``, with ``T_avg`` the mean
