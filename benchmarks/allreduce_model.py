@@ -22,10 +22,10 @@ import math
 import numpy as np
 
 from pydtnn_lite.comm.mpi import MPICommunicator
-from pydtnn_lite.perfmodel.allreduce import AllreduceTime
-from pydtnn_lite.perfmodel.allreduce_timing import KIB, MIB, time_allreduce
-from pydtnn_lite.perfmodel.calibration import Calibration
-from pydtnn_lite.perfmodel.machines import allreduce_models
+from pydtnn_lite.perfmodel.measuring.allreduce_timing import KIB, MIB, time_allreduce
+from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceTime
+from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.machines import allreduce_models
 from pydtnn_lite.runtime import keep_freed_memory
 from pydtnn_lite.textable import format_table
 

@@ -28,11 +28,12 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from pydtnn_lite.perfmodel.machines import calibrated_machine
-from pydtnn_lite.perfmodel.validation import COMPUTE_STAGES, Validation, weighted_relative_error
+from pydtnn_lite.costs import COMPUTE_STAGES, Stage
+from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
+from pydtnn_lite.perfmodel.modelling.trace_validation import validation_of
+from pydtnn_lite.perfmodel.modelling.validation import Validation, weighted_relative_error
 from pydtnn_lite.textable import format_table
 from pydtnn_lite.tracing import load_trace
-from pydtnn_lite.validate import validation_of
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 FIGURES = ("step error", "WRE FP", "WRE BP", "WRE WU", "COMM error")
@@ -69,29 +70,29 @@ def traced_run(config: Config, ranks: int, steps: int, overlap: bool, trace: str
 def figures(validation: Validation) -> dict[str, float]:
     """The step error, stage WRE and COMM error of a validation."""
     stages = {s.name: s for s in validation.stages}
-    return {"step error": validation.step.relative_error, "WRE FP": stages["FP"].wre, "WRE BP": stages["BP"].wre,
-            "WRE WU": stages["WU"].wre, "COMM error": stages["COMM"].relative_error}
+    return {"step error": validation.step.relative_error, "WRE FP": stages[Stage.FP].wre,
+            "WRE BP": stages[Stage.BP].wre, "WRE WU": stages[Stage.WU].wre,
+            "COMM error": stages[Stage.COMM].relative_error}
 
 
 def between(measured: Validation, reference: Validation) -> dict[str, float]:
     """The figures of ``measured`` with ``reference``'s measurement in place of the prediction."""
-    stand_in = {(k.layer, k.stage, k.kernel, k.occurrence): k.measured for k in reference.kernels}
+    stand_in = {k.key: k.measured for k in reference.kernels}
     out = {"step error": (reference.step.measured - measured.step.measured) / measured.step.measured}
     for stage in COMPUTE_STAGES:
         kernels = [k for k in measured.kernels if k.stage == stage]
-        out[f"WRE {stage}"] = weighted_relative_error(
-            [stand_in[(k.layer, k.stage, k.kernel, k.occurrence)] for k in kernels], [k.measured for k in kernels])
-    comm = {s.name: s.measured for s in measured.stages}["COMM"]
-    reference_comm = {s.name: s.measured for s in reference.stages}["COMM"]
+        out[f"WRE {stage}"] = weighted_relative_error([stand_in[k.key] for k in kernels], [k.measured for k in kernels])
+    comm = {s.name: s.measured for s in measured.stages}[Stage.COMM]
+    reference_comm = {s.name: s.measured for s in reference.stages}[Stage.COMM]
     out["COMM error"] = (reference_comm - comm) / comm if comm > 0 else float("nan")
     return out
 
 
 def split_half(validation: Validation) -> dict[str, float]:
     stages = {s.name: s for s in validation.stages}
-    return {"step error": validation.step.half_difference, "WRE FP": stages["FP"].half_wre,
-            "WRE BP": stages["BP"].half_wre, "WRE WU": stages["WU"].half_wre,
-            "COMM error": stages["COMM"].half_difference}
+    return {"step error": validation.step.half_difference, "WRE FP": stages[Stage.FP].half_wre,
+            "WRE BP": stages[Stage.BP].half_wre, "WRE WU": stages[Stage.WU].half_wre,
+            "COMM error": stages[Stage.COMM].half_difference}
 
 
 def median_magnitudes(rows: list[dict[str, float]]) -> dict[str, float]:

@@ -19,11 +19,12 @@ from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import make_communicator
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.paths import check_writable_file
-from pydtnn_lite.perfmodel.allreduce_timing import QUICK_SIZES
-from pydtnn_lite.perfmodel.calibration import (Calibration, CalibrationSettings, calibrate, check_allreduce_ranks,
-                                               fit_models, remeasure_allreduce)
-from pydtnn_lite.perfmodel.probes import QUICK
-from pydtnn_lite.perfmodel.synchronization import fit_sync_wait
+from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
+from pydtnn_lite.perfmodel.measuring.calibrate import (CalibrationSettings, calibrate, check_allreduce_ranks,
+                                                       fit_models, remeasure_allreduce)
+from pydtnn_lite.perfmodel.measuring.probes import QUICK
+from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.synchronization import fit_sync_wait
 from pydtnn_lite.runtime import default_blas_threads, install_job_abort, keep_freed_memory, set_blas_threads
 from pydtnn_lite.textable import format_table
 

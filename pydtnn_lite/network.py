@@ -19,7 +19,8 @@ import numpy as np
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend, make_backend
-from pydtnn_lite.layers.base import KernelCost, Layer, Shape, StepContext
+from pydtnn_lite.costs import KernelCost, Stage
+from pydtnn_lite.layers.base import Layer, Shape, StepContext
 from pydtnn_lite.textable import format_table
 
 Scope = Callable[[int, str], AbstractContextManager]
@@ -115,7 +116,7 @@ class Network:
         remaining = self._consumer_counts()
         outputs: dict[int, Any] = {self.INPUT: x}
         for index, (layer, sources) in enumerate(zip(self.layers, self.inputs)):
-            with self.scope(index, "FP"):
+            with self.scope(index, Stage.FP):
                 outputs[index] = layer.forward(*(outputs[s] for s in sources), ctx=ctx)
             for source in sources:
                 remaining[source] -= 1
@@ -132,7 +133,7 @@ class Network:
             grad_out = pending.pop(index, None)
             if grad_out is None:  # nothing downstream of the images needs this layer's gradient
                 continue
-            with self.scope(index, "BP"):
+            with self.scope(index, Stage.BP):
                 grad_in = layer.backward(grad_out)
             if on_layer_done is not None:
                 on_layer_done(index)
@@ -143,7 +144,7 @@ class Network:
                 if source == self.INPUT:
                     continue
                 if source in pending:  # a shortcut: sum the gradients of every consumer
-                    with self.scope(source, "BP"):
+                    with self.scope(source, Stage.BP):
                         grad = kernels.add((pending[source], grad))
                 pending[source] = grad
 
@@ -235,11 +236,11 @@ class Network:
                     continue
                 if source in has_grad:
                     n = self.layers[source].elements(batch)
-                    out.append((source, KernelCost("BP", "add", n, 3 * n * self.layers[source].itemsize, (n,))))
+                    out.append((source, KernelCost(Stage.BP, "add", n, 3 * n * self.layers[source].itemsize, (n,))))
                 has_grad.add(source)
         return out
 
-    def flops_per_sample(self, stage: str = "FP") -> float:
+    def flops_per_sample(self, stage: str = Stage.FP) -> float:
         """FLOPs of one sample through the given stage."""
         return sum(cost.flops for _, cost in self.costs(1) if cost.stage == stage)
 
@@ -247,14 +248,14 @@ class Network:
         """A table of layers, output shapes, parameters and forward FLOPs per sample."""
         rows = []
         for layer, sources in zip(self.layers, self.inputs):
-            fp = sum(c.flops for c in layer.costs(1) if c.stage == "FP") / 1e6
+            fp = sum(c.flops for c in layer.costs(1) if c.stage == Stage.FP) / 1e6
             src = ",".join("in" if s == self.INPUT else str(s) for s in sources)
             rows.append((layer.index, layer.name, src, layer.output_shape, f"{layer.param_count:,}", f"{fp:.2f}",
                          layer.describe()))
         table = format_table(("#", "layer", "inputs", "output", "params", "MFLOP/sample", "details"), rows,
                              align="><<<>><")
         rule = table.split("\n")[1]  # the rule under the header closes the table too
+        forward, backward = self.flops_per_sample(Stage.FP), self.flops_per_sample(Stage.BP)
         return "\n".join([f"{self.name}: input {self.input_shape}, {self.num_classes} classes", table, rule,
-                          f"total parameters {self.param_count:,}; forward {self.flops_per_sample('FP') / 1e9:.3f} "
-                          f"GFLOP/sample; training step "
-                          f"{(self.flops_per_sample('FP') + self.flops_per_sample('BP')) / 1e9:.3f} GFLOP/sample"])
+                          f"total parameters {self.param_count:,}; forward {forward / 1e9:.3f} GFLOP/sample; "
+                          f"training step {(forward + backward) / 1e9:.3f} GFLOP/sample"])

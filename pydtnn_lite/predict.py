@@ -13,42 +13,16 @@ import sys
 from dataclasses import replace
 from typing import Optional, Sequence
 
+from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.data import partition
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.clusters import PRESETS
-from pydtnn_lite.perfmodel.machines import ALLREDUCE_MODELS, calibrated_machine, cluster_machine, described_cluster
-from pydtnn_lite.perfmodel.prediction import STAGES, Machine, StepPrediction, balanced_shares, predict_step
-from pydtnn_lite.perfmodel.workload import DATASET_SHAPES, build_workload
+from pydtnn_lite.perfmodel.modelling.machine_flags import add_machine_arguments, machine_from_arguments
+from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
+from pydtnn_lite.perfmodel.modelling.prediction import STAGES, StepPrediction, balanced_shares, predict_step
+from pydtnn_lite.perfmodel.modelling.workload import DATASET_SHAPES, build_workload
 from pydtnn_lite.textable import format_table
 
 PROGRAM = "pydtnn_lite.predict"
-
-
-def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags that describe the machine, shared with the validator."""
-    machine = parser.add_argument_group("machine: a calibration file, or a preset changed by any of the figures")
-    machine.add_argument("--calibration", default=None, metavar="FILE",
-                         help="kernel and Allreduce models from python -m pydtnn_lite.calibrate")
-    machine.add_argument("--preset", choices=sorted(PRESETS), default=None, help="cluster preset (default ampere)")
-    machine.add_argument("--peak-flops", type=float, default=None, help="peak FLOP/s per node")
-    machine.add_argument("--mem-bw", type=float, default=None, help="memory bandwidth per node, bytes/s")
-    machine.add_argument("--link-bw", type=float, default=None, help="link bandwidth, bytes/s")
-    machine.add_argument("--latency", type=float, default=None, help="link latency, seconds")
-    machine.add_argument("--algorithm", choices=("ring", "mst", "bkt"), default=None,
-                         help="Allreduce algorithm of the model (default: ring for a preset, the best fit for "
-                              "a calibration)")
-    machine.add_argument("--allreduce-model", choices=ALLREDUCE_MODELS, default="interpolate",
-                         help="with a calibration: interpolate its Allreduce times (the fitted model beyond them), "
-                              "or the fitted model for every message")
-
-
-def machine_from_arguments(args: argparse.Namespace, itemsize: int) -> tuple[Machine, str, int]:
-    """The machine the flags describe, its name, and its nodes (the default number of ranks)."""
-    if args.calibration:
-        machine = calibrated_machine(args.calibration, args.algorithm, args.allreduce_model)
-        return machine, f"calibration {args.calibration}", machine.calibration.allreduce_ranks
-    cluster = described_cluster(args.preset, args.peak_flops, args.mem_bw, args.link_bw, args.latency)
-    return cluster_machine(cluster, args.algorithm or "ring", itemsize), cluster.name, cluster.nodes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,10 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def prediction_json(prediction: StepPrediction, global_batch: int) -> dict:
-    return {"procs": prediction.procs, "global_batch": global_batch, "local_batch": prediction.batch,
-            "stage_seconds": prediction.stage_seconds, "step_seconds_without_overlap": prediction.step_without_overlap,
-            "step_seconds_with_overlap": prediction.step_with_overlap, "wait_seconds": prediction.wait_seconds,
+def prediction_json(prediction: StepPrediction, model: str, dataset: str, machine_name: str,
+                    global_batch: int) -> dict:
+    """One JSON object: the run and machine, the step (``step_seconds``: with overlap, as
+    training runs by default), the stages, the waits, every bucket and every kernel."""
+    return {"model": model, "dataset": dataset, "global_batch": global_batch, "procs": prediction.procs,
+            "local_batch": prediction.batch, "machine": machine_name, "step_seconds": prediction.step_with_overlap,
+            "step_seconds_with_overlap": prediction.step_with_overlap,
+            "step_seconds_without_overlap": prediction.step_without_overlap,
+            "stage_seconds": prediction.stage_seconds, "wait_seconds": prediction.wait_seconds,
             "synchronisations": prediction.synchronisations,
             "buckets": [{"bytes": n, "seconds": s} for n, s in zip(prediction.bucket_bytes, prediction.bucket_seconds)],
             "kernels": [k.__dict__ for k in prediction.kernels]}
@@ -80,7 +59,7 @@ def prediction_json(prediction: StepPrediction, global_batch: int) -> dict:
 
 def prediction_text(prediction: StepPrediction, title: str, global_batch: int) -> str:
     table = format_table(("layer", "FP ms", "BP ms", "WU ms"),
-                         [(f"{index} {name}", *(f"{stages.get(s, 0.0) * 1e3:.3f}" for s in ("FP", "BP", "WU")))
+                         [(f"{index} {name}", *(f"{stages.get(s, 0.0) * 1e3:.3f}" for s in COMPUTE_STAGES))
                           for (index, name), stages in sorted(prediction.layer_table().items()) if index >= 0])
     rule = table.split("\n")[1]  # the rule under the header closes the table too
     lines = [title, table, rule]
@@ -98,8 +77,9 @@ def prediction_text(prediction: StepPrediction, title: str, global_batch: int) -
     return "\n".join(lines)
 
 
-def heterogeneous_text(args: argparse.Namespace) -> str:
-    """Balanced shares and steps of a job whose ranks have the calibrations ``--rank-calibrations``."""
+def heterogeneous_prediction(args: argparse.Namespace) -> dict:
+    """Equal and balanced shares, and each rank's step, of a job whose ranks have the
+    calibrations ``--rank-calibrations``, as one JSON object."""
     machines = [calibrated_machine(path, args.algorithm, args.allreduce_model) for path in args.rank_calibrations]
     allreduce = next((m.allreduce for m in machines if m.allreduce is not None), None)
     machines = [replace(m, allreduce=m.allreduce or allreduce) for m in machines]
@@ -110,11 +90,24 @@ def heterogeneous_text(args: argparse.Namespace) -> str:
     equal_shares = partition(args.batch_size, [1.0] * len(machines))
     equal = [predict_step(network, optimizer, share, len(machines), machine, args.bucket_mb)
              for share, machine in zip(equal_shares, machines)]
-    lines = [f"{args.model} on {args.dataset}, global batch {args.batch_size}, {len(machines)} ranks"]
-    for title, chosen, steps in (("equal shares", equal_shares, equal), ("balanced shares", shares, balanced)):
-        per_rank = ", ".join(f"rank {r}: {s} samples, {p.step_with_overlap * 1e3:.1f} ms"
-                             for r, (s, p) in enumerate(zip(chosen, steps)))
-        lines.append(f"{title} {chosen}: step {max(p.step_with_overlap for p in steps) * 1e3:.1f} ms ({per_rank})")
+    return {"model": args.model, "dataset": args.dataset, "global_batch": args.batch_size, "procs": len(machines),
+            "machines": [f"calibration {path}" for path in args.rank_calibrations],
+            **{name: {"shares": chosen, "step_seconds": max(p.step_with_overlap for p in steps),
+                      "rank_step_seconds": [p.step_with_overlap for p in steps]}
+               for name, chosen, steps in (("equal_shares", equal_shares, equal),
+                                           ("balanced_shares", shares, balanced))}}
+
+
+def heterogeneous_text(result: dict) -> str:
+    """:func:`heterogeneous_prediction` as text: the step with each choice of shares."""
+    lines = [f"{result['model']} on {result['dataset']}, global batch {result['global_batch']}, "
+             f"{result['procs']} ranks"]
+    for name in ("equal_shares", "balanced_shares"):
+        chosen = result[name]
+        per_rank = ", ".join(f"rank {r}: {s} samples, {seconds * 1e3:.1f} ms"
+                             for r, (s, seconds) in enumerate(zip(chosen["shares"], chosen["rank_step_seconds"])))
+        lines.append(f"{name.replace('_', ' ')} {chosen['shares']}: step {chosen['step_seconds'] * 1e3:.1f} ms "
+                     f"({per_rank})")
     return "\n".join(lines)
 
 
@@ -122,10 +115,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.rank_calibrations:
         try:
-            print(heterogeneous_text(args))
+            result = heterogeneous_prediction(args)
         except UserError as error:
             print(f"{PROGRAM}: error: {error}", file=sys.stderr)
             return 2
+        print(json.dumps(result, indent=1) if args.json else heterogeneous_text(result))
         return 0
     try:
         machine, machine_name, nodes = machine_from_arguments(args, 8 if args.dtype == "float64" else 4)
@@ -139,7 +133,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(prediction_json(prediction, args.batch_size), indent=1))
+        print(json.dumps(prediction_json(prediction, args.model, args.dataset, machine_name, args.batch_size),
+                         indent=1))
     else:
         print(prediction_text(prediction, f"{args.model} on {args.dataset}, global batch {args.batch_size} over "
                                           f"{procs} ranks ({local_batch} per rank), {machine_name}", args.batch_size))

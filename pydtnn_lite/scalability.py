@@ -16,8 +16,8 @@ from dataclasses import asdict
 from typing import Optional, Sequence
 
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.clusters import PRESETS
-from pydtnn_lite.perfmodel.scalability import BASELINE_BATCH, SWEEPS, Point, study
+from pydtnn_lite.perfmodel.modelling.clusters import PRESETS
+from pydtnn_lite.perfmodel.modelling.scalability import BASELINE_BATCH, SWEEPS, Point, study
 from pydtnn_lite.textable import format_table
 
 PROGRAM = "pydtnn_lite.scalability"

@@ -27,15 +27,15 @@ from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, Optimizer
 from pydtnn_lite.paths import check_writable, check_writable_file
-from pydtnn_lite.perfmodel.machines import calibrated_machine
 from pydtnn_lite.run_config import RunConfig
 from pydtnn_lite.runtime import (default_blas_threads, install_job_abort, keep_freed_memory, report_and_abort,
                                  set_blas_threads)
+from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
+from pydtnn_lite.perfmodel.modelling.trace_validation import validate_trace
 from pydtnn_lite.tracing import Tracer, load_trace
 from pydtnn_lite.training import (History, StepCallback, StepResult, Trainer, TrainerSettings, build_trainer,
                                   load_checkpoint, save_checkpoint)
 from pydtnn_lite.training.balance import LoadBalancer
-from pydtnn_lite.validate import validate_trace
 
 PROGRAM = "pydtnn_lite.train"
 SETUP_ERROR_EXIT = 2

@@ -11,8 +11,8 @@ from mpi import REPO, run
 from pydtnn_lite.comm import Communicator, Request, SerialCommunicator, make_gradient_synchronizer
 from pydtnn_lite.comm.base import CompletedRequest
 from pydtnn_lite.comm.gradients import FIRST_BUCKET_MB, MIB, GradientSynchronizer, plan_buckets
-from pydtnn_lite.perfmodel.prediction import predict_step
-from pydtnn_lite.perfmodel.workload import build_workload
+from pydtnn_lite.perfmodel.modelling.prediction import predict_step
+from pydtnn_lite.perfmodel.modelling.workload import build_workload
 
 COLLECTIVES = ("allreduce", "iallreduce", "broadcast", "allreduce_host", "allgather_object", "broadcast_object",
                "gather_object", "barrier", "abort", "describe")

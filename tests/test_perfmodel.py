@@ -5,6 +5,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -12,19 +13,20 @@ import numpy as np
 import pytest
 from mpi import REPO, train_cli
 
-from pydtnn_lite.layers.base import KernelCost
-from pydtnn_lite.perfmodel import (AllreduceModel, InterpolatedAllreduce, Link, Roofline, allreduce_seconds,
-                                   fit_allreduce, predict_step)
-from pydtnn_lite.perfmodel.allreduce_timing import FULL_SIZES, KIB, log_spaced_sizes
-from pydtnn_lite.perfmodel.machines import calibrated_machine
-from pydtnn_lite.perfmodel.prediction import PredictedKernel, StepPrediction, balanced_shares
-from pydtnn_lite.perfmodel.validation import typical, validate
+from pydtnn_lite.costs import KernelCost
+from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, KIB, log_spaced_sizes
+from pydtnn_lite.perfmodel.modelling.allreduce import (AllreduceModel, InterpolatedAllreduce, Link, allreduce_seconds,
+                                                       fit_allreduce)
+from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
+from pydtnn_lite.perfmodel.modelling.prediction import PredictedKernel, StepPrediction, balanced_shares, predict_step
+from pydtnn_lite.perfmodel.modelling.roofline import Roofline, gemm_intensity
+from pydtnn_lite.perfmodel.modelling.synchronization import expected_maximum, fit_sync_wait
+from pydtnn_lite.perfmodel.modelling.validation import typical, validate
+from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from pydtnn_lite.tracing.records import KernelRecord, StepRecord
-from pydtnn_lite.perfmodel.roofline import gemm_intensity
-from pydtnn_lite.perfmodel.synchronization import expected_maximum, fit_sync_wait
-from pydtnn_lite.perfmodel.workload import build_workload
 
 LINK = Link(alpha=1e-6, beta=1e-9, gamma=1e-10)
+REFERENCE_CALIBRATION = os.path.join(REPO, "calibration", "dev-2core.json")
 MB = 1e6
 
 
@@ -221,9 +223,26 @@ def test_predict_cli_prints_a_table_and_json():
     assert table.returncode == 0, table.stderr
     assert "conv1" in table.stdout and "step with overlap" in table.stdout
     document = json.loads(run("pydtnn_lite.predict", "--model", "resnet18", "--preset", "altec", "--json").stdout)
-    assert document["procs"] == 8 and document["local_batch"] == 16
+    assert {"model", "dataset", "global_batch", "procs", "local_batch", "machine", "step_seconds",
+            "step_seconds_with_overlap", "step_seconds_without_overlap", "stage_seconds", "wait_seconds",
+            "synchronisations", "buckets", "kernels"} <= set(document)
+    assert (document["model"], document["dataset"], document["machine"]) == ("resnet18", "cifar10", "altec")
+    assert document["procs"] == 8 and document["local_batch"] == 16 and document["global_batch"] == 128
+    assert document["step_seconds"] == document["step_seconds_with_overlap"] > 0
     assert document["step_seconds_with_overlap"] <= document["step_seconds_without_overlap"]
+    assert set(document["stage_seconds"]) == {"FP", "BP", "WU", "COMM"}
     assert all(math.isfinite(k["seconds"]) and k["seconds"] >= 0 for k in document["kernels"])
+    assert {k["stage"] for k in document["kernels"]} == {"FP", "BP", "WU", "COMM"}
+
+
+def test_predicting_loads_no_trainer_tracer_or_mpi():
+    # Prediction is a function of shapes and a calibration: it must run where no MPI job can.
+    unwanted = ("mpi4py", "pydtnn_lite.training.trainer", "pydtnn_lite.tracing.tracer", "pydtnn_lite.comm.mpi")
+    code = (f"import sys, pydtnn_lite.predict; print(sorted(name for name in sys.modules for unwanted in {unwanted!r} "
+            "if name == unwanted or name.startswith(unwanted + '.')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -276,14 +295,22 @@ def test_validation_metrics_against_hand_computed_values():
     assert math.isnan(one_step.step.half_difference) and all(math.isnan(s.half_wre) for s in one_step.stages)
 
 
-def test_validate_a_short_traced_run_end_to_end(tmp_path):
-    trace = tmp_path / "trace"
-    calibration = os.path.join(REPO, "calibration", "dev-2core.json")
+@pytest.fixture(scope="module")
+def traced_run(tmp_path_factory):
+    """A short 2-rank run traced and validated against the reference calibration: (trace directory, stdout).
+    Tests that change the trace work on a copy."""
+    directory = tmp_path_factory.mktemp("traced")
+    trace = directory / "trace"
     trained = train_cli(2, "--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--steps-per-epoch", "4",
-                        "--eval-steps", "0", "--run-dir", str(tmp_path), "--trace", str(trace),
-                        "--validate", calibration)
+                        "--eval-steps", "0", "--run-dir", str(directory), "--trace", str(trace),
+                        "--validate", REFERENCE_CALIBRATION)
     assert trained.returncode == 0, trained.stderr[-2000:]
-    assert "measured against predicted (calibration" in trained.stdout and "WRE" in trained.stdout
+    return trace, trained.stdout
+
+
+def test_validate_a_short_traced_run_end_to_end(traced_run, tmp_path):
+    trace, trained = traced_run
+    assert "measured against predicted (calibration" in trained and "WRE" in trained
     result = run("pydtnn_lite.validate", str(trace), "--peak-flops", "50e9", "--mem-bw", "10e9",
                  "--link-bw", "5e9", "--latency", "5e-6")
     assert result.returncode == 0, result.stderr
@@ -295,6 +322,48 @@ def test_validate_a_short_traced_run_end_to_end(tmp_path):
     assert "step" in result.stdout and "WRE" in result.stdout
     missing = run("pydtnn_lite.validate", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "is not a trace directory" in missing.stderr
+
+
+def test_validate_prints_its_figures_as_one_json_object(traced_run, tmp_path):
+    trace = traced_run[0]
+    result = run("pydtnn_lite.validate", str(trace), "--calibration", REFERENCE_CALIBRATION, "--json",
+                 "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert (document["model"], document["dataset"], document["procs"], document["global_batch"]) == (
+        "lenet", "digits", 2, 16)
+    assert document["machine"] == f"calibration {REFERENCE_CALIBRATION}"
+    assert all(isinstance(document[key], float) and document[key] > 0
+               for key in ("measured_step_seconds", "predicted_step_seconds"))
+    assert isinstance(document["raw_step_error"], float)
+    expected = (document["predicted_step_seconds"] - document["measured_step_seconds"]) / document[
+        "measured_step_seconds"]
+    assert document["raw_step_error"] == pytest.approx(expected)
+    # No drift probe yet: nothing corrects the raw error.
+    assert document["drift_factor"] is None and document["step_error"] == document["raw_step_error"]
+    assert set(document["wre"]) == {"FP", "BP", "WU"} and all(isinstance(v, float) for v in document["wre"].values())
+    for key in ("measured_stage_seconds", "predicted_stage_seconds", "stage_errors"):
+        assert set(document[key]) == {"FP", "BP", "WU", "COMM"}
+    assert set(document["split_half"]) == {"step_difference", "stage_differences", "wre"}
+    assert isinstance(document["unmatched_calls"], int)
+    assert document["report"] and all(os.path.isfile(path) for path in document["report"])
+
+
+def test_validate_without_a_machine_takes_the_calibration_the_trace_names(traced_run, tmp_path):
+    trace = tmp_path / "trace"
+    shutil.copytree(traced_run[0], trace)
+    meta = json.loads((trace / "meta.json").read_text())
+    (trace / "meta.json").write_text(json.dumps({**meta, "calibration": REFERENCE_CALIBRATION}))
+    named = run("pydtnn_lite.validate", str(trace))
+    assert named.returncode == 0, named.stderr
+    assert f"measured against predicted (calibration {REFERENCE_CALIBRATION})" in named.stdout
+
+    meta.pop("calibration", None)
+    (trace / "meta.json").write_text(json.dumps(meta))
+    unnamed = run("pydtnn_lite.validate", str(trace))
+    assert unnamed.returncode == 2 and unnamed.stdout == ""
+    assert len(unnamed.stderr.strip().splitlines()) == 1
+    assert "--calibration" in unnamed.stderr and "--preset" in unnamed.stderr
 
 
 def test_scalability_study_writes_csv_and_plots_with_the_expected_trends(tmp_path):
@@ -325,3 +394,7 @@ def test_balanced_shares_follow_the_predicted_speed_of_each_rank():
                calibration)
     assert same.returncode == 0, same.stderr
     assert "balanced shares [32, 32]" in same.stdout and "equal shares [32, 32]" in same.stdout
+    document = json.loads(run("pydtnn_lite.predict", "--model", "vgg11", "--batch-size", "64", "--rank-calibrations",
+                              calibration, calibration, "--json").stdout)
+    assert document["balanced_shares"]["shares"] == [32, 32] and document["procs"] == 2
+    assert document["balanced_shares"]["step_seconds"] == max(document["balanced_shares"]["rank_step_seconds"])

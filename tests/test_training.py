@@ -9,8 +9,7 @@ from pydtnn_lite.backend import BackendError, gpu_available, make_backend
 from pydtnn_lite.comm.gradients import plan_buckets
 from pydtnn_lite.data import EpochSampler, open_dataset, partition
 from pydtnn_lite.models import create_model, model_names
-from pydtnn_lite.network import Network
-from pydtnn_lite.optim import SGD, LearningRateSchedule
+from pydtnn_lite.optim import LearningRateSchedule
 
 
 @pytest.mark.parametrize("model,lr,epochs", [("lenet", 0.02, 5), ("mlp", 0.02, 3)])

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from pydtnn_lite import kernels
-from pydtnn_lite.layers.base import KernelCost, Layer, StepContext
+from pydtnn_lite.costs import KernelCost, Stage
+from pydtnn_lite.layers.base import Layer, StepContext
 
 
 class ReLU(Layer):
@@ -24,5 +25,5 @@ class ReLU(Layer):
     def costs(self, batch: int) -> list[KernelCost]:
         n = self.elements(batch)
         dims = (n,)
-        return [KernelCost("FP", "relu", n, 2 * n * self.itemsize, dims),
-                KernelCost("BP", "relu_grad", n, 3 * n * self.itemsize, dims)]
+        return [KernelCost(Stage.FP, "relu", n, 2 * n * self.itemsize, dims),
+                KernelCost(Stage.BP, "relu_grad", n, 3 * n * self.itemsize, dims)]

@@ -7,6 +7,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from pydtnn_lite.backend import Backend
+from pydtnn_lite.costs import KernelCost, Stage
 
 Shape = tuple  # per-sample shape, NHWC without N: (H, W, C) or (features,)
 
@@ -33,24 +34,6 @@ class StepContext:
     sum_across_ranks: Callable[[Any], Any] = field(default=_identity)
 
 
-@dataclass(frozen=True)
-class KernelCost:
-    """Analytic cost of one kernel call: the stage it runs in, its FLOPs and bytes moved.
-
-    ``kernel`` is the name of the function in :mod:`pydtnn_lite.kernels` that the call
-    runs, and a layer lists its costs in the order it calls its kernels, so a traced call
-    and its cost pair up by (layer, stage, kernel, occurrence).
-
-    ``dims`` are the operand sizes a performance model keys on, e.g. (m, n, k) for a GEMM.
-    """
-
-    stage: str  # "FP", "BP" or "WU"
-    kernel: str
-    flops: float
-    bytes: float
-    dims: tuple = ()
-
-
 def gemm_layer_costs(m: int, n: int, k: int, itemsize: int, use_bias: bool,
                      needs_input_grad: bool) -> tuple[list[KernelCost], list[KernelCost]]:
     """(FP, BP) costs of a layer computed as ``(m x k) @ (k x n)`` plus a bias: the forward
@@ -61,13 +44,13 @@ def gemm_layer_costs(m: int, n: int, k: int, itemsize: int, use_bias: bool,
     transposed, and the weight gradient (x^T dy) and input gradient (dy W^T) read one each.
     """
     gemm_bytes = (m * k + k * n + m * n) * itemsize
-    forward = [KernelCost("FP", "gemm", 2.0 * m * n * k, gemm_bytes, (m, n, k, 0, 0))]
-    backward = [KernelCost("BP", "gemm", 2.0 * m * n * k, gemm_bytes, (k, n, m, 1, 0))]
+    forward = [KernelCost(Stage.FP, "gemm", 2.0 * m * n * k, gemm_bytes, (m, n, k, 0, 0))]
+    backward = [KernelCost(Stage.BP, "gemm", 2.0 * m * n * k, gemm_bytes, (k, n, m, 1, 0))]
     if use_bias:
-        forward.append(KernelCost("FP", "bias_add", m * n, 2 * m * n * itemsize, (m, n)))
-        backward.append(KernelCost("BP", "bias_grad", m * n, (m * n + n) * itemsize, (m, n)))
+        forward.append(KernelCost(Stage.FP, "bias_add", m * n, 2 * m * n * itemsize, (m, n)))
+        backward.append(KernelCost(Stage.BP, "bias_grad", m * n, (m * n + n) * itemsize, (m, n)))
     if needs_input_grad:
-        backward.append(KernelCost("BP", "gemm", 2.0 * m * n * k, gemm_bytes, (m, k, n, 0, 1)))
+        backward.append(KernelCost(Stage.BP, "gemm", 2.0 * m * n * k, gemm_bytes, (m, k, n, 0, 1)))
     return forward, backward
 
 

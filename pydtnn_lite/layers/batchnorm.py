@@ -7,7 +7,8 @@ import numpy as np
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend, array_module
-from pydtnn_lite.layers.base import KernelCost, Layer, Shape, StepContext
+from pydtnn_lite.costs import ALLREDUCE, KernelCost, Stage
+from pydtnn_lite.layers.base import Layer, Shape, StepContext
 
 
 class BatchNorm(Layer):
@@ -68,13 +69,18 @@ class BatchNorm(Layer):
         return grad_in
 
     def costs(self, batch: int) -> list[KernelCost]:
+        """The kernels, and the reductions over the ranks of the per-channel sums (2 x C
+        values each; a job of one rank reduces nothing), in the order they run."""
         n = self.elements(batch)
         s = self.itemsize
         shape = tuple(self.output_shape)
         dims = (batch,) + (1,) * (3 - len(shape)) + shape  # (batch, H, W, C); a vector is a 1x1 map
-        out = [KernelCost("FP", "batchnorm_sums", 2 * n, n * s, dims),
-               KernelCost("FP", "batchnorm_normalize", 4 * n, 3 * n * s, dims),
-               KernelCost("BP", "batchnorm_grad_sums", 3 * n, 2 * n * s, dims)]
+        sums = 2 * shape[-1] * s
+        out = [KernelCost(Stage.FP, "batchnorm_sums", 2 * n, n * s, dims),
+               KernelCost(Stage.FP, ALLREDUCE, 0.0, sums, (sums,)),
+               KernelCost(Stage.FP, "batchnorm_normalize", 4 * n, 3 * n * s, dims),
+               KernelCost(Stage.BP, "batchnorm_grad_sums", 3 * n, 2 * n * s, dims)]
         if self.needs_input_grad:
-            out.append(KernelCost("BP", "batchnorm_grad_input", 5 * n, 3 * n * s, dims))
+            out += [KernelCost(Stage.BP, ALLREDUCE, 0.0, sums, (sums,)),
+                    KernelCost(Stage.BP, "batchnorm_grad_input", 5 * n, 3 * n * s, dims)]
         return out

@@ -7,9 +7,10 @@ import numpy as np
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend
+from pydtnn_lite.costs import KernelCost, Stage
 from pydtnn_lite.initializers import get_initializer
 from pydtnn_lite.kernels.conv import output_size
-from pydtnn_lite.layers.base import KernelCost, Layer, Shape, StepContext, gemm_layer_costs
+from pydtnn_lite.layers.base import Layer, Shape, StepContext, gemm_layer_costs
 
 
 class Conv2D(Layer):
@@ -82,9 +83,10 @@ class Conv2D(Layer):
         # The patch copy's speed depends on the window, not only on the matrix it fills:
         # (m, k, input channels, kernel size, stride, padding).
         patches = (m, k, self.input_shapes[0][2], self.kernel_size, self.stride, self.padding)
-        out = [KernelCost("FP", "im2col", 0, x_bytes + cols_bytes, patches)] + forward + backward
+        out = [KernelCost(Stage.FP, "im2col", 0, x_bytes + cols_bytes, patches)] + forward + backward
         if self.needs_input_grad:
-            out.append(KernelCost("BP", "col2im", 0 if trivial_im2col else m * k, cols_bytes + 2 * x_bytes, patches))
+            out.append(KernelCost(Stage.BP, "col2im", 0 if trivial_im2col else m * k, cols_bytes + 2 * x_bytes,
+                                  patches))
         return out
 
     def describe(self) -> str:

@@ -7,8 +7,9 @@ import numpy as np
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend
+from pydtnn_lite.costs import KernelCost
 from pydtnn_lite.initializers import get_initializer
-from pydtnn_lite.layers.base import KernelCost, Layer, Shape, StepContext, gemm_layer_costs
+from pydtnn_lite.layers.base import Layer, Shape, StepContext, gemm_layer_costs
 
 
 class Dense(Layer):

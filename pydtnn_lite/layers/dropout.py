@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from pydtnn_lite import kernels
-from pydtnn_lite.layers.base import KernelCost, Layer, StepContext
+from pydtnn_lite.costs import KernelCost, Stage
+from pydtnn_lite.layers.base import Layer, StepContext
 
 
 class Dropout(Layer):
@@ -42,9 +43,9 @@ class Dropout(Layer):
     def costs(self, batch: int) -> list[KernelCost]:
         n = self.elements(batch)
         dims = (n,)
-        return [KernelCost("FP", "dropout_mask", 2 * n, 2 * n * self.itemsize, dims),
-                KernelCost("FP", "dropout_apply", n, 3 * n * self.itemsize, dims),
-                KernelCost("BP", "dropout_apply", n, 3 * n * self.itemsize, dims)]
+        return [KernelCost(Stage.FP, "dropout_mask", 2 * n, 2 * n * self.itemsize, dims),
+                KernelCost(Stage.FP, "dropout_apply", n, 3 * n * self.itemsize, dims),
+                KernelCost(Stage.BP, "dropout_apply", n, 3 * n * self.itemsize, dims)]
 
     def describe(self) -> str:
         return f"rate {self.rate}"

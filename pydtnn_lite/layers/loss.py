@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from pydtnn_lite import kernels
-from pydtnn_lite.layers.base import KernelCost, StepContext
+from pydtnn_lite.costs import KernelCost, Stage
+from pydtnn_lite.layers.base import StepContext
 
 
 class SoftmaxCrossEntropy:
@@ -34,8 +35,8 @@ class SoftmaxCrossEntropy:
     @staticmethod
     def costs(batch: int, classes: int, itemsize: int) -> list[KernelCost]:
         n = batch * classes
-        return [KernelCost("FP", "softmax_cross_entropy", 5 * n, 2 * n * itemsize, (batch, classes)),
-                KernelCost("BP", "softmax_cross_entropy_grad", 2 * n, 2 * n * itemsize, (batch, classes))]
+        return [KernelCost(Stage.FP, "softmax_cross_entropy", 5 * n, 2 * n * itemsize, (batch, classes)),
+                KernelCost(Stage.BP, "softmax_cross_entropy_grad", 2 * n, 2 * n * itemsize, (batch, classes))]
 
 
 class MeanSquaredError:

@@ -7,7 +7,8 @@ import numpy as np
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend
-from pydtnn_lite.layers.base import KernelCost, Layer, Shape, StepContext
+from pydtnn_lite.costs import KernelCost, Stage
+from pydtnn_lite.layers.base import Layer, Shape, StepContext
 
 
 class Add(Layer):
@@ -28,7 +29,7 @@ class Add(Layer):
 
     def costs(self, batch: int) -> list[KernelCost]:
         n, inputs = self.elements(batch), len(self.input_shapes)
-        return [KernelCost("FP", "add", (inputs - 1) * n, (inputs + 1) * n * self.itemsize, (n,))]
+        return [KernelCost(Stage.FP, "add", (inputs - 1) * n, (inputs + 1) * n * self.itemsize, (n,))]
 
 
 class Concat(Layer):
@@ -50,5 +51,5 @@ class Concat(Layer):
 
     def costs(self, batch: int) -> list[KernelCost]:
         n = self.elements(batch)
-        return [KernelCost("FP", "concat", 0, 2 * n * self.itemsize, (n,)),
-                KernelCost("BP", "split", 0, 0, (n,))]  # views, no copy
+        return [KernelCost(Stage.FP, "concat", 0, 2 * n * self.itemsize, (n,)),
+                KernelCost(Stage.BP, "split", 0, 0, (n,))]  # views, no copy

@@ -7,8 +7,9 @@ import numpy as np
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend
+from pydtnn_lite.costs import KernelCost, Stage
 from pydtnn_lite.kernels.conv import output_size
-from pydtnn_lite.layers.base import KernelCost, Layer, Shape, StepContext
+from pydtnn_lite.layers.base import Layer, Shape, StepContext
 
 
 class _Pool2D(Layer):
@@ -42,8 +43,8 @@ class _Pool2D(Layer):
         taps = self.pool_size ** 2 * outputs
         s = self.itemsize
         dims = (batch,) + tuple(self.input_shapes[0]) + (self.pool_size, self.stride, self.padding)
-        return [KernelCost("FP", kernel, taps, (inputs + outputs) * s, dims),
-                KernelCost("BP", f"{kernel}_grad", taps, (inputs + outputs) * s, dims)]
+        return [KernelCost(Stage.FP, kernel, taps, (inputs + outputs) * s, dims),
+                KernelCost(Stage.BP, f"{kernel}_grad", taps, (inputs + outputs) * s, dims)]
 
     def describe(self) -> str:
         return f"{self.pool_size}x{self.pool_size}/{self.stride} pad {self.padding}"

@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from pydtnn_lite.layers.base import KernelCost
+from pydtnn_lite.costs import KernelCost, Stage
 from pydtnn_lite.network import Network
 
 
@@ -33,7 +33,7 @@ class Optimizer:
         self.steps += 1
         for segment in self.network.segments:
             window = slice(segment.start, segment.stop)
-            with self.network.scope(segment.layer, "WU"):
+            with self.network.scope(segment.layer, Stage.WU):
                 self.update_segment(self.network.flat_params[window], self.network.flat_grads[window],
                                     {name: array[window] for name, array in self.state.items()}, lr)
 
@@ -46,7 +46,7 @@ class Optimizer:
         out = []
         for segment in self.network.segments:
             n = segment.stop - segment.start
-            out.append((segment.layer, KernelCost("WU", self.kernel, self.flops_per_element * n,
+            out.append((segment.layer, KernelCost(Stage.WU, self.kernel, self.flops_per_element * n,
                                                   self.arrays_touched * n * itemsize, (n,))))
         return out
 

@@ -17,10 +17,11 @@ import os
 from dataclasses import astuple, dataclass, fields
 from typing import Any, Iterable, Type, TypeVar
 
+from pydtnn_lite.costs import NO_LAYER  # noqa: F401 (the tracer imports it from here)
+
 EVENTS_FILE, STEPS_FILE, META_FILE = "events.csv", "steps.csv", "meta.json"
 TRAIN, EVAL = "train", "eval"
 COMPUTE, COMMUNICATION = "compute", "communication"  # the two timelines of a rank
-NO_LAYER = -1  # the layer of work done for no layer: gradient buckets, the loss reduction, data loading
 
 
 @dataclass

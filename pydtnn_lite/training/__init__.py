@@ -1,6 +1,6 @@
 """Training: the data-parallel step and loop, checkpoints and history."""
+from pydtnn_lite.step_costs import step_costs  # the tracer imports it from here
 from pydtnn_lite.training.checkpoint import load_checkpoint, save_checkpoint
-from pydtnn_lite.training.costs import step_costs
 from pydtnn_lite.training.history import History
 from pydtnn_lite.training.observer import TrainingObserver
 from pydtnn_lite.training.trainer import Batch, StepCallback, StepResult, Trainer, TrainerSettings, build_trainer

@@ -6,7 +6,7 @@ first 2 ranks, then on all 3.
 import numpy as np
 
 from pydtnn_lite.comm.mpi import MPICommunicator
-from pydtnn_lite.perfmodel.allreduce_timing import allreduce_samples
+from pydtnn_lite.perfmodel.measuring.allreduce_timing import allreduce_samples
 
 
 def main() -> None:

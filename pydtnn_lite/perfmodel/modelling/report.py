@@ -1,4 +1,5 @@
-"""Validation outputs: a CSV per kernel, one plot per stage and a self-contained HTML report."""
+"""Validation outputs: a CSV per kernel, one plot per stage, a self-contained HTML report, the text summary
+and the figures for JSON."""
 from __future__ import annotations
 
 import base64
@@ -7,9 +8,11 @@ import html
 import io
 import math
 import os
+from typing import Optional
 
+from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.validation import COMPUTE_STAGES, Comparison, Validation
+from pydtnn_lite.perfmodel.modelling.validation import Comparison, Validation
 from pydtnn_lite.textable import format_table
 
 KERNELS_FILE, REPORT_FILE = "validation.csv", "report.html"
@@ -125,3 +128,29 @@ def summary_text(validation: Validation) -> str:
             for c in [validation.step] + validation.stages]
     table = format_table(("", "measured ms", "predicted ms", "error", "WRE", "half diff", "half WRE"), rows)
     return "\n".join([table, HALVES_NOTE])
+
+def _number(value: float) -> Optional[float]:
+    """``value``, or None where it is NaN (JSON has no NaN)."""
+    return None if math.isnan(value) else value
+
+
+def validation_figures(validation: Validation) -> dict:
+    """The step's and stages' figures of a validation, ready for JSON (None where a figure
+    does not exist). Errors are signed fractions, (predicted - measured) / measured.
+
+    ``step_error`` is the step's error after correcting the prediction for the machine's
+    drift since its calibration (``drift_factor``), ``raw_step_error`` the error before.
+    No probe measures that drift yet: ``drift_factor`` is None and both errors are equal.
+    """
+    step, stages = validation.step, validation.stages
+    raw = _number(step.relative_error)
+    return {"measured_step_seconds": step.measured, "predicted_step_seconds": step.predicted,
+            "raw_step_error": raw, "drift_factor": None, "step_error": raw,
+            "wre": {s.name: _number(s.wre) for s in stages if s.name in COMPUTE_STAGES},
+            "measured_stage_seconds": {s.name: s.measured for s in stages},
+            "predicted_stage_seconds": {s.name: s.predicted for s in stages},
+            "stage_errors": {s.name: _number(s.relative_error) for s in stages},
+            "split_half": {"step_difference": _number(step.half_difference),
+                           "stage_differences": {s.name: _number(s.half_difference) for s in stages},
+                           "wre": {s.name: _number(s.half_wre) for s in stages if s.name in COMPUTE_STAGES}},
+            "unmatched_calls": validation.unmatched}

@@ -1,142 +1,32 @@
-"""Calibration: measure this machine's kernels and Allreduce, fit the kernel models, keep them in a file.
+"""Calibration: measure this machine's kernels and Allreduce and fit the kernel models.
 
 :func:`calibrate` runs the probe grid (``probes.py``) under the tracer on every rank at
 once, each rank with its share of the cores, as the ranks of a data-parallel training
 step run; the per-call medians of all ranks are combined (median over ranks), and the
 kernel models are fitted, the kernels shared out over the ranks. It also measures the
 GEMM peak and the memory bandwidth on every rank at once, and times Allreduce over the
-ranks. :class:`Calibration` holds the result and reads and writes the calibration file
-(JSON, described in docs/performance-model.md).
+ranks. The result is a :class:`~pydtnn_lite.perfmodel.modelling.calibration.Calibration`.
 """
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm import Communicator
-from pydtnn_lite.layers import KernelCost
-from pydtnn_lite.perfmodel.allreduce_timing import FULL_SIZES, allreduce_samples
-from pydtnn_lite.perfmodel.host import CacheEvictor, describe_machine, gemm_peak, memory_bandwidth
-from pydtnn_lite.perfmodel.probes import FULL, GridSize, calibration_grid
-from pydtnn_lite.perfmodel.regression import KernelModel, KernelSample, MLPEnsemble, fit_kernel_model, model_from_dict
-from pydtnn_lite.perfmodel.sampling import measure_probe, rounded
-from pydtnn_lite.perfmodel.synchronization import NO_WAIT, SyncWaitModel, fit_sync_wait
-
-FORMAT, VERSION = "pydtnn_lite calibration", 2
-
-
-@dataclass
-class Calibration:
-    """What the performance model knows about one machine (per rank of a job like the calibration's).
-
-    ``kernel_models`` predict each kernel's seconds from its cost; ``peak_flops`` (a
-    2048-cubed GEMM) and ``memory_bandwidth`` (a large copy, bytes read plus written)
-    are the roofs, ``kernel_rates`` the best FLOP/s and bytes/s each kernel reached.
-    ``allreduce_samples`` are (ranks, bytes, seconds) of in-place Allreduce;
-    ``allreduce_ranks`` the ranks the calibration ran on. ``sync_wait`` predicts how long
-    a rank waits for the slowest at a synchronisation, fitted on ``sync_samples`` (seconds
-    of work since the last synchronisation, mean seconds waited; one per probe).
-    ``kernel_samples`` are the measurements the models were fitted on, so that fits can
-    be redone.
-    """
-
-    machine: dict
-    peak_flops: float
-    memory_bandwidth: float
-    kernel_models: dict[str, KernelModel]
-    allreduce_samples: list[tuple[int, float, float]]
-    allreduce_ranks: int = 1
-    kernel_samples: dict[str, list[KernelSample]] = field(default_factory=dict)
-    kernel_rates: dict[str, dict[str, float]] = field(default_factory=dict)
-    settings: dict = field(default_factory=dict)
-    sync_samples: list[tuple[float, float]] = field(default_factory=list)
-    sync_wait: SyncWaitModel = NO_WAIT
-
-    def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
-        """Predicted seconds of one call of ``kernel`` with ``cost``; a kernel without a model
-        gets the roofline time max(flops / peak_flops, bytes / memory_bandwidth)."""
-        model = self.kernel_models.get(kernel)
-        if model is not None:
-            return model.predict(cost.dims, cost.flops, cost.bytes)
-        return max(cost.flops / self.peak_flops, cost.bytes / self.memory_bandwidth)
-
-    # ------------------------------------------------------------------ file
-    def to_dict(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, "machine": self.machine, "settings": self.settings,
-                "roofline": {"peak_flops": self.peak_flops, "memory_bandwidth": self.memory_bandwidth,
-                             "kernels": self.kernel_rates},
-                "kernel_models": {name: model.to_dict() for name, model in sorted(self.kernel_models.items())},
-                "kernel_samples": {name: _columns(samples) for name, samples in sorted(self.kernel_samples.items())},
-                "allreduce_ranks": self.allreduce_ranks,
-                "allreduce_samples": [list(sample) for sample in self.allreduce_samples],
-                "synchronization": {"model": self.sync_wait.to_dict(),
-                                    "samples": [list(sample) for sample in self.sync_samples]}}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "Calibration":
-        roofline = data["roofline"]
-        return cls(machine=dict(data["machine"]), peak_flops=float(roofline["peak_flops"]),
-                   memory_bandwidth=float(roofline["memory_bandwidth"]),
-                   kernel_models={name: model_from_dict(model) for name, model in data["kernel_models"].items()},
-                   allreduce_samples=[(int(p), float(n), float(s)) for p, n, s in data["allreduce_samples"]],
-                   allreduce_ranks=int(data["allreduce_ranks"]),
-                   kernel_samples={name: _rows(columns) for name, columns in data["kernel_samples"].items()},
-                   kernel_rates={name: dict(rates) for name, rates in roofline["kernels"].items()},
-                   settings=dict(data["settings"]),
-                   sync_samples=[(float(work), float(wait)) for work, wait in data["synchronization"]["samples"]],
-                   sync_wait=SyncWaitModel.from_dict(data["synchronization"]["model"]))
-
-    def save(self, path: str) -> None:
-        """Write the calibration file at ``path`` (its folder is created; the file is replaced
-        whole, never left half written)."""
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        partial = f"{path}.partial"
-        with open(partial, "w", encoding="utf-8") as handle:
-            json.dump(self.to_dict(), handle, separators=(",", ":"))
-        os.replace(partial, path)
-
-    @classmethod
-    def load(cls, path: str) -> "Calibration":
-        """Read a file written by :meth:`save`. Raises OSError if it cannot be read and
-        ValueError if it is not a calibration file or is damaged."""
-        try:
-            with open(path, encoding="utf-8") as handle:
-                data = json.load(handle)
-        except OSError as error:
-            raise OSError(error.errno, f"cannot read calibration file {path}: {error.strerror}") from error
-        except (ValueError, UnicodeDecodeError) as error:
-            raise ValueError(f"{path} is not a calibration file (not JSON: {error}): write one with "
-                             "python -m pydtnn_lite.calibrate --out FILE") from error
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a calibration file (no \"format\": \"{FORMAT}\"): write one with "
-                             "python -m pydtnn_lite.calibrate --out FILE")
-        if data.get("version") != VERSION:
-            raise ValueError(f"{path} is a calibration file of version {data.get('version')}, this program reads "
-                             f"version {VERSION}: calibrate again")
-        try:
-            return cls.from_dict(data)
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"{path} is a damaged calibration file ({type(error).__name__}: {error}): "
-                             "calibrate again") from error
-
-
-def _columns(samples: list[KernelSample]) -> dict:
-    """Samples as four parallel lists: a third of the size of one list per sample."""
-    return {"dims": [list(s.dims) for s in samples], "flops": [s.flops for s in samples],
-            "bytes": [s.bytes for s in samples], "seconds": [s.seconds for s in samples]}
-
-
-def _rows(columns: dict) -> list[KernelSample]:
-    return [KernelSample.from_list(row) for row in zip(columns["dims"], columns["flops"], columns["bytes"],
-                                                       columns["seconds"], strict=True)]
+from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, allreduce_samples
+from pydtnn_lite.perfmodel.measuring.host import CacheEvictor, describe_machine, gemm_peak, memory_bandwidth
+from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, calibration_grid
+from pydtnn_lite.perfmodel.measuring.sampling import measure_probe, rounded
+from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.regression import (KernelModel, KernelSample, MLPEnsemble, fit_kernel_model,
+                                                        model_from_dict)
+from pydtnn_lite.perfmodel.modelling.synchronization import fit_sync_wait
 
 
 def best_rates(samples: list[KernelSample]) -> dict[str, float]:

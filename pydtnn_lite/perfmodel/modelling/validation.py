@@ -1,12 +1,12 @@
 """Measured against predicted: per kernel, per stage and per step, from a trace directory.
 
-Each traced kernel call is matched with its prediction by (layer, stage, kernel,
-occurrence), the same key the tracer uses to pair calls with their costs. Per kernel the
+Each traced kernel call is matched with its prediction by its
+:class:`~pydtnn_lite.costs.CallKey`, the key that pairs calls with their costs. Per kernel the
 measured time is the median over the traced steps and ranks, robust to the odd call that
 another job interrupted; a reduction's (batch norm) is the mean: its time is mostly the
 wait for the slowest rank, nothing on that rank and much on the others, so its median
 says little of what it costs a step, and the prediction is of the mean wait. The metrics
-are those of the paper (../shared/seeds/003_*):
+are those of Barrachina et al. (2021, docs/performance-model.md):
 
 - relative error ``RE_k = (T_est - T_meas) / T_meas``;
 - weighted relative error ``WRE_k = (T_est - T_meas) / T_avg``, with ``T_avg`` the mean
@@ -27,11 +27,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from pydtnn_lite.perfmodel.prediction import STAGES, StepPrediction
+from pydtnn_lite.costs import ALLREDUCE, COMPUTE_STAGES, CallCounter, CallKey, Stage
+from pydtnn_lite.perfmodel.modelling.prediction import STAGES, StepPrediction
 from pydtnn_lite.tracing.records import TRAIN, KernelRecord, StepRecord
 
-COMPUTE_STAGES = ("FP", "BP", "WU")
-REDUCTION = "allreduce"  # the kernel name of a reduction inside a compute stage (batch norm)
 NAN = float("nan")
 
 
@@ -47,6 +46,10 @@ class KernelComparison:
     measured: float
     predicted: float
     wre: float
+
+    @property
+    def key(self) -> CallKey:
+        return CallKey(self.layer, self.stage, self.kernel, self.occurrence)
 
     @property
     def relative_error(self) -> float:
@@ -83,17 +86,15 @@ class Validation:
     unmatched: int  # traced calls without a prediction (e.g. reductions in a 1-rank run)
 
 
-def _occurrences(records: Sequence[KernelRecord]) -> dict[tuple, list[tuple[int, float]]]:
-    """(step, duration) of the calls per (layer, stage, kernel, occurrence), the occurrence
-    counted within each rank's step."""
-    seen: dict[tuple, int] = defaultdict(int)
-    out: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
+def _occurrences(records: Sequence[KernelRecord]) -> dict[CallKey, list[tuple[int, float]]]:
+    """(step, duration) of the calls by their key, the calls counted within each rank's step."""
+    counters: dict[tuple[int, int], CallCounter] = defaultdict(CallCounter)
+    out: dict[CallKey, list[tuple[int, float]]] = defaultdict(list)
     for record in sorted(records, key=lambda r: (r.rank, r.step, r.start)):
         if record.stage not in COMPUTE_STAGES:
             continue
-        step_key = (record.rank, record.step, record.layer, record.stage, record.kernel)
-        out[(record.layer, record.stage, record.kernel, seen[step_key])].append((record.step, record.duration))
-        seen[step_key] += 1
+        key = counters[(record.rank, record.step)].key(record.layer, record.stage, record.kernel)
+        out[key].append((record.step, record.duration))
     return out
 
 
@@ -108,7 +109,7 @@ def weighted_relative_error(estimates: Sequence[float], measured: Sequence[float
 def typical(kernel: str, durations: Sequence[float]) -> float:
     """What a kernel's measured calls are compared by: their median, or the mean for a
     reduction, whose time is mostly a wait that the slowest rank does not have."""
-    return statistics.fmean(durations) if kernel == REDUCTION else statistics.median(durations)
+    return statistics.fmean(durations) if kernel == ALLREDUCE else statistics.median(durations)
 
 
 def _relative_difference(first: float, second: float) -> float:
@@ -154,25 +155,25 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
     train = [r for r in records if r.phase == TRAIN]
     batches = {s.rank: s.samples for s in steps}
     predictions = {batch: predict(batch) for batch in set(batches.values())}
-    predicted_kernels: dict[tuple, list[float]] = defaultdict(list)
+    predicted_kernels: dict[CallKey, list[float]] = defaultdict(list)
     for batch in batches.values():
         for k in predictions[batch].kernels:
-            predicted_kernels[(k.layer, k.stage, k.kernel, k.occurrence)].append(k.seconds)
+            predicted_kernels[k.key].append(k.seconds)
     names = {(r.layer, r.stage, r.kernel): r.layer_name for r in train}
     occurrences = _occurrences(train)
     calls = {key: found for key, found in occurrences.items() if key in predicted_kernels}
-    matched = {key: typical(key[2], [duration for _, duration in found]) for key, found in calls.items()}
-    stage_mean = {stage: statistics.fmean([t for key, t in matched.items() if key[1] == stage] or [0.0])
+    matched = {key: typical(key.kernel, [duration for _, duration in found]) for key, found in calls.items()}
+    stage_mean = {stage: statistics.fmean([t for key, t in matched.items() if key.stage == stage] or [0.0])
                   for stage in COMPUTE_STAGES}
     kernels = []
     for key, meas in matched.items():  # in the order of the traced step
-        layer, stage, kernel, occurrence = key
         pred = statistics.fmean(predicted_kernels[key])
-        wre = (pred - meas) / stage_mean[stage] if stage_mean[stage] > 0 else NAN
-        kernels.append(KernelComparison(layer, names[key[:3]], stage, kernel, occurrence, meas, pred, wre))
+        wre = (pred - meas) / stage_mean[key.stage] if stage_mean[key.stage] > 0 else NAN
+        name = names[(key.layer, key.stage, key.kernel)]
+        kernels.append(KernelComparison(key.layer, name, key.stage, key.kernel, key.occurrence, meas, pred, wre))
 
     halves = _Halves(steps)
-    half_typical = {key: halves.typical(key[2], found) for key, found in calls.items()}
+    half_typical = {key: halves.typical(key.kernel, found) for key, found in calls.items()}
     rank_steps = max(len(steps), 1)
     stage_measured = defaultdict(float)
     for record in train:
@@ -182,20 +183,20 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
         prediction = predictions[batch]
         for stage in STAGES:
             seconds = (prediction.step_seconds(overlap) - sum(prediction.stage_seconds[s] for s in COMPUTE_STAGES)
-                       if stage == "COMM" else prediction.stage_seconds[stage])
+                       if stage == Stage.COMM else prediction.stage_seconds[stage])
             stage_predicted[stage] += seconds / len(batches)
     stages = []
     for stage in STAGES:
         in_stage = [k for k in kernels if k.stage == stage]
         wre = weighted_relative_error([k.predicted for k in in_stage], [k.measured for k in in_stage])
-        keys = [(k.layer, k.stage, k.kernel, k.occurrence) for k in in_stage]
+        keys = [k.key for k in in_stage]
         half_wre = (weighted_relative_error([half_typical[key][0] for key in keys],
                                              [half_typical[key][1] for key in keys]) if halves.usable else NAN)
         difference = halves.difference([(r.step, r.duration) for r in train if r.stage == stage])
         stages.append(Comparison(stage, stage_measured[stage], stage_predicted[stage], wre, difference, half_wre))
-    step_measured = sum(s.duration for s in steps) / rank_steps - stage_measured["DATA"]
+    step_measured = sum(s.duration for s in steps) / rank_steps - stage_measured[Stage.DATA]
     step_predicted = max(predictions[b].step_seconds(overlap) for b in batches.values())
-    data_seconds = [(r.step, r.duration) for r in train if r.stage == "DATA"]
+    data_seconds = [(r.step, r.duration) for r in train if r.stage == Stage.DATA]
     step_difference = halves.difference([(s.step, s.duration) for s in steps]
                                         + [(step, -seconds) for step, seconds in data_seconds])
     unmatched = sum(len(found) for key, found in occurrences.items() if key not in predicted_kernels)

@@ -1,9 +1,9 @@
 """Kernel samples: train a probe network for a few steps under the tracer and pair each call with its cost.
 
-The tracer times every kernel call of a step with its (layer, stage, kernel); the i-th
-call of a kernel by a layer in a stage is the i-th matching entry of
-:func:`~pydtnn_lite.training.step_costs`, which gives its ``dims``, FLOPs and bytes. A
-sample is one call of the step with the median of its times over the repeated steps.
+The tracer times every kernel call of a step with its (layer, stage, kernel); each call
+is paired with its entry of :func:`~pydtnn_lite.step_costs.step_costs`, which gives its
+``dims``, FLOPs and bytes, by their :class:`~pydtnn_lite.costs.CallKey`. A sample is one
+call of the step with the median of its times over the repeated steps.
 
 The ranks train their copies of a probe in step with each other and wait for the slowest
 after each step's backward, as a training job's ranks do (:class:`ProbeSynchronizer`).
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -24,18 +24,17 @@ import numpy as np
 
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm import Communicator, GradientSynchronizer, SerialCommunicator
+from pydtnn_lite.costs import NO_LAYER, CallCounter, CallKey, KernelCost, keyed_costs
 from pydtnn_lite.data import Dataset
-from pydtnn_lite.layers import KernelCost
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule
-from pydtnn_lite.perfmodel.probes import Probe
-from pydtnn_lite.perfmodel.regression import KernelSample
+from pydtnn_lite.perfmodel.measuring.probes import Probe
+from pydtnn_lite.perfmodel.modelling.regression import KernelSample
+from pydtnn_lite.step_costs import h2d_copy_cost, step_costs
 from pydtnn_lite.tracing import KernelRecord, Tracer
 from pydtnn_lite.tracing.records import COMPUTE, TRAIN
-from pydtnn_lite.training import TrainerSettings, build_trainer, step_costs
+from pydtnn_lite.training import TrainerSettings, build_trainer
 
-H2D_COPY = "h2d_copy"
-HOST_ITEMSIZE = 4  # data sets load float32 images, whatever the device's dtype
 LEARNING_RATE = 1e-4  # small enough that no probe's loss diverges on random labels
 MAX_STEPS = 20
 
@@ -44,12 +43,6 @@ def rounded(seconds: float) -> float:
     """A measured time kept to 4 significant digits: the noise of a timing on a shared machine
     is far larger, and the calibration file a third smaller."""
     return float(f"{seconds:.4g}")
-
-
-def h2d_copy_cost(batch: int, input_shape: Sequence[int]) -> KernelCost:
-    """Cost of copying a batch of float32 images to the device: dims (batch, elements per sample)."""
-    per_sample = int(np.prod(input_shape))
-    return KernelCost("DATA", H2D_COPY, 0, batch * per_sample * HOST_ITEMSIZE, (batch, per_sample))
 
 
 class RandomImages(Dataset):
@@ -120,7 +113,7 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
     a step of a small probe takes a few milliseconds, and its median over a longer span is
     less at the mercy of whatever else the machine runs at that moment. ``evict()`` runs
     between backward and the update of every step (e.g. a
-    :class:`~pydtnn_lite.perfmodel.host.CacheEvictor`).
+    :class:`~pydtnn_lite.perfmodel.measuring.host.CacheEvictor`).
     """
     most = max(repeats, MAX_STEPS)
     network = probe.network().build(backend, seed=seed)
@@ -141,29 +134,26 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
         trainer.train_epoch(0)
     finally:
         tracer.detach()
-    costs: dict[tuple, list[KernelCost]] = defaultdict(list)
-    for layer, cost in step_costs(network, optimizer, probe.batch):
-        costs[(layer, cost.stage, cost.kernel)].append(cost)
-    costs[(-1, "DATA", H2D_COPY)] = [h2d_copy_cost(probe.batch, probe.input_shape)]
+    costs = keyed_costs(step_costs(network, optimizer, probe.batch)
+                        + [(NO_LAYER, h2d_copy_cost(probe.batch, probe.input_shape))])
     return ProbeMeasurement(paired_samples(tracer.kernels, costs), list(synchronizer.waits))
 
 
-def paired_samples(records: Sequence[KernelRecord],
-                   costs: dict[tuple, list[KernelCost]]) -> dict[str, list[KernelSample]]:
-    """One sample per (layer, stage, kernel, occurrence) of a step that ``costs`` lists: its
-    cost, and the median duration of its calls over the traced training steps."""
-    durations: dict[tuple, list[float]] = defaultdict(list)
+def paired_samples(records: Sequence[KernelRecord], costs: dict[CallKey, KernelCost]) -> dict[str, list[KernelSample]]:
+    """One sample per call of a step that ``costs`` lists: its cost, and the median duration
+    of its calls over the traced training steps."""
+    durations: dict[CallKey, list[float]] = defaultdict(list)
     for step in sorted({r.step for r in records}):
-        seen: Counter = Counter()
+        counter = CallCounter()
         for record in records:
-            key = (record.layer, record.stage, record.kernel)
-            if record.step != step or record.phase != TRAIN or record.thread != COMPUTE or key not in costs:
+            if record.step != step or record.phase != TRAIN or record.thread != COMPUTE:
                 continue
-            durations[key + (seen[key],)].append(record.duration)
-            seen[key] += 1
+            key = counter.key(record.layer, record.stage, record.kernel)
+            if key in costs:
+                durations[key].append(record.duration)
     samples: dict[str, list[KernelSample]] = defaultdict(list)
-    for (layer, stage, kernel, occurrence), seconds in durations.items():
-        cost = costs[(layer, stage, kernel)][occurrence]
-        median = rounded(statistics.median(seconds))
-        samples[kernel].append(KernelSample(tuple(cost.dims), cost.flops, cost.bytes, median))
+    for key, seconds in durations.items():
+        cost = costs[key]
+        samples[key.kernel].append(KernelSample(tuple(cost.dims), cost.flops, cost.bytes,
+                                                rounded(statistics.median(seconds))))
     return dict(samples)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from pydtnn_lite.backend import make_backend
-from pydtnn_lite.perfmodel.host import CacheEvictor
+from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
 
 if TYPE_CHECKING:
     from pydtnn_lite.comm.mpi import MPICommunicator

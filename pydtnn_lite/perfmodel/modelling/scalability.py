@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from pydtnn_lite.perfmodel.clusters import GBIT, Cluster
-from pydtnn_lite.perfmodel.machines import cluster_machine
-from pydtnn_lite.perfmodel.prediction import predict_step
-from pydtnn_lite.perfmodel.workload import build_workload
+from pydtnn_lite.costs import ALLREDUCE, COMPUTE_STAGES, Stage
+from pydtnn_lite.perfmodel.modelling.clusters import GBIT, Cluster
+from pydtnn_lite.perfmodel.modelling.machines import cluster_machine
+from pydtnn_lite.perfmodel.modelling.prediction import predict_step
+from pydtnn_lite.perfmodel.modelling.workload import build_workload
 
 BASELINE_BATCH = 128  # per node, as in the paper
 SCALES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
@@ -65,10 +66,10 @@ def study(models: Iterable[str], datasets: Iterable[str], cluster: Cluster) -> l
                 for value in values:
                     setting, batch = _setting(cluster, parameter, value)
                     prediction = predict_step(network, optimizer, batch, setting.nodes, cluster_machine(setting))
-                    computation = sum(prediction.stage_seconds[s] for s in ("FP", "BP", "WU"))
+                    computation = sum(prediction.stage_seconds[s] for s in COMPUTE_STAGES)
                     communication = prediction.step_without_overlap - computation
-                    reductions = sum(k.seconds for k in prediction.kernels if k.kernel == "allreduce"
-                                     and k.stage != "COMM")  # batch-norm sums, counted in FP and BP
+                    reductions = sum(k.seconds for k in prediction.kernels if k.kernel == ALLREDUCE
+                                     and k.stage != Stage.COMM)  # batch-norm sums, counted in FP and BP
                     points.append(Point(model, dataset, parameter, value, computation - reductions,
                                         communication + reductions, prediction.step_with_overlap))
     return points

@@ -4,13 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from pydtnn_lite.costs import KernelCost
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.layers.base import KernelCost
-from pydtnn_lite.perfmodel.allreduce import AllreduceModel, AllreduceTime, InterpolatedAllreduce, Link, fit_allreduce
-from pydtnn_lite.perfmodel.calibration import Calibration
-from pydtnn_lite.perfmodel.clusters import PRESETS, Cluster
-from pydtnn_lite.perfmodel.prediction import RooflineMachine
-from pydtnn_lite.perfmodel.roofline import Roofline
+from pydtnn_lite.perfmodel.modelling.allreduce import (AllreduceModel, AllreduceTime, InterpolatedAllreduce, Link,
+                                                       fit_allreduce)
+from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.clusters import PRESETS, Cluster
+from pydtnn_lite.perfmodel.modelling.prediction import RooflineMachine
+from pydtnn_lite.perfmodel.modelling.roofline import Roofline
 
 
 @dataclass(frozen=True)

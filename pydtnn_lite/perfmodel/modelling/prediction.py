@@ -1,9 +1,9 @@
 """Predict a training step, kernel by kernel, from a model's layer shapes and a machine model.
 
-The step is what the trainer runs (``training.step_costs``): every layer's FP kernels,
+The step is what the trainer runs (``step_costs``): every layer's FP kernels,
 the loss, every layer's BP kernels with the gradient buckets reduced as backward
-completes them, the loss reduction, and the WU kernels. Batch-norm layers add the
-reductions of their statistics. Without overlap the bucket reductions follow backward;
+completes them, the loss reduction, and the WU kernels; batch-norm layers list the
+reductions of their statistics among their costs. Without overlap the bucket reductions follow backward;
 with overlap each starts when its last layer's backward is done and they run one at a
 time on a communication channel beside the computation.
 
@@ -23,18 +23,16 @@ from typing import Optional, Protocol, Sequence
 import numpy as np
 
 from pydtnn_lite.comm.gradients import MIB, plan_buckets
+from pydtnn_lite.costs import ALLREDUCE, COMPUTE_STAGES, NO_LAYER, SYNC_WAIT, CallCounter, CallKey, KernelCost, Stage
 from pydtnn_lite.data.sampler import partition
-from pydtnn_lite.layers.base import KernelCost
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Optimizer
-from pydtnn_lite.perfmodel.allreduce import AllreduceModel
-from pydtnn_lite.perfmodel.roofline import Roofline
-from pydtnn_lite.tracing.records import NO_LAYER
-from pydtnn_lite.training import step_costs
+from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel
+from pydtnn_lite.perfmodel.modelling.roofline import Roofline
+from pydtnn_lite.step_costs import step_costs
 
 LOSS_VALUES_BYTES = 16  # the step's loss and correct count, two float64
-SYNC_WAIT = "sync_wait"  # the COMM entry of the wait for the slowest rank at the end of a step
-STAGES = ("FP", "BP", "WU", "COMM")
+STAGES = (*COMPUTE_STAGES, Stage.COMM)  # what a prediction sums: the batch's loading (DATA) is not predicted
 
 
 class Machine(Protocol):
@@ -87,6 +85,11 @@ class PredictedKernel:
     flops: float
     bytes: float
 
+    @property
+    def key(self) -> CallKey:
+        """The key of the traced call this predicts."""
+        return CallKey(self.layer, self.stage, self.kernel, self.occurrence)
+
 
 @dataclass
 class StepPrediction:
@@ -120,19 +123,19 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     """Predict one training step of a rank that holds ``batch`` samples, with ``procs`` ranks
     and the gradient buckets a GradientSynchronizer of ``bucket_mb`` and ``first_bucket_mb`` plans."""
     itemsize = np.dtype(network.backend.dtype).itemsize
-    costs = step_costs(network, optimizer, batch)
-    reductions = _batchnorm_reductions(network, itemsize) if procs > 1 else []
-    calls: dict[tuple, int] = defaultdict(int)
+    # One rank has nothing to reduce: no batch-norm reduction is predicted (a 1-rank trace's calls stay unmatched).
+    costs = [(layer, cost) for layer, cost in step_costs(network, optimizer, batch)
+             if procs > 1 or cost.kernel != ALLREDUCE]
+    counter = CallCounter()
     kernels = []
-    for layer, cost in costs + reductions:
-        key = (layer, cost.stage, cost.kernel)
-        seconds = (machine.allreduce_seconds(cost.bytes, procs) if cost.kernel == "allreduce"
+    for layer, cost in costs:
+        key = counter.key(layer, cost.stage, cost.kernel)
+        seconds = (machine.allreduce_seconds(cost.bytes, procs) if cost.kernel == ALLREDUCE
                    else machine.kernel_seconds(cost.kernel, cost))
         name = (network.layers[layer].name if 0 <= layer < len(network.layers)
                 else "loss" if layer == network.loss_index else "")
-        kernels.append(PredictedKernel(layer, name, cost.stage, cost.kernel, calls[key], seconds, cost.flops,
+        kernels.append(PredictedKernel(layer, name, cost.stage, cost.kernel, key.occurrence, seconds, cost.flops,
                                        cost.bytes))
-        calls[key] += 1
     kernels, waits = _with_sync_waits(kernels, machine, procs)
     end_wait = waits[-1] if waits else 0.0
     first_bucket_bytes = None if first_bucket_mb is None else first_bucket_mb * MIB
@@ -141,17 +144,17 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     bucket_seconds = [machine.allreduce_seconds(n, procs) for n in bucket_bytes]
     loss_seconds = machine.allreduce_seconds(LOSS_VALUES_BYTES, procs)
     if procs > 1:
-        kernels += [PredictedKernel(NO_LAYER, "", "COMM", "allreduce", i, s, 0.0, n)
+        kernels += [PredictedKernel(NO_LAYER, "", Stage.COMM, ALLREDUCE, i, s, 0.0, n)
                     for i, (n, s) in enumerate(zip(bucket_bytes + [LOSS_VALUES_BYTES], bucket_seconds + [loss_seconds]))]
-        kernels.append(PredictedKernel(NO_LAYER, "", "COMM", SYNC_WAIT, 0, end_wait, 0.0, 0.0))
+        kernels.append(PredictedKernel(NO_LAYER, "", Stage.COMM, SYNC_WAIT, 0, end_wait, 0.0, 0.0))
     prediction = StepPrediction(kernels, bucket_bytes, bucket_seconds, procs, batch, wait_seconds=sum(waits),
                                 synchronisations=len(waits))
     stage = defaultdict(float)
     for kernel in kernels:
         stage[kernel.stage] += kernel.seconds
     prediction.stage_seconds = {name: stage[name] for name in STAGES}
-    compute = stage["FP"] + stage["BP"] + stage["WU"]
-    prediction.step_without_overlap = compute + stage["COMM"]
+    compute = sum(stage[name] for name in COMPUTE_STAGES)
+    prediction.step_without_overlap = compute + stage[Stage.COMM]
     exposed = (_exposed_bucket_seconds(network, kernels, buckets, bucket_seconds)
                if machine.overlaps_communication else sum(bucket_seconds))
     prediction.step_with_overlap = compute + exposed + loss_seconds + end_wait
@@ -171,10 +174,10 @@ def _with_sync_waits(kernels: list[PredictedKernel], machine: Machine,
     """
     if procs <= 1:
         return kernels, []
-    reduced = {(k.layer, k.stage) for k in kernels if k.kernel == "allreduce"}
-    order = ([k for k in kernels if k.stage == "WU"]
-             + sorted((k for k in kernels if k.stage == "FP" and k.kernel != "allreduce"), key=lambda k: k.layer)
-             + sorted((k for k in kernels if k.stage == "BP" and k.kernel != "allreduce"), key=lambda k: -k.layer))
+    reduced = {(k.layer, k.stage) for k in kernels if k.kernel == ALLREDUCE}
+    order = ([k for k in kernels if k.stage == Stage.WU]
+             + sorted((k for k in kernels if k.stage == Stage.FP and k.kernel != ALLREDUCE), key=lambda k: k.layer)
+             + sorted((k for k in kernels if k.stage == Stage.BP and k.kernel != ALLREDUCE), key=lambda k: -k.layer))
     waits: dict[tuple[int, str], float] = {}
     work = 0.0
     for kernel in order:
@@ -183,22 +186,9 @@ def _with_sync_waits(kernels: list[PredictedKernel], machine: Machine,
         if key in reduced and key not in waits:
             waits[key] = machine.sync_wait_seconds(work, procs)
             work = 0.0
-    waited = [replace(k, seconds=k.seconds + waits[(k.layer, k.stage)]) if k.kernel == "allreduce" else k
+    waited = [replace(k, seconds=k.seconds + waits[(k.layer, k.stage)]) if k.kernel == ALLREDUCE else k
               for k in kernels]
     return waited, list(waits.values()) + [machine.sync_wait_seconds(work, procs)]
-
-
-def _batchnorm_reductions(network: Network, itemsize: int) -> list[tuple[int, KernelCost]]:
-    """The Allreduce of each batch-norm layer's (sum, sum of squares) in FP, and of its
-    gradient sums in BP when it computes an input gradient."""
-    out = []
-    for layer in network.layers:
-        if layer.kind == "bn":
-            nbytes = 2 * layer.output_shape[-1] * itemsize
-            out.append((layer.index, KernelCost("FP", "allreduce", 0.0, nbytes, (nbytes,))))
-            if layer.needs_input_grad:
-                out.append((layer.index, KernelCost("BP", "allreduce", 0.0, nbytes, (nbytes,))))
-    return out
 
 
 def _exposed_bucket_seconds(network: Network, kernels: list[PredictedKernel], buckets: list,
@@ -209,7 +199,7 @@ def _exposed_bucket_seconds(network: Network, kernels: list[PredictedKernel], bu
         return 0.0
     backward = defaultdict(float)
     for kernel in kernels:
-        if kernel.stage == "BP":
+        if kernel.stage == Stage.BP:
             backward[kernel.layer] += kernel.seconds
     clock, done_at = backward.pop(network.loss_index, 0.0), {}
     for index in range(len(network.layers) - 1, -1, -1):

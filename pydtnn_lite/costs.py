@@ -1,0 +1,87 @@
+"""What a kernel call costs, and the key that pairs a call with its cost.
+
+The stages of a training step and the names of the work that is not a function of
+:mod:`pydtnn_lite.kernels` are written here once; traces on disk hold their string values.
+Layers and the optimizer list a step's calls as :class:`KernelCost` entries, in the order
+they make them, and the tracer records the calls it times in the same order. So the
+i-th call of a kernel by a layer in a stage, traced, sampled or predicted, is the i-th
+cost listed for that (layer, stage, kernel): :class:`CallKey` is that key and
+:class:`CallCounter` numbers the calls of a step by it.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterable, NamedTuple
+
+
+class Stage(str, Enum):
+    """Where in a training step work runs. A ``str``: a stage equals, and is written as, its value."""
+
+    FP = "FP"  # forward
+    BP = "BP"  # backward
+    WU = "WU"  # weight update
+    COMM = "COMM"  # gradient and loss reductions, outside any layer
+    DATA = "DATA"  # loading a batch and copying it to the device
+
+    def __str__(self) -> str:
+        return self.value
+
+
+COMPUTE_STAGES = (Stage.FP, Stage.BP, Stage.WU)
+
+ALLREDUCE = "allreduce"  # a blocking sum over the ranks (batch-norm statistics, gradient buckets, the loss)
+SYNC_WAIT = "sync_wait"  # the wait for the slowest rank at the end of a step (predicted, never traced)
+H2D_COPY = "h2d_copy"  # the copy of a batch to the device
+NO_LAYER = -1  # the layer of work done for no layer: gradient buckets, the loss reduction, data loading
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """Analytic cost of one kernel call: the stage it runs in, its FLOPs and bytes moved.
+
+    ``kernel`` is the name of the function in :mod:`pydtnn_lite.kernels` that the call
+    runs (or :data:`ALLREDUCE` for a reduction over the ranks), and a layer lists its
+    costs in the order it makes its calls, so a traced call and its cost share a
+    :class:`CallKey`.
+
+    ``dims`` are the operand sizes a performance model keys on, e.g. (m, n, k) for a GEMM.
+    """
+
+    stage: Stage
+    kernel: str
+    flops: float
+    bytes: float
+    dims: tuple = ()
+
+
+class CallKey(NamedTuple):
+    """One call of a step: the ``occurrence``-th call (from 0, in the order of the step) of
+    ``kernel`` by layer ``layer`` in ``stage``."""
+
+    layer: int
+    stage: str
+    kernel: str
+    occurrence: int
+
+
+class CallCounter:
+    """Numbers the calls of one step: :meth:`key` gives each call its :class:`CallKey`, in
+    the order the calls come. Use one counter per step (and per rank)."""
+
+    def __init__(self) -> None:
+        self._calls: Counter = Counter()
+
+    def key(self, layer: int, stage: str, kernel: str) -> CallKey:
+        """The key of the next call of ``kernel`` by ``layer`` in ``stage``."""
+        occurrence = self._calls[(layer, stage, kernel)]
+        self._calls[(layer, stage, kernel)] += 1
+        return CallKey(layer, stage, kernel, occurrence)
+
+
+def keyed_costs(costs: Iterable[tuple[int, KernelCost]]) -> dict[CallKey, KernelCost]:
+    """The (layer, cost) entries of a step, listed in the order the step makes the calls,
+    by the key of the call each describes."""
+    counter = CallCounter()
+    return {counter.key(layer, cost.stage, cost.kernel): cost for layer, cost in costs}
