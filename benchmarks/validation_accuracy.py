@@ -1,12 +1,16 @@
 """How close the performance model comes to training steps, against how close the steps come to each other.
 
     python benchmarks/validation_accuracy.py --calibration calibration/dev-2core.json \\
-        [--runs 3] [--ranks 2] [--steps 8] [--configs vgg11:64 vgg11:128 resnet18:48] [--no-overlap]
+        [--runs 3] [--ranks 2 4 8] [--steps 8] [--configs vgg11:64 vgg11:128 resnet18:48] [--no-overlap] \\
+        [--matrix] [--plot FILE.png]
 
-Each round trains every configuration (``model:global batch[:data set]``) once under
-``mpiexec -n RANKS`` with ``--trace``, the order rotating from round to round so that a
-slow spell of the shared machine hits all of them alike, and validates every trace
-against the calibration. Per configuration it prints:
+Each round trains every configuration (``model:global batch[:data set]``, on each of
+``--ranks``; ``--matrix``: the zoo at two batch sizes) once under ``mpiexec -n RANKS``
+with ``--trace``, the order rotating from round to round so that a slow spell of the
+shared machine hits all of them alike, and validates every trace against the
+calibration, placed as the run's ranks were and corrected for the drift its
+machine-state probe measured (the step error before that correction is printed too).
+Per configuration it prints:
 
 - model: the step error, stage WRE (FP, BP, WU) and COMM error of each run against the
   prediction, as ``python -m pydtnn_lite.validate`` reports them, and their median;
@@ -16,6 +20,9 @@ against the calibration. Per configuration it prints:
   can expect here; and the split-half figures within the runs (median over runs);
 - model / between runs: the ratio of the two medians, the baseline measured in the same
   session.
+
+It ends with one line per configuration (the matrix), and with ``--plot`` draws the
+step error of every configuration beside the between-run difference.
 """
 from __future__ import annotations
 
@@ -30,7 +37,7 @@ from dataclasses import dataclass
 
 from pydtnn_lite.costs import COMPUTE_STAGES, Stage
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
-from pydtnn_lite.perfmodel.modelling.trace_validation import validation_of
+from pydtnn_lite.perfmodel.modelling.trace_validation import run_machines, validation_of
 from pydtnn_lite.perfmodel.modelling.validation import Validation, weighted_relative_error
 from pydtnn_lite.textable import format_table
 from pydtnn_lite.tracing import load_trace
@@ -39,26 +46,34 @@ MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 FIGURES = ("step error", "WRE FP", "WRE BP", "WRE WU", "COMM error")
 
 
+# The zoo at a small and a large batch for CIFAR-sized images; the large models at smaller
+# batches, so that every configuration trains a step in seconds on 2 cores.
+MATRIX = ("vgg11:32", "vgg11:64", "vgg16:16", "vgg16:32", "alexnet:32", "alexnet:96", "resnet18:16", "resnet18:48",
+          "resnet50:8", "resnet50:16", "densenet121:8", "densenet121:16", "lenet:64", "lenet:256", "mlp:64",
+          "mlp:256")
+
+
 @dataclass(frozen=True)
 class Config:
     model: str
     batch: int
     dataset: str
+    ranks: int = 2
 
     @classmethod
-    def parse(cls, text: str) -> "Config":
+    def parse(cls, text: str, ranks: int) -> "Config":
         parts = text.split(":")
         if len(parts) not in (2, 3) or not parts[1].isdigit():
             raise SystemExit(f"validation_accuracy: --configs takes model:batch[:dataset], got {text!r}")
-        return cls(parts[0], int(parts[1]), parts[2] if len(parts) == 3 else "synthetic")
+        return cls(parts[0], int(parts[1]), parts[2] if len(parts) == 3 else "synthetic", ranks)
 
     def __str__(self) -> str:
-        return f"{self.model}, global batch {self.batch}, {self.dataset}"
+        return f"{self.model}, global batch {self.batch}, {self.dataset}, {self.ranks} ranks"
 
 
-def traced_run(config: Config, ranks: int, steps: int, overlap: bool, trace: str) -> None:
+def traced_run(config: Config, steps: int, overlap: bool, trace: str) -> None:
     """Train ``config`` for one warm-up step and ``steps`` traced steps into ``trace``."""
-    command = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "pydtnn_lite.train", "--model", config.model,
+    command = [MPIEXEC, "-n", str(config.ranks), sys.executable, "-m", "pydtnn_lite.train", "--model", config.model,
                "--dataset", config.dataset, "--batch-size", str(config.batch), "--epochs", "1",
                "--steps-per-epoch", str(steps + 1), "--eval-steps", "0", "--no-progress", "--trace", trace,
                "--run-dir", os.path.join(trace, "run")] + ([] if overlap else ["--no-overlap"])
@@ -105,7 +120,7 @@ def row(label: str, values: dict[str, float], signed: bool = True) -> tuple[str,
                      for name in FIGURES))
 
 
-def report(config: Config, validations: list[Validation]) -> str:
+def report(config: Config, validations: list[Validation], raw: list[Validation]) -> str:
     model = [figures(v) for v in validations]
     floor = [between(a, b) for a, b in itertools.permutations(validations, 2)]
     model_median, floor_median = median_magnitudes(model), median_magnitudes(floor)
@@ -118,8 +133,48 @@ def report(config: Config, validations: list[Validation]) -> str:
              row("split-half, median", median_magnitudes([split_half(v) for v in validations]), signed=False),
              ("model / between runs", *(f"{value:.2f}" for value in ratio.values()))]
     table = format_table(("(%; medians of magnitudes)", *FIGURES), rows)
-    return "\n".join([f"{config}: measured steps {steps} ms; predicted {1e3 * validations[0].step.predicted:.1f} ms",
+    before = ", ".join(f"{100 * v.step.relative_error:+.1f}" for v in raw)
+    return "\n".join([f"{config}: measured steps {steps} ms; predicted {1e3 * validations[0].step.predicted:.1f} ms; "
+                      f"step error before the drift correction {before} %",
                       *("  " + line for line in table.split("\n"))])
+
+
+def matrix_row(config: Config, validations: list[Validation], raw: list[Validation]) -> tuple:
+    """One line of the matrix: medians over the runs, and the between-run medians beside them."""
+    model = median_magnitudes([figures(v) for v in validations])
+    floor = median_magnitudes([between(a, b) for a, b in itertools.permutations(validations, 2)])
+    signed = statistics.median(v.step.relative_error for v in validations)
+    signed_raw = statistics.median(v.step.relative_error for v in raw)
+    measured = statistics.median(v.step.measured for v in validations)
+    return (config.model, config.batch, config.ranks, f"{1e3 * measured:.1f}", f"{1e3 * validations[0].step.predicted:.1f}", f"{100 * signed:+.1f}", f"{100 * signed_raw:+.1f}",
+            f"{100 * floor['step error']:.1f}",
+            *(f"{100 * model[f'WRE {s}']:.1f} / {100 * floor[f'WRE {s}']:.1f}" for s in COMPUTE_STAGES))
+
+
+MATRIX_HEADER = ("model", "batch", "ranks", "measured ms", "predicted ms", "step error %", "before drift %",
+                 "between runs %", "WRE FP % (model / between)", "WRE BP %", "WRE WU %")
+
+
+def plot(rows: list[tuple], path: str) -> None:
+    """The step error of every configuration beside the between-run difference, as a bar chart."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r[0]} b{r[1]} x{r[2]}" for r in rows]
+    errors = [abs(float(r[5])) for r in rows]
+    floors = [float(r[7]) for r in rows]
+    figure, axes = plt.subplots(figsize=(max(6.0, 0.45 * len(rows)), 4.0))
+    positions = range(len(rows))
+    axes.bar([p - 0.2 for p in positions], errors, width=0.4, label="|step error|, model")
+    axes.bar([p + 0.2 for p in positions], floors, width=0.4, label="between runs")
+    axes.axhline(10, color="grey", linewidth=0.8, linestyle="--")
+    axes.set_xticks(list(positions), labels, rotation=70, ha="right", fontsize=7)
+    axes.set_ylabel("% of the measured step")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
 
 
 def main() -> None:
@@ -127,27 +182,39 @@ def main() -> None:
     parser.add_argument("--calibration", required=True)
     parser.add_argument("--configs", nargs="+", default=["vgg11:64", "vgg11:128", "resnet18:48"])
     parser.add_argument("--runs", type=int, default=3, help="rounds over the configurations (at least 2)")
-    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2], help="rank counts to run each configuration on")
+    parser.add_argument("--matrix", action="store_true", help="the zoo at two batch sizes (instead of --configs)")
+    parser.add_argument("--plot", default=None, metavar="FILE", help="draw the matrix's step errors into FILE (PNG)")
     parser.add_argument("--steps", type=int, default=8, help="traced steps per run, after one warm-up step")
     parser.add_argument("--no-overlap", action="store_true", help="reduce gradients after backward")
     args = parser.parse_args()
     if args.runs < 2:
         raise SystemExit("validation_accuracy: --runs must be at least 2 (the floor compares runs)")
-    configs = [Config.parse(text) for text in args.configs]
+    configs = [Config.parse(text, ranks) for text in (MATRIX if args.matrix else args.configs) for ranks in args.ranks]
     machine = calibrated_machine(args.calibration)
     validations: dict[Config, list[Validation]] = {config: [] for config in configs}
+    raw: dict[Config, list[Validation]] = {config: [] for config in configs}
     with tempfile.TemporaryDirectory() as scratch:
         for round_ in range(args.runs):
             for offset in range(len(configs)):
                 config = configs[(round_ + offset) % len(configs)]
-                trace = os.path.join(scratch, f"{config.model}-{config.batch}-{round_}")
-                traced_run(config, args.ranks, args.steps, not args.no_overlap, trace)
-                validations[config].append(validation_of(trace, load_trace(trace), machine))
-    print(f"{args.ranks} ranks, {args.steps} traced steps per run, {args.runs} runs each, "
+                trace = os.path.join(scratch, f"{config.model}-{config.batch}-{config.ranks}-{round_}")
+                traced_run(config, args.steps, not args.no_overlap, trace)
+                loaded = load_trace(trace)
+                before, corrected = run_machines(machine, loaded[2])
+                validations[config].append(validation_of(trace, loaded, corrected))
+                raw[config].append(validation_of(trace, loaded, before))
+    print(f"ranks {', '.join(map(str, args.ranks))}; {args.steps} traced steps per run, {args.runs} runs each, "
           f"overlap {'off' if args.no_overlap else 'on'}, calibration {args.calibration}; load average "
           f"{os.getloadavg()[0]:.2f} at the end")
     for config in configs:
-        print(report(config, validations[config]))
+        print(report(config, validations[config], raw[config]))
+    rows = [matrix_row(config, validations[config], raw[config]) for config in configs]
+    print("\nMatrix (medians over the runs; WRE: the model's / between runs')")
+    print(format_table(MATRIX_HEADER, rows))
+    if args.plot:
+        plot(rows, args.plot)
+        print(f"wrote {args.plot}")
 
 
 if __name__ == "__main__":

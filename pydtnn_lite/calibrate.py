@@ -24,6 +24,7 @@ from pydtnn_lite.perfmodel.measuring.calibrate import (CalibrationSettings, cali
                                                        fit_models, remeasure_allreduce)
 from pydtnn_lite.perfmodel.measuring.probes import QUICK
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.outside_kernels import fit_affine
 from pydtnn_lite.perfmodel.modelling.synchronization import fit_sync_wait
 from pydtnn_lite.runtime import default_blas_threads, install_job_abort, keep_freed_memory, set_blas_threads
 from pydtnn_lite.textable import format_table
@@ -50,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--seed", type=int, default=0, help="seeds the grid's sampling and the MLPs")
+    parser.add_argument("--no-oversubscribed", action="store_true",
+                        help="time Allreduce on this job's ranks only, not (in child jobs) at every process count "
+                             "up to four per core; --quick implies it")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--refit", metavar="FILE", default=None,
                         help="fit the kernel models again from the samples FILE holds; measure nothing")
@@ -69,8 +73,9 @@ def settings_from(args: argparse.Namespace) -> CalibrationSettings:
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be at least 1, got {args.threads}")
     if args.quick:
-        return CalibrationSettings(tuple(args.batch_sizes), repeats, 0.0, QUICK, QUICK_SIZES, 1, args.seed)
-    return CalibrationSettings(batch_sizes=tuple(args.batch_sizes), repeats=repeats, seed=args.seed)
+        return CalibrationSettings(tuple(args.batch_sizes), repeats, 0.0, QUICK, QUICK_SIZES, 1, args.seed, False)
+    return CalibrationSettings(batch_sizes=tuple(args.batch_sizes), repeats=repeats, seed=args.seed,
+                               beyond_job=not args.no_oversubscribed)
 
 
 def _percent(value: float) -> str:
@@ -85,6 +90,24 @@ def _waits(calibration: Calibration) -> str:
             f"{model.coefficient * 1e3:.3g} ms x (seconds of work since the last one) ^ {model.exponent:.2f}")
 
 
+def _overhead(calibration: Calibration) -> str:
+    model = calibration.overhead
+    loads = "; ".join(f"loading {name}: {cost.fixed * 1e6:.0f} us + {cost.per_unit * 1e6:.1f} us per sample"
+                      for name, cost in sorted(calibration.data_load.items()))
+    return (f"time outside the kernels: {model.fixed * 1e6:.0f} us per step + {model.per_unit * 1e6:.1f} us per "
+            f"kernel call ({len(calibration.overhead_samples)} probes); {loads or 'no data set timed'}")
+
+
+def _state(calibration: Calibration) -> str:
+    state = calibration.machine_state
+    if state is None:
+        return "no machine-state probe"
+    allreduce = (f", Allreduce of {state.allreduce_bytes >> 10} KiB on {state.allreduce_ranks} ranks "
+                 f"{state.allreduce_seconds * 1e6:.0f} us" if state.allreduce_seconds else "")
+    return (f"machine state: one-thread GEMM {state.gemm_flops / 1e9:.1f} GFLOP/s, copy "
+            f"{state.copy_bytes_per_second / 1e9:.1f} GB/s{allreduce}")
+
+
 def report(calibration: Calibration) -> str:
     """The roofs, and per kernel: samples, model, held-out errors and best achieved rates."""
     machine = calibration.machine
@@ -92,7 +115,9 @@ def report(calibration: Calibration) -> str:
              f"{machine.get('blas_threads', '?')} BLAS thread(s), {machine.get('dtype', '?')} on "
              f"{machine.get('device', '?')}: GEMM peak {calibration.peak_flops / 1e9:.1f} GFLOP/s, memory "
              f"bandwidth {calibration.memory_bandwidth / 1e9:.1f} GB/s per rank; "
-             f"{len(calibration.allreduce_samples)} Allreduce samples", _waits(calibration), "",
+             f"{len(calibration.allreduce_samples)} Allreduce samples on "
+             f"{', '.join(map(str, sorted({p for p, _, _ in calibration.allreduce_samples}))) or 'no'} ranks",
+             _waits(calibration), _overhead(calibration), _state(calibration), "",
              "held-out error: median |predicted - measured| / measured, and total |error| / total time"]
     header = ("kernel", "samples", "model", "median %", "time %", "best GFLOP/s", "best GB/s")
     rows = []
@@ -128,10 +153,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     threads = set_blas_threads(args.threads or default_blas_threads(comm))
     log = (lambda line: print(line, flush=True)) if comm.rank == 0 else (lambda line: None)
     if args.allreduce_only:
-        calibration = remeasure_allreduce(previous, comm, settings.allreduce_sizes)
+        calibration = remeasure_allreduce(previous, comm, settings.allreduce_sizes, settings.beyond_job)
     elif previous is not None:
         previous.kernel_models = fit_models(previous.kernel_samples, comm, args.seed)
         previous.sync_wait = fit_sync_wait(previous.sync_samples, previous.allreduce_ranks)
+        previous.overhead = fit_affine(previous.overhead_samples)
+        previous.data_load = {name: fit_affine(rows) for name, rows in previous.data_load_samples.items()}
         calibration = previous
     else:
         log(f"calibrating: {comm.size} rank(s) x {threads} BLAS thread(s), {args.dtype} on {backend.device}"

@@ -34,6 +34,7 @@ COMPUTE_STAGES = (Stage.FP, Stage.BP, Stage.WU)
 ALLREDUCE = "allreduce"  # a blocking sum over the ranks (batch-norm statistics, gradient buckets, the loss)
 SYNC_WAIT = "sync_wait"  # the wait for the slowest rank at the end of a step (predicted, never traced)
 H2D_COPY = "h2d_copy"  # the copy of a batch to the device
+DATA_LOAD = "data_load"  # reading a batch from the data set
 NO_LAYER = -1  # the layer of work done for no layer: gradient buckets, the loss reduction, data loading
 
 

@@ -17,7 +17,11 @@ from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.data import partition
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.machine_flags import add_machine_arguments, machine_from_arguments
-from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
+from pydtnn_lite.comm import SerialCommunicator
+from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
+from pydtnn_lite.perfmodel.modelling.machines import (AdjustedMachine, CalibratedMachine, adjusted_machine,
+                                                      calibrated_machine)
+from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.prediction import STAGES, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.modelling.workload import DATASET_SHAPES, build_workload
 from pydtnn_lite.textable import format_table
@@ -40,7 +44,31 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a heterogeneous job: one calibration per rank (e.g. cpu.json gpu.json); predicts the "
                              "balanced shares and each rank's step")
     add_machine_arguments(parser)
+    placement = parser.add_argument_group("placement and state, with --calibration (default: as calibrated)")
+    placement.add_argument("--ranks-per-node", type=int, default=None,
+                           help="ranks on each node (default: every rank on one node)")
+    placement.add_argument("--cores-per-node", type=int, default=None, help="cores of a node (default: the calibration's)")
+    placement.add_argument("--threads", type=int, default=None,
+                           help="BLAS threads per rank (default: a node's cores divided by its ranks, as training does)")
+    placement.add_argument("--probe", action="store_true",
+                           help="measure the machine's state now (a few seconds) and correct for its drift since the "
+                                "calibration")
     return parser
+
+
+def placed(machine: CalibratedMachine, args: argparse.Namespace, procs: int) -> AdjustedMachine:
+    """``machine`` with ``procs`` ranks placed as the flags say, corrected for drift with ``--probe``."""
+    calibrated = machine.calibration.placement
+    per_node = args.ranks_per_node or procs
+    cores = args.cores_per_node or calibrated.cores_per_node
+    threads = args.threads or max(1, cores // per_node)
+    for flag, value in (("--ranks-per-node", per_node), ("--cores-per-node", cores), ("--threads", threads)):
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1, got {value}")
+    if per_node > procs:
+        raise UserError(f"--ranks-per-node {per_node} is more than the job's {procs} ranks: lower it or raise --procs")
+    return adjusted_machine(machine, Placement(procs, per_node, cores, threads),
+                            probe_machine_state(SerialCommunicator()) if args.probe else None)
 
 
 def prediction_json(prediction: StepPrediction, model: str, dataset: str, machine_name: str,
@@ -52,7 +80,7 @@ def prediction_json(prediction: StepPrediction, model: str, dataset: str, machin
             "step_seconds_with_overlap": prediction.step_with_overlap,
             "step_seconds_without_overlap": prediction.step_without_overlap,
             "stage_seconds": prediction.stage_seconds, "wait_seconds": prediction.wait_seconds,
-            "synchronisations": prediction.synchronisations,
+            "synchronisations": prediction.synchronisations, "overhead_seconds": prediction.overhead_seconds,
             "buckets": [{"bytes": n, "seconds": s} for n, s in zip(prediction.bucket_bytes, prediction.bucket_seconds)],
             "kernels": [k.__dict__ for k in prediction.kernels]}
 
@@ -63,7 +91,8 @@ def prediction_text(prediction: StepPrediction, title: str, global_batch: int) -
                           for (index, name), stages in sorted(prediction.layer_table().items()) if index >= 0])
     rule = table.split("\n")[1]  # the rule under the header closes the table too
     lines = [title, table, rule]
-    lines.append("stages: " + ", ".join(f"{s} {prediction.stage_seconds[s] * 1e3:.3f} ms" for s in STAGES))
+    lines.append("stages: " + ", ".join(f"{s} {prediction.stage_seconds[s] * 1e3:.3f} ms" for s in STAGES)
+                 + f"; outside the kernels {prediction.overhead_seconds * 1e3:.3f} ms")
     lines.append(f"{len(prediction.bucket_bytes)} gradient buckets, {sum(prediction.bucket_bytes) / 2**20:.1f} MiB, "
                  f"Allreduce {sum(prediction.bucket_seconds) * 1e3:.3f} ms")
     if prediction.synchronisations:
@@ -126,9 +155,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         procs = args.procs or nodes
         if procs < 1 or args.batch_size < procs:
             raise UserError(f"--batch-size {args.batch_size} must be at least --procs {procs} (one sample per rank)")
+        if isinstance(machine, CalibratedMachine):
+            machine = placed(machine, args, procs)
+            machine_name += f"; {machine.placement.describe()}" + (f"; drift {machine.drift.describe()}"
+                                                                   if args.probe else "")
+        elif args.probe or args.ranks_per_node or args.cores_per_node or args.threads:
+            raise UserError("--probe, --ranks-per-node, --cores-per-node and --threads need --calibration FILE")
         network, optimizer = build_workload(args.model, args.dataset, args.dtype, args.optimizer)
         local_batch = max(partition(args.batch_size, [1.0] * procs))
-        prediction = predict_step(network, optimizer, local_batch, procs, machine, args.bucket_mb)
+        prediction = predict_step(network, optimizer, local_batch, procs, machine, args.bucket_mb,
+                                  dataset=args.dataset)
     except UserError as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 2

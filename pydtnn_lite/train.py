@@ -29,7 +29,9 @@ from pydtnn_lite.optim import SGD, Adam, Optimizer
 from pydtnn_lite.paths import check_writable, check_writable_file
 from pydtnn_lite.run_config import RunConfig
 from pydtnn_lite.runtime import (default_blas_threads, install_job_abort, keep_freed_memory, report_and_abort,
-                                 set_blas_threads)
+                                 set_blas_threads, usable_cores)
+from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
+from pydtnn_lite.perfmodel.modelling.drift import MachineState
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
 from pydtnn_lite.perfmodel.modelling.trace_validation import validate_trace
 from pydtnn_lite.tracing import Tracer, load_trace
@@ -315,8 +317,9 @@ def report_shares(job: Job, comm: Communicator, global_step: int, result: StepRe
         job.reported_shares = shares
 
 
-def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str) -> None:
-    """Gather the trace of every rank into ``trace``, with the description of the run."""
+def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str, state: MachineState) -> None:
+    """Gather the trace of every rank into ``trace``, with the description of the run: how
+    its ranks sat and the machine's state when it started, which a validation reads."""
     config, trainer = job.config, job.trainer
     meta = {"model": config.model, "dataset": config.dataset, "global_batch": config.global_batch,
             "shares": partition(config.global_batch, trainer.share_weights), "ranks": comm.size,
@@ -324,7 +327,10 @@ def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str) -> Non
             "blas_threads": job.blas_threads, "optimizer": config.optimizer, "bucket_mb": config.bucket_mb,
             "overlap": config.overlap, "trace_skip": config.trace_skip, "host": platform.node(),
             "processor": platform.processor() or platform.machine(), "numpy": np.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "ranks_per_node": max(comm.allgather_object(comm.local_size)),
+            "cores_per_node": usable_cores(), "machine_state": state.to_dict()}
+    if config.validate:
+        meta["calibration"] = os.path.abspath(config.validate)
     tracer.save(trace, meta)
     say(comm, f"trace of {len(tracer.steps)} step(s) per rank written to {trace}: open trace.json in "
               f"https://ui.perfetto.dev; summary: python -m pydtnn_lite.trace summarize {trace}")
@@ -381,11 +387,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Rank 0's weights are everyone's, whatever a rank's RNG, weight file or checkpoint gave.
     comm.broadcast(job.network.flat_params)
     try:
+        # The machine's state as the traced run starts: a validation corrects for its drift since calibrating.
+        state = probe_machine_state(comm) if config.trace else None
         tracer = Tracer(job.trainer, config.trace_skip, config.trace_steps).attach() if config.trace else None
         train(job, comm)
-        if tracer is not None and config.trace:
+        if tracer is not None and config.trace and state is not None:
             tracer.detach()
-            write_trace(job, comm, tracer, config.trace)
+            write_trace(job, comm, tracer, config.trace, state)
     except TrainingError as error:  # the loss is global, so every rank raises it at the same step
         say(comm, f"{PROGRAM}: error: {error}")
         return TRAINING_ERROR_EXIT

@@ -83,6 +83,12 @@ class Machine:
     def sync_wait_seconds(self, segment: float, procs: int) -> float:
         return 0.0
 
+    def overhead_seconds(self, calls: int) -> float:
+        return 0.0
+
+    def data_load_seconds(self, dataset: str, samples: int) -> float:
+        return 0.0
+
 
 @pytest.mark.parametrize("bucket_mb", [0.01, 4.0])
 def test_one_first_bucket_default_for_synchronizers_and_predictions(bucket_mb):

@@ -17,7 +17,6 @@ import os
 from dataclasses import astuple, dataclass, fields
 from typing import Any, Iterable, Type, TypeVar
 
-from pydtnn_lite.costs import NO_LAYER  # noqa: F401 (the tracer imports it from here)
 
 EVENTS_FILE, STEPS_FILE, META_FILE = "events.csv", "steps.csv", "meta.json"
 TRAIN, EVAL = "train", "eval"

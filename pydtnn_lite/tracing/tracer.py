@@ -34,15 +34,17 @@ from pydtnn_lite.backend import HostClock
 from pydtnn_lite.network import no_scope
 from pydtnn_lite.tracing.chrome import chrome_trace
 from pydtnn_lite.tracing.communicator import TracedCommunicator, host_bytes
-from pydtnn_lite.tracing.records import (COMMUNICATION, COMPUTE, EVAL, EVENTS_FILE, NO_LAYER, STEPS_FILE, TRAIN,
-                                         KernelRecord, StepRecord, write_meta, write_records)
+from pydtnn_lite.tracing.records import (COMMUNICATION, COMPUTE, EVAL, EVENTS_FILE, STEPS_FILE, TRAIN, KernelRecord,
+                                         StepRecord, write_meta, write_records)
 from pydtnn_lite.tracing.summary import SUMMARY_FILE, write_summary
-from pydtnn_lite.training import Trainer, step_costs
-from pydtnn_lite.training.observer import DATA_LOAD, H2D_COPY, NO_OBSERVER, TrainingObserver
+from pydtnn_lite.costs import DATA_LOAD, H2D_COPY, NO_LAYER, CallCounter, CallKey, KernelCost, Stage, keyed_costs
+from pydtnn_lite.step_costs import step_costs
+from pydtnn_lite.training import Trainer
+from pydtnn_lite.training.observer import NO_OBSERVER, TrainingObserver
 
 CHROME_FILE = "trace.json"
 
-OUTSIDE = (NO_LAYER, "COMM")  # where gradient buckets and the loss reduction run: in no layer's scope
+OUTSIDE = (NO_LAYER, Stage.COMM)  # where gradient buckets and the loss reduction run: in no layer's scope
 T = TypeVar("T")
 
 
@@ -109,7 +111,7 @@ class Tracer(TrainingObserver):
         self._depth = 0  # > 0 inside a timed call: calls nested in it are not timed again
         self._pending: list[_Call] = []
         self._undo: list[Callable[[], None]] = []
-        self._costs: dict[int, dict[tuple, list]] = {}
+        self._costs: dict[int, dict[CallKey, KernelCost]] = {}
 
     # ------------------------------------------------------------ attach / detach
     def attach(self) -> "Tracer":
@@ -164,8 +166,8 @@ class Tracer(TrainingObserver):
         """The trainer's host work of a step (DATA_LOAD, or the H2D_COPY that fixes the step's batch)."""
         if kernel == H2D_COPY:
             self._batch = len(args[0])  # the batch the coming kernels run on, for their costs
-            return self._timed(function, kernel, COMPUTE, self.device_clock, "DATA", host_bytes(args[0]))(*args)
-        return self._timed(function, DATA_LOAD, COMPUTE, self.host_clock, "DATA")(*args)
+            return self._timed(function, kernel, COMPUTE, self.device_clock, Stage.DATA, host_bytes(args[0]))(*args)
+        return self._timed(function, DATA_LOAD, COMPUTE, self.host_clock, Stage.DATA)(*args)
 
     # ------------------------------------------------------------ steps
     def step_started(self, phase: str, step: int, samples: int) -> None:
@@ -221,19 +223,19 @@ class Tracer(TrainingObserver):
             times = clock.resolve([stamp for i in indices for stamp in (self._pending[i].start, self._pending[i].end)])
             for position, i in enumerate(indices):
                 seconds[i] = (times[2 * position], times[2 * position + 1])
-        calls: dict[tuple, int] = defaultdict(int)
+        counter = CallCounter()
         layers = self.network.layers
         for index, call in enumerate(self._pending):
             start, end = seconds[index]
-            key = (call.layer, call.stage, call.kernel)
-            candidates = self._costs_of(call.batch).get(key) if call.thread == COMPUTE else None
-            if candidates:
-                cost = candidates[calls[key] % len(candidates)]
-                calls[key] += 1
+            if call.kernel == DATA_LOAD:  # a new batch: an evaluation runs the same kernels once per batch
+                counter = CallCounter()
+            key = counter.key(call.layer, call.stage, call.kernel)
+            cost = self._costs_of(call.batch).get(key) if call.thread == COMPUTE else None
+            if cost is not None:
                 flops, nbytes = cost.flops, cost.bytes
             elif call.thread == COMMUNICATION:  # a request's bytes count once, where it starts
                 flops, nbytes = 0.0, float(call.moved or 0)
-            elif call.stage == "DATA":
+            elif call.stage == Stage.DATA:
                 flops, nbytes = 0.0, math.nan if call.moved is None else float(call.moved)
             else:
                 flops, nbytes = math.nan, math.nan
@@ -246,11 +248,8 @@ class Tracer(TrainingObserver):
                 nbytes))
         self._pending = []
 
-    def _costs_of(self, batch: int) -> dict[tuple, list]:
-        """Analytic costs of a step on ``batch`` samples, keyed by (layer, stage, kernel)."""
+    def _costs_of(self, batch: int) -> dict[CallKey, KernelCost]:
+        """Analytic costs of a step on ``batch`` samples, by the call they pair with."""
         if batch not in self._costs:
-            table: dict[tuple, list] = defaultdict(list)
-            for layer, cost in step_costs(self.network, self.trainer.optimizer, batch):
-                table[(layer, cost.stage, cost.kernel)].append(cost)
-            self._costs[batch] = table
+            self._costs[batch] = keyed_costs(step_costs(self.network, self.trainer.optimizer, batch))
         return self._costs[batch]

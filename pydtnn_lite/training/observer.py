@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
+from pydtnn_lite.costs import DATA_LOAD, H2D_COPY
+
+__all__ = ["TRAIN", "EVAL", "DATA_LOAD", "H2D_COPY", "TrainingObserver", "NO_OBSERVER"]
+
 TRAIN, EVAL = "train", "eval"  # the phases of a step
-DATA_LOAD, H2D_COPY = "data_load", "h2d_copy"  # the host work of a step, by its kernel name
 
 T = TypeVar("T")
 

@@ -5,7 +5,10 @@ once, each rank with its share of the cores, as the ranks of a data-parallel tra
 step run; the per-call medians of all ranks are combined (median over ranks), and the
 kernel models are fitted, the kernels shared out over the ranks. It also measures the
 GEMM peak and the memory bandwidth on every rank at once, and times Allreduce over the
-ranks. The result is a :class:`~pydtnn_lite.perfmodel.modelling.calibration.Calibration`.
+ranks, here and (in child jobs) at every process count up to four per core. It fits the
+time a step spends outside its kernels, and takes the machine-state probe a later run
+compares itself with. The result is a
+:class:`~pydtnn_lite.perfmodel.modelling.calibration.Calibration`.
 """
 from __future__ import annotations
 
@@ -20,13 +23,18 @@ import numpy as np
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, allreduce_samples
+from pydtnn_lite.perfmodel.measuring.data_loading import time_data_loading
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor, describe_machine, gemm_peak, memory_bandwidth
+from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
 from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, calibration_grid
+from pydtnn_lite.perfmodel.measuring.process_counts import samples_beyond
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe, rounded
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.outside_kernels import fit_affine
 from pydtnn_lite.perfmodel.modelling.regression import (KernelModel, KernelSample, MLPEnsemble, fit_kernel_model,
                                                         model_from_dict)
 from pydtnn_lite.perfmodel.modelling.synchronization import fit_sync_wait
+from pydtnn_lite.runtime import usable_cores
 
 
 def best_rates(samples: list[KernelSample]) -> dict[str, float]:
@@ -78,6 +86,7 @@ class CalibrationSettings:
     allreduce_sizes: tuple = FULL_SIZES
     roof_repeats: int = 3
     seed: int = 0
+    beyond_job: bool = False  # also time Allreduce at the process counts above the job's, in child jobs
 
 
 def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSettings, blas_threads: int,
@@ -94,6 +103,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
         log(f"{name}: {detail} ({timings[name]:.1f} s)")
 
     comm.barrier()
+    state = probe_machine_state(comm)
     peak = float(np.median(comm.allgather_object(gemm_peak(backend, repeats=settings.roof_repeats))))
     bandwidth = float(np.median(comm.allgather_object(memory_bandwidth(backend, repeats=settings.roof_repeats))))
     phase_done("roofs", f"GEMM peak {peak / 1e9:.1f} GFLOP/s, memory bandwidth {bandwidth / 1e9:.1f} GB/s per rank")
@@ -102,21 +112,30 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     evict = CacheEvictor(backend)
     mine: dict[str, list[KernelSample]] = {}
     my_waits: list[list[tuple[float, float]]] = []
+    my_overheads: list[tuple[float, float]] = []
     for probe in grid:
         comm.barrier()  # the ranks run each probe together, as they run a training step
         measured = measure_probe(probe, backend, comm, settings.repeats, evict, settings.min_seconds, settings.seed)
         for name, samples in measured.samples.items():
             mine.setdefault(name, []).extend(samples)
         my_waits.append(measured.waits)
+        my_overheads.append(measured.overhead)
     samples = _median_over_ranks(comm.allgather_object(mine))
     sync_samples = _mean_waits(comm.allgather_object(my_waits))
     sync_wait = fit_sync_wait(sync_samples, comm.size)
+    overhead_samples = [(calls[0][0], rounded(float(np.median([seconds for _, seconds in calls]))))
+                        for calls in zip(*comm.allgather_object(my_overheads))]
     phase_done("kernels", f"{len(grid)} probe networks, {sum(map(len, samples.values()))} samples of "
                           f"{len(samples)} kernels")
+    data_load_samples = time_data_loading(comm)
+    phase_done("data", f"loading {', '.join(data_load_samples)}")
 
     reductions = allreduce_samples(comm, settings.allreduce_sizes) if comm.size > 1 else []
-    phase_done("allreduce", f"{len(reductions)} samples of {len(settings.allreduce_sizes)} sizes" if reductions
-               else "skipped: one rank (run under mpiexec)")
+    if settings.beyond_job:
+        reductions += samples_beyond(comm, usable_cores())
+    counts = sorted({ranks for ranks, _, _ in reductions})
+    phase_done("allreduce", f"{len(reductions)} samples on {', '.join(map(str, counts))} ranks" if reductions
+               else "skipped: one rank (run under mpiexec, or without --no-oversubscribed)")
 
     models = fit_models(samples, comm, settings.seed)
     ensembles = sum(isinstance(m, MLPEnsemble) for m in models.values())
@@ -131,10 +150,15 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                 "seconds": dict(timings, total=round(time.perf_counter() - started, 2)),
                 # Other jobs slow the kernels down: the 1-minute load average, this job's ranks included.
                 "load_average": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)}}
-    return Calibration(describe_machine(backend, blas_threads, comm.size), peak, bandwidth, models, reductions,
+    machine = dict(describe_machine(backend, blas_threads, comm.size), ranks_per_node=comm.local_size)
+    return Calibration(machine, peak, bandwidth, models, reductions,
                        allreduce_ranks=comm.size, kernel_samples=samples,
                        kernel_rates={name: best_rates(s) for name, s in sorted(samples.items())},
-                       settings=recorded, sync_samples=sync_samples, sync_wait=sync_wait)
+                       settings=recorded, sync_samples=sync_samples, sync_wait=sync_wait,
+                       overhead_samples=overhead_samples, overhead=fit_affine(overhead_samples),
+                       data_load_samples=data_load_samples,
+                       data_load={name: fit_affine(rows) for name, rows in data_load_samples.items()},
+                       machine_state=state)
 
 
 
@@ -147,13 +171,16 @@ def check_allreduce_ranks(calibration: Calibration, ranks: int) -> None:
                          "or calibrate again")
 
 
-def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tuple = FULL_SIZES) -> Calibration:
+def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tuple = FULL_SIZES,
+                        beyond_job: bool = True) -> Calibration:
     """Time Allreduce of ``sizes`` again into ``calibration`` (collective; the kernel models
-    and samples are kept). The job must have the calibration's ranks: the kernels were
-    measured with that many ranks per node (:func:`check_allreduce_ranks`)."""
+    and samples are kept), and with ``beyond_job`` at the process counts above the job's
+    too. The job must have the calibration's ranks: the kernels were measured with that
+    many ranks per node (:func:`check_allreduce_ranks`)."""
     check_allreduce_ranks(calibration, comm.size)
     started, load_before = time.perf_counter(), os.getloadavg()
-    calibration.allreduce_samples = [(p, float(n), t) for p, n, t in allreduce_samples(comm, sizes)]
+    samples = allreduce_samples(comm, sizes) + (samples_beyond(comm, usable_cores()) if beyond_job else [])
+    calibration.allreduce_samples = [(p, float(n), t) for p, n, t in samples]
     calibration.settings["allreduce_sizes"] = list(sizes)
     calibration.settings["allreduce_remeasured"] = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

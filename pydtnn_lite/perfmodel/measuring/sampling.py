@@ -24,14 +24,14 @@ import numpy as np
 
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm import Communicator, GradientSynchronizer, SerialCommunicator
-from pydtnn_lite.costs import NO_LAYER, CallCounter, CallKey, KernelCost, keyed_costs
+from pydtnn_lite.costs import COMPUTE_STAGES, NO_LAYER, CallCounter, CallKey, KernelCost, keyed_costs
 from pydtnn_lite.data import Dataset
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule
 from pydtnn_lite.perfmodel.measuring.probes import Probe
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample
 from pydtnn_lite.step_costs import h2d_copy_cost, step_costs
-from pydtnn_lite.tracing import KernelRecord, Tracer
+from pydtnn_lite.tracing import KernelRecord, StepRecord, Tracer
 from pydtnn_lite.tracing.records import COMPUTE, TRAIN
 from pydtnn_lite.training import TrainerSettings, build_trainer
 
@@ -73,7 +73,8 @@ class ProbeSynchronizer(GradientSynchronizer):
     every kernel in step with each other, sharing the memory system as a job's ranks do,
     and the barrier measures how long each rank waits for the slowest after a step's work
     (``waits``: (seconds of work since the last barrier, seconds waited) per step). Then
-    the caches are evicted, so that the update reads the optimizer state from memory, as
+    the caches are evicted (``untraced``: the seconds of each step's wait and eviction,
+    which no traced call covers), so that the update reads the optimizer state from memory, as
     every update of a network whose state exceeds the cache does: an update timed from the
     cache under-estimates it (docs/performance-model.md, 'What is measured').
     """
@@ -82,6 +83,7 @@ class ProbeSynchronizer(GradientSynchronizer):
         super().__init__(network, SerialCommunicator(), overlap=False)
         self.ranks, self.evict = ranks, evict
         self.waits: list[tuple[float, float]] = []
+        self.untraced: list[float] = []
         self.last_met = time.perf_counter()
 
     def finish(self) -> None:
@@ -92,15 +94,18 @@ class ProbeSynchronizer(GradientSynchronizer):
         self.waits.append((arrived - self.last_met, met - arrived))
         self.last_met = met
         self.evict()
+        self.untraced.append(time.perf_counter() - arrived)
 
 
 @dataclass
 class ProbeMeasurement:
-    """What one probe measured: kernel samples by kernel name, and the (work, wait) seconds
-    of each traced step at the ranks' barrier (see :class:`ProbeSynchronizer`)."""
+    """What one probe measured: kernel samples by kernel name, the (work, wait) seconds
+    of each traced step at the ranks' barrier (see :class:`ProbeSynchronizer`), and the
+    step's compute kernel calls with the median seconds of a step outside every traced call."""
 
     samples: dict[str, list[KernelSample]]
     waits: list[tuple[float, float]]
+    overhead: tuple[float, float]
 
 
 def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: int, evict: Callable[[], None],
@@ -129,6 +134,7 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
     steps = max(ranks.allgather_object(int(np.clip(math.ceil(min_seconds / max(warm_up, 1e-6)), repeats, most))))
     trainer.steps_per_epoch = 1 + steps
     synchronizer.waits.clear()
+    synchronizer.untraced.clear()
     tracer = Tracer(trainer, skip_steps=1).attach()
     try:
         trainer.train_epoch(0)
@@ -136,7 +142,22 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
         tracer.detach()
     costs = keyed_costs(step_costs(network, optimizer, probe.batch)
                         + [(NO_LAYER, h2d_copy_cost(probe.batch, probe.input_shape))])
-    return ProbeMeasurement(paired_samples(tracer.kernels, costs), list(synchronizer.waits))
+    return ProbeMeasurement(paired_samples(tracer.kernels, costs), list(synchronizer.waits),
+                            step_overhead(tracer.kernels, tracer.steps, synchronizer.untraced))
+
+
+def step_overhead(records: Sequence[KernelRecord], steps: Sequence[StepRecord],
+                  untraced: Sequence[float]) -> tuple[float, float]:
+    """(compute kernel calls per step, median seconds per step outside every traced call
+    and outside the ``untraced`` seconds of each step, e.g. the probes' barrier)."""
+    covered: dict[int, float] = defaultdict(float)
+    calls: dict[int, int] = defaultdict(int)
+    for record in records:
+        if record.phase == TRAIN:
+            covered[record.step] += record.duration
+            calls[record.step] += record.thread == COMPUTE and record.stage in COMPUTE_STAGES
+    gaps = [max(step.duration - covered[step.step] - extra, 0.0) for step, extra in zip(steps, untraced)]
+    return float(statistics.median(calls[step.step] for step in steps)), rounded(statistics.median(gaps))
 
 
 def paired_samples(records: Sequence[KernelRecord], costs: dict[CallKey, KernelCost]) -> dict[str, list[KernelSample]]:

@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from typing import Optional
 
 from pydtnn_lite.costs import KernelCost
+from pydtnn_lite.perfmodel.modelling.drift import MachineState
+from pydtnn_lite.perfmodel.modelling.outside_kernels import NO_COST, AffineCost
+from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.regression import KernelModel, KernelSample, model_from_dict
 from pydtnn_lite.perfmodel.modelling.synchronization import NO_WAIT, SyncWaitModel
 
-FORMAT, VERSION = "pydtnn_lite calibration", 2
+FORMAT, VERSION = "pydtnn_lite calibration", 3
 
 
 @dataclass
@@ -30,7 +34,12 @@ class Calibration:
     a rank waits for the slowest at a synchronisation, fitted on ``sync_samples`` (seconds
     of work since the last synchronisation, mean seconds waited; one per probe).
     ``kernel_samples`` are the measurements the models were fitted on, so that fits can
-    be redone.
+    be redone. ``overhead`` predicts a step's time outside its kernels, fitted on
+    ``overhead_samples`` (compute kernel calls of a probe's step, seconds outside them);
+    ``data_load`` the seconds of loading a batch of each embedded data set, fitted on
+    ``data_load_samples`` (samples, seconds).
+    ``machine_state`` is the machine-state probe taken with the calibration, against
+    which a later run's probe measures how far the machine moved.
     """
 
     machine: dict
@@ -44,6 +53,26 @@ class Calibration:
     settings: dict = field(default_factory=dict)
     sync_samples: list[tuple[float, float]] = field(default_factory=list)
     sync_wait: SyncWaitModel = NO_WAIT
+    overhead_samples: list[tuple[float, float]] = field(default_factory=list)
+    overhead: AffineCost = NO_COST
+    data_load_samples: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    data_load: dict[str, AffineCost] = field(default_factory=dict)
+    machine_state: Optional[MachineState] = None
+
+    @property
+    def placement(self) -> Placement:
+        """How the calibration's ranks sat: its ranks on one node of its usable cores, each
+        with its BLAS threads."""
+        ranks = int(self.machine.get("ranks", 1))
+        return Placement(ranks, int(self.machine.get("ranks_per_node", ranks)),
+                         int(self.machine.get("usable_cores") or self.machine.get("cores") or 1),
+                         int(self.machine.get("blas_threads", 1)))
+
+    def data_load_seconds(self, dataset: str, samples: int) -> float:
+        """Seconds of loading ``samples`` of ``dataset``: its fitted cost, or 0 for a data set the
+        calibration did not time (file-based sets: their cost is the file system's)."""
+        model = self.data_load.get(dataset)
+        return model.seconds(samples) if model is not None and samples > 0 else 0.0
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         """Predicted seconds of one call of ``kernel`` with ``cost``; a kernel without a model
@@ -63,7 +92,13 @@ class Calibration:
                 "allreduce_ranks": self.allreduce_ranks,
                 "allreduce_samples": [list(sample) for sample in self.allreduce_samples],
                 "synchronization": {"model": self.sync_wait.to_dict(),
-                                    "samples": [list(sample) for sample in self.sync_samples]}}
+                                    "samples": [list(sample) for sample in self.sync_samples]},
+                "overhead": {"model": self.overhead.to_dict(),
+                             "samples": [list(sample) for sample in self.overhead_samples]},
+                "data_load": {name: {"model": model.to_dict(),
+                                     "samples": [list(sample) for sample in self.data_load_samples.get(name, [])]}
+                              for name, model in sorted(self.data_load.items())},
+                "machine_state": self.machine_state.to_dict() if self.machine_state else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Calibration":
@@ -77,7 +112,13 @@ class Calibration:
                    kernel_rates={name: dict(rates) for name, rates in roofline["kernels"].items()},
                    settings=dict(data["settings"]),
                    sync_samples=[(float(work), float(wait)) for work, wait in data["synchronization"]["samples"]],
-                   sync_wait=SyncWaitModel.from_dict(data["synchronization"]["model"]))
+                   sync_wait=SyncWaitModel.from_dict(data["synchronization"]["model"]),
+                   overhead_samples=[(float(calls), float(seconds)) for calls, seconds in data["overhead"]["samples"]],
+                   overhead=AffineCost.from_dict(data["overhead"]["model"]),
+                   data_load_samples={name: [(float(n), float(t)) for n, t in entry["samples"]]
+                                      for name, entry in data["data_load"].items()},
+                   data_load={name: AffineCost.from_dict(entry["model"]) for name, entry in data["data_load"].items()},
+                   machine_state=MachineState.from_dict(data["machine_state"]) if data["machine_state"] else None)
 
     def save(self, path: str) -> None:
         """Write the calibration file at ``path`` (its folder is created; the file is replaced

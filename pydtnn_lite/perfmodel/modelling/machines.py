@@ -4,12 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from pydtnn_lite.costs import KernelCost
+from pydtnn_lite.costs import DATA_LOAD, KernelCost
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.allreduce import (AllreduceModel, AllreduceTime, InterpolatedAllreduce, Link,
                                                        fit_allreduce)
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.clusters import PRESETS, Cluster
+from pydtnn_lite.perfmodel.modelling.drift import Drift, MachineState, drift_between
+from pydtnn_lite.perfmodel.modelling.placement import Placement, kernel_scale
 from pydtnn_lite.perfmodel.modelling.prediction import RooflineMachine
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline
 
@@ -40,6 +42,62 @@ class CalibratedMachine:
             raise UserError("the calibration holds no Allreduce timings: calibrate under mpiexec -n 2 or more "
                             "to predict several ranks")
         return self.allreduce.seconds(nbytes, procs)
+
+    def overhead_seconds(self, calls: int) -> float:
+        return self.calibration.overhead.seconds(calls)
+
+    def data_load_seconds(self, dataset: str, samples: int) -> float:
+        return self.calibration.data_load_seconds(dataset, samples)
+
+
+@dataclass(frozen=True)
+class AdjustedMachine:
+    """A calibrated machine as a job sees it: its ranks placed as ``placement`` (the
+    calibration's kernels scaled by :func:`~pydtnn_lite.perfmodel.modelling.placement.kernel_scale`),
+    on a machine that moved by ``drift`` since the calibration."""
+
+    base: CalibratedMachine
+    placement: Placement
+    drift: Drift = Drift()
+
+    @property
+    def overlaps_communication(self) -> bool:
+        return self.base.overlaps_communication
+
+    def _scale(self, kernel: str) -> float:
+        return kernel_scale(kernel, self.placement, self.base.calibration.placement) * self.drift.scale(kernel)
+
+    def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
+        return self.base.kernel_seconds(kernel, cost) * self._scale(kernel)
+
+    def allreduce_seconds(self, nbytes: float, procs: int) -> float:
+        return self.base.allreduce_seconds(nbytes, procs) * self.drift.communication
+
+    def sync_wait_seconds(self, segment: float, procs: int) -> float:
+        return self.base.sync_wait_seconds(segment, procs)
+
+    def overhead_seconds(self, calls: int) -> float:
+        return self.base.overhead_seconds(calls) * self._scale(OUTSIDE_KERNELS)
+
+    def data_load_seconds(self, dataset: str, samples: int) -> float:
+        return self.base.data_load_seconds(dataset, samples) * self._scale(DATA_LOAD)
+
+
+OUTSIDE_KERNELS = "outside_kernels"  # the interpreter's time between kernels: scaled as a memory-bound kernel
+
+
+def adjusted_machine(machine: CalibratedMachine, placement: Optional[Placement] = None,
+                     now: Optional[MachineState] = None) -> AdjustedMachine:
+    """``machine`` with its ranks placed as ``placement`` (default: as in the calibration) and
+    corrected for the drift from the calibration's machine-state probe to ``now`` (none
+    when either probe is missing)."""
+    calibration = machine.calibration
+    drift = Drift()
+    if now is not None and calibration.machine_state is not None:
+        allreduce_then = (machine.allreduce_seconds(now.allreduce_bytes, now.allreduce_ranks)
+                          if now.allreduce_seconds and machine.allreduce is not None else None)
+        drift = drift_between(calibration.machine_state, now, allreduce_then)
+    return AdjustedMachine(machine, placement or calibration.placement, drift)
 
 
 ALLREDUCE_MODELS = ("interpolate", "fit")

@@ -23,16 +23,17 @@ from typing import Optional, Protocol, Sequence
 import numpy as np
 
 from pydtnn_lite.comm.gradients import MIB, plan_buckets
-from pydtnn_lite.costs import ALLREDUCE, COMPUTE_STAGES, NO_LAYER, SYNC_WAIT, CallCounter, CallKey, KernelCost, Stage
+from pydtnn_lite.costs import (ALLREDUCE, COMPUTE_STAGES, DATA_LOAD, H2D_COPY, NO_LAYER, SYNC_WAIT, CallCounter, CallKey,
+                               KernelCost, Stage)
 from pydtnn_lite.data.sampler import partition
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Optimizer
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline
-from pydtnn_lite.step_costs import step_costs
+from pydtnn_lite.step_costs import h2d_copy_cost, step_costs
 
 LOSS_VALUES_BYTES = 16  # the step's loss and correct count, two float64
-STAGES = (*COMPUTE_STAGES, Stage.COMM)  # what a prediction sums: the batch's loading (DATA) is not predicted
+STAGES = (Stage.DATA, *COMPUTE_STAGES, Stage.COMM)  # what a prediction sums (DATA: only when the data set is known)
 
 
 class Machine(Protocol):
@@ -42,6 +43,8 @@ class Machine(Protocol):
     (NCCL, RDMA networks) or only inside MPI calls on the computing cores (MPI on the
     host, as MPICH on this machine), where overlap hides nothing. ``sync_wait_seconds``
     is the mean wait for the slowest of ``procs`` ranks after ``segment`` seconds of work.
+    ``overhead_seconds`` is a step's time outside its ``calls`` compute kernel calls, and
+    ``data_load_seconds`` the time to load ``samples`` of data set ``dataset``.
     """
 
     overlaps_communication: bool
@@ -51,6 +54,10 @@ class Machine(Protocol):
     def allreduce_seconds(self, nbytes: float, procs: int) -> float: ...
 
     def sync_wait_seconds(self, segment: float, procs: int) -> float: ...
+
+    def overhead_seconds(self, calls: int) -> float: ...
+
+    def data_load_seconds(self, dataset: str, samples: int) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,12 @@ class RooflineMachine:
         return self.allreduce.seconds(nbytes, procs)
 
     def sync_wait_seconds(self, segment: float, procs: int) -> float:
+        return 0.0
+
+    def overhead_seconds(self, calls: int) -> float:
+        return 0.0  # a described machine runs its kernels back to back
+
+    def data_load_seconds(self, dataset: str, samples: int) -> float:
         return 0.0
 
 
@@ -106,6 +119,7 @@ class StepPrediction:
     step_with_overlap: float = 0.0
     wait_seconds: float = 0.0  # waits for the slowest rank, at every synchronisation together
     synchronisations: int = 0
+    overhead_seconds: float = 0.0  # outside the kernels (the interpreter between calls), in both step totals
 
     def step_seconds(self, overlap: bool) -> float:
         return self.step_with_overlap if overlap else self.step_without_overlap
@@ -119,13 +133,23 @@ class StepPrediction:
 
 
 def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int, machine: Machine,
-                 bucket_mb: float = 4.0, first_bucket_mb: Optional[float] = None) -> StepPrediction:
+                 bucket_mb: float = 4.0, first_bucket_mb: Optional[float] = None,
+                 dataset: Optional[str] = None) -> StepPrediction:
     """Predict one training step of a rank that holds ``batch`` samples, with ``procs`` ranks
-    and the gradient buckets a GradientSynchronizer of ``bucket_mb`` and ``first_bucket_mb`` plans."""
+    and the gradient buckets a GradientSynchronizer of ``bucket_mb`` and ``first_bucket_mb`` plans.
+    With ``dataset`` the step starts with loading the batch from it and copying it to the device."""
     itemsize = np.dtype(network.backend.dtype).itemsize
     # One rank has nothing to reduce: no batch-norm reduction is predicted (a 1-rank trace's calls stay unmatched).
     costs = [(layer, cost) for layer, cost in step_costs(network, optimizer, batch)
              if procs > 1 or cost.kernel != ALLREDUCE]
+    calls = sum(cost.kernel != ALLREDUCE for _, cost in costs)
+    data_kernels = []
+    if dataset is not None:
+        copy = h2d_copy_cost(batch, network.input_shape)
+        data_kernels = [PredictedKernel(NO_LAYER, "", Stage.DATA, DATA_LOAD, 0,
+                                        machine.data_load_seconds(dataset, batch), 0.0, copy.bytes / 2),
+                        PredictedKernel(NO_LAYER, "", Stage.DATA, H2D_COPY, 0, machine.kernel_seconds(H2D_COPY, copy),
+                                        copy.flops, copy.bytes)]
     counter = CallCounter()
     kernels = []
     for layer, cost in costs:
@@ -137,6 +161,7 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
         kernels.append(PredictedKernel(layer, name, cost.stage, cost.kernel, key.occurrence, seconds, cost.flops,
                                        cost.bytes))
     kernels, waits = _with_sync_waits(kernels, machine, procs)
+    kernels = data_kernels + kernels
     end_wait = waits[-1] if waits else 0.0
     first_bucket_bytes = None if first_bucket_mb is None else first_bucket_mb * MIB
     buckets = plan_buckets(network, bucket_mb * MIB, first_bucket_bytes) if procs > 1 else []
@@ -148,12 +173,12 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
                     for i, (n, s) in enumerate(zip(bucket_bytes + [LOSS_VALUES_BYTES], bucket_seconds + [loss_seconds]))]
         kernels.append(PredictedKernel(NO_LAYER, "", Stage.COMM, SYNC_WAIT, 0, end_wait, 0.0, 0.0))
     prediction = StepPrediction(kernels, bucket_bytes, bucket_seconds, procs, batch, wait_seconds=sum(waits),
-                                synchronisations=len(waits))
+                                synchronisations=len(waits), overhead_seconds=machine.overhead_seconds(calls))
     stage = defaultdict(float)
     for kernel in kernels:
         stage[kernel.stage] += kernel.seconds
     prediction.stage_seconds = {name: stage[name] for name in STAGES}
-    compute = sum(stage[name] for name in COMPUTE_STAGES)
+    compute = sum(stage[name] for name in (Stage.DATA, *COMPUTE_STAGES)) + prediction.overhead_seconds
     prediction.step_without_overlap = compute + stage[Stage.COMM]
     exposed = (_exposed_bucket_seconds(network, kernels, buckets, bucket_seconds)
                if machine.overlaps_communication else sum(bucket_seconds))

@@ -8,10 +8,12 @@ import html
 import io
 import math
 import os
+from dataclasses import asdict
 from typing import Optional
 
 from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.errors import UserError
+from pydtnn_lite.perfmodel.modelling.drift import Drift
 from pydtnn_lite.perfmodel.modelling.validation import Comparison, Validation
 from pydtnn_lite.textable import format_table
 
@@ -134,18 +136,24 @@ def _number(value: float) -> Optional[float]:
     return None if math.isnan(value) else value
 
 
-def validation_figures(validation: Validation) -> dict:
+def validation_figures(validation: Validation, raw: Optional[Validation] = None,
+                       drift: Optional[Drift] = None) -> dict:
     """The step's and stages' figures of a validation, ready for JSON (None where a figure
     does not exist). Errors are signed fractions, (predicted - measured) / measured.
 
-    ``step_error`` is the step's error after correcting the prediction for the machine's
-    drift since its calibration (``drift_factor``), ``raw_step_error`` the error before.
-    No probe measures that drift yet: ``drift_factor`` is None and both errors are equal.
+    ``step_error`` is the step's error of ``validation``, after correcting the prediction
+    for the machine's drift since its calibration where a probe measured it; then
+    ``raw_step_error`` is the error of ``raw``, the validation before the correction,
+    ``drift_factor`` the ratio of the two predicted steps and ``drift`` the time ratios
+    of each kind of work. Without a probe, both errors are equal and the drift None.
     """
     step, stages = validation.step, validation.stages
-    raw = _number(step.relative_error)
+    corrected = _number(step.relative_error)
+    before = raw.step if raw is not None else step
     return {"measured_step_seconds": step.measured, "predicted_step_seconds": step.predicted,
-            "raw_step_error": raw, "drift_factor": None, "step_error": raw,
+            "raw_step_error": _number(before.relative_error),
+            "drift_factor": step.predicted / before.predicted if drift is not None and before.predicted else None,
+            "drift": asdict(drift) if drift is not None else None, "step_error": corrected,
             "wre": {s.name: _number(s.wre) for s in stages if s.name in COMPUTE_STAGES},
             "measured_stage_seconds": {s.name: s.measured for s in stages},
             "predicted_stage_seconds": {s.name: s.predicted for s in stages},

@@ -1,4 +1,10 @@
-"""A trace directory against the prediction for the run it records: the validation, its report and summary."""
+"""A trace directory against the prediction for the run it records: the validation, its report and summary.
+
+A calibrated machine is first placed as the traced job's ranks were (its meta.json
+records the ranks per node, the node's cores and the BLAS threads), then corrected for
+how far the machine moved between the calibration's machine-state probe and the one the
+run took when it started (``drift.py``). The raw error is the one before that correction.
+"""
 from __future__ import annotations
 
 import os
@@ -6,6 +12,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pydtnn_lite.errors import UserError
+from pydtnn_lite.perfmodel.modelling.drift import Drift, MachineState
+from pydtnn_lite.perfmodel.modelling.machines import AdjustedMachine, CalibratedMachine, adjusted_machine
+from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.prediction import Machine, predict_step
 from pydtnn_lite.perfmodel.modelling.report import summary_text, validation_figures, write_report
 from pydtnn_lite.perfmodel.modelling.validation import Validation, validate
@@ -23,6 +32,24 @@ def trace_calibration(meta: dict) -> str:
     return str(path)
 
 
+def job_placement(meta: dict) -> Optional[Placement]:
+    """How the traced job's ranks sat, from its meta.json (None for traces that do not say)."""
+    if "ranks_per_node" not in meta or "cores_per_node" not in meta:
+        return None
+    return Placement(int(meta["ranks"]), int(meta["ranks_per_node"]), int(meta["cores_per_node"]),
+                     int(meta.get("blas_threads", 1)))
+
+
+def run_machines(machine: Machine, meta: dict) -> tuple[Machine, Machine]:
+    """(raw, corrected): a calibrated ``machine`` placed as the traced job was, before and after
+    the correction for the drift its machine-state probe measured; other machines as they are."""
+    if not isinstance(machine, CalibratedMachine):
+        return machine, machine
+    placement = job_placement(meta)
+    state = MachineState.from_dict(meta["machine_state"]) if meta.get("machine_state") else None
+    return adjusted_machine(machine, placement), adjusted_machine(machine, placement, state)
+
+
 def validation_of(trace: str, loaded: tuple[list, list, dict], machine: Machine) -> Validation:
     """The trace of directory ``trace`` (``loaded`` is what ``load_trace`` read there)
     against the prediction of ``machine`` for the same model, batch, ranks and settings."""
@@ -32,8 +59,9 @@ def validation_of(trace: str, loaded: tuple[list, list, dict], machine: Machine)
     network, optimizer = build_workload(meta["model"], meta["dataset"], meta.get("dtype", "float32"),
                                         meta.get("optimizer", "sgd"))
     procs, bucket_mb = int(meta["ranks"]), float(meta.get("bucket_mb", 4.0))
+    dataset = meta["dataset"]
     return validate(records, steps, bool(meta.get("overlap", True)),
-                    lambda batch: predict_step(network, optimizer, batch, procs, machine, bucket_mb))
+                    lambda batch: predict_step(network, optimizer, batch, procs, machine, bucket_mb, dataset=dataset))
 
 
 @dataclass
@@ -47,10 +75,19 @@ class CheckedTrace:
     validation: Validation
     title: str
     paths: list[str]
+    raw: Optional[Validation] = None  # before the drift correction, where one was made
+    drift: Optional[Drift] = None
 
     def text(self) -> str:
-        """The title, the step and stage table, and where the report went."""
-        return "\n".join([self.title, summary_text(self.validation), "wrote " + ", ".join(self.paths)])
+        """The title, the step and stage table, the drift, and where the report went."""
+        lines = [self.title, summary_text(self.validation)]
+        if self.drift is not None and self.raw is not None:
+            lines.append(f"drift since the calibration: {self.drift.describe()}; step error "
+                         f"{100 * self.raw.step.relative_error:+.1f} % before this correction")
+            if self.drift.moved:
+                lines.append(f"warning: the machine moved by {100 * self.drift.largest:.0f} % since the calibration "
+                             "(more than 10 %): calibrate again for figures that need no correction")
+        return "\n".join(lines + ["wrote " + ", ".join(self.paths)])
 
     def summary(self) -> dict:
         """One JSON object: the run, the machine, :func:`validation_figures` and the report's files."""
@@ -58,19 +95,22 @@ class CheckedTrace:
         return {"trace": self.trace, "model": meta["model"], "dataset": meta["dataset"],
                 "global_batch": meta["global_batch"], "procs": int(meta["ranks"]),
                 "overlap": bool(meta.get("overlap", True)), "machine": self.machine_name,
-                **validation_figures(self.validation), "report": self.paths}
+                **validation_figures(self.validation, self.raw, self.drift), "report": self.paths}
 
 
 def check_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, machine_name: str,
                 out: Optional[str] = None) -> CheckedTrace:
     """Validate the trace of directory ``trace`` (``loaded`` is what ``load_trace`` read
     there) on ``machine`` and write the report (to ``out``, default ``trace/validation``)."""
-    validation = validation_of(trace, loaded, machine)
     meta = loaded[2]
+    raw_machine, machine = run_machines(machine, meta)
+    validation = validation_of(trace, loaded, machine)
+    drift = machine.drift if isinstance(machine, AdjustedMachine) and meta.get("machine_state") else None
+    raw = validation_of(trace, loaded, raw_machine) if drift is not None else None
     title = (f"{meta['model']} on {meta['dataset']}, global batch {meta['global_batch']}, {int(meta['ranks'])} "
              f"rank(s), {meta.get('device', '?')}: measured against predicted ({machine_name})")
     paths = write_report(out or os.path.join(trace, "validation"), validation, title)
-    return CheckedTrace(trace, meta, machine_name, validation, title, paths)
+    return CheckedTrace(trace, meta, machine_name, validation, title, paths, raw, drift)
 
 
 def validate_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, machine_name: str,

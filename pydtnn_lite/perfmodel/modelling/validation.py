@@ -12,7 +12,7 @@ are those of Barrachina et al. (2021, docs/performance-model.md):
 - weighted relative error ``WRE_k = (T_est - T_meas) / T_avg``, with ``T_avg`` the mean
   measured time of the kernels of k's stage, so that short kernels with large relative
   errors weigh little; the stage's WRE is the mean of ``|WRE_k|`` over its kernels;
-- the error of the whole step, measured without data loading.
+- the error of the whole step, loading the batch included.
 
 No prediction can be expected to agree with a measurement better than the measurement
 agrees with itself. So every total and stage also carries its *split-half* figures: the
@@ -182,8 +182,10 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
     for batch in batches.values():
         prediction = predictions[batch]
         for stage in STAGES:
-            seconds = (prediction.step_seconds(overlap) - sum(prediction.stage_seconds[s] for s in COMPUTE_STAGES)
-                       if stage == Stage.COMM else prediction.stage_seconds[stage])
+            # COMM: what communication adds to the step (with overlap, what backward does not hide)
+            seconds = (prediction.step_seconds(overlap) - prediction.overhead_seconds
+                       - sum(prediction.stage_seconds.get(s, 0.0) for s in (Stage.DATA, *COMPUTE_STAGES))
+                       if stage == Stage.COMM else prediction.stage_seconds.get(stage, 0.0))
             stage_predicted[stage] += seconds / len(batches)
     stages = []
     for stage in STAGES:
@@ -194,11 +196,9 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
                                              [half_typical[key][1] for key in keys]) if halves.usable else NAN)
         difference = halves.difference([(r.step, r.duration) for r in train if r.stage == stage])
         stages.append(Comparison(stage, stage_measured[stage], stage_predicted[stage], wre, difference, half_wre))
-    step_measured = sum(s.duration for s in steps) / rank_steps - stage_measured[Stage.DATA]
+    step_measured = sum(s.duration for s in steps) / rank_steps
     step_predicted = max(predictions[b].step_seconds(overlap) for b in batches.values())
-    data_seconds = [(r.step, r.duration) for r in train if r.stage == Stage.DATA]
-    step_difference = halves.difference([(s.step, s.duration) for s in steps]
-                                        + [(step, -seconds) for step, seconds in data_seconds])
+    step_difference = halves.difference([(s.step, s.duration) for s in steps])
     unmatched = sum(len(found) for key, found in occurrences.items() if key not in predicted_kernels)
     return Validation(kernels, stages, Comparison("step", step_measured, step_predicted,
                                                   half_difference=step_difference), unmatched)

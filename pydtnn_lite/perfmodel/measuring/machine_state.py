@@ -1,0 +1,93 @@
+"""The machine-state probe: a few seconds that say how fast this machine runs right now.
+
+A calibration is a snapshot: shared hosts, clock speeds and other jobs move a machine's
+speed by tens of percent from one day, or hour, to the next. The probe measures three
+rates the kernels' times follow: a float32 GEMM (the compute-bound kernels), a copy of an
+array larger than the caches (the memory-bound ones) and a small Allreduce over the
+job's ranks (communication). ``calibrate`` stores one beside its kernel models, and every
+traced run measures one when it starts; their ratios (``modelling/drift.py``) correct a
+prediction for how the machine moved in between.
+
+GEMM and copy run on rank 0 with one BLAS thread while the other ranks wait without
+spinning, so the figures describe a core of the machine, not how many ranks share it
+(that is the placement's job). The Allreduce is timed as calibrations time it: every
+call on a buffer evicted from the cache, the slowest rank's time.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+
+from pydtnn_lite.backend import make_backend
+from pydtnn_lite.comm import Communicator
+from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
+from pydtnn_lite.perfmodel.modelling.drift import MachineState
+
+GEMM_SIZE = 768  # n of the n^3 product: ~0.9 GFLOP, tens of milliseconds on one core
+COPY_BYTES = 64 << 20  # beyond the last-level cache of the machines this runs on
+ALLREDUCE_BYTES = 1 << 20  # a gradient bucket's order of magnitude, sampled by every calibration
+REPEATS = 7
+SLEEP_SECONDS = 1e-3  # how often a waiting rank looks whether rank 0 is done
+
+
+def _median_seconds(run: Callable[[], object], repeats: int) -> float:
+    run()  # warm-up: page faults, BLAS buffers
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds)
+
+
+def core_rates(repeats: int = REPEATS) -> tuple[float, float]:
+    """(GEMM FLOP/s, copy bytes/s) of this process on one BLAS thread: medians, since the
+    probe asks how fast the machine runs now, not how fast it can run."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((GEMM_SIZE, GEMM_SIZE)).astype(np.float32) for _ in range(2))
+    product = np.empty_like(a)
+    source = np.ones(COPY_BYTES // 4, dtype=np.float32)
+    target = np.empty_like(source)
+    with threadpool_limits(1, user_api="blas"):
+        gemm = 2.0 * GEMM_SIZE ** 3 / _median_seconds(lambda: np.matmul(a, b, out=product), repeats)
+    copy = 2.0 * COPY_BYTES / _median_seconds(lambda: np.copyto(target, source), repeats)
+    return gemm, copy
+
+
+def wait_idly(comm: Communicator) -> None:
+    """Meet the other ranks without spinning on a core (MPICH's blocking calls poll)."""
+    request = comm.iallreduce(np.zeros(1, dtype=np.float32))
+    while not request.test():
+        time.sleep(SLEEP_SECONDS)
+
+
+def allreduce_seconds(comm: Communicator, nbytes: int = ALLREDUCE_BYTES, repeats: int = 3 * REPEATS) -> float:
+    """Median seconds of an in-place Allreduce of ``nbytes`` over every rank of ``comm``,
+    each call after a cache eviction and a barrier, timed to the slowest rank. Collective."""
+    evict = CacheEvictor(make_backend("cpu"))
+    buffer = np.zeros(nbytes // 4, dtype=np.float32)
+    comm.allreduce(buffer)
+    seconds = np.empty(repeats)
+    for call in range(repeats):
+        evict()
+        comm.barrier()
+        started = time.perf_counter()
+        comm.allreduce(buffer)
+        seconds[call] = time.perf_counter() - started
+    slowest = np.max(comm.allgather_object(seconds.tolist()), axis=0)
+    return float(np.median(slowest))
+
+
+def probe_machine_state(comm: Communicator) -> MachineState:
+    """Measure the machine's state now (collective; every rank gets rank 0's figures)."""
+    rates = core_rates() if comm.rank == 0 else None
+    wait_idly(comm)
+    gemm, copy = comm.broadcast_object(rates)
+    if comm.size == 1:
+        return MachineState(gemm, copy)
+    return MachineState(gemm, copy, comm.size, ALLREDUCE_BYTES, allreduce_seconds(comm))

@@ -1,0 +1,72 @@
+"""Where a job's ranks run: ranks per node, cores per node, BLAS threads per rank.
+
+A calibration measures each kernel with its own placement (on this machine: 2 ranks of
+one BLAS thread on 2 cores). A job placed otherwise runs the same kernels at another
+speed:
+
+- **Time-sharing.** When a node's ranks times their threads exceed its cores, the
+  operating system shares the cores out, and every kernel takes longer by that ratio.
+  Ranks that wait in a collective do not give their share back: MPICH polls while it
+  waits, so a rank that finished its backward early keeps competing with the ranks that
+  are still computing. The ratio therefore holds for the whole step.
+- **Threads.** A BLAS kernel (GEMM) runs on the rank's threads; the other kernels run on
+  one. With more (or fewer) cores per rank than in the calibration, a GEMM scales by the
+  ratio of the cores it gets.
+
+Collectives are not scaled: the calibration times Allreduce at every process count it
+can start on the node, oversubscribed ones included, and a prediction reads the counts
+it measured.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+BLAS_KERNELS = frozenset({"gemm"})  # kernels that run on the rank's BLAS threads
+
+
+@dataclass(frozen=True)
+class Placement:
+    """``ranks`` in all, ``ranks_per_node`` on each node of ``cores_per_node`` cores, each
+    rank running ``threads_per_rank`` BLAS threads."""
+
+    ranks: int
+    ranks_per_node: int
+    cores_per_node: int
+    threads_per_rank: int = 1
+
+    def __post_init__(self) -> None:
+        if min(self.ranks, self.ranks_per_node, self.cores_per_node, self.threads_per_rank) < 1:
+            raise ValueError(f"a placement needs at least one rank, core and thread: {self}")
+        if self.ranks_per_node > self.ranks:
+            raise ValueError(f"{self.ranks_per_node} ranks per node but {self.ranks} in all")
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.ranks / self.ranks_per_node)
+
+    @property
+    def time_sharing(self) -> float:
+        """How many of the node's threads share each core (1 when every thread has a core of its own)."""
+        return max(1.0, self.ranks_per_node * self.threads_per_rank / self.cores_per_node)
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.time_sharing > 1.0
+
+    @property
+    def blas_cores(self) -> float:
+        """The cores a rank's GEMM runs on: its threads, each with its share of a core."""
+        return self.threads_per_rank / self.time_sharing
+
+    def describe(self) -> str:
+        shared = f", {self.time_sharing:.2g} threads per core" if self.oversubscribed else ""
+        return (f"{self.ranks} rank(s) on {self.nodes} node(s) of {self.cores_per_node} cores, "
+                f"{self.ranks_per_node} per node, {self.threads_per_rank} BLAS thread(s) each{shared}")
+
+
+def kernel_scale(kernel: str, job: Placement, calibrated: Placement) -> float:
+    """How many times longer ``kernel`` runs on a rank of ``job`` than it did in the calibration."""
+    if kernel in BLAS_KERNELS:
+        return calibrated.blas_cores / job.blas_cores
+    return job.time_sharing / calibrated.time_sharing

@@ -1,0 +1,42 @@
+"""Drift scaling and the affine fits of the time outside kernels, against hand-computed cases."""
+from __future__ import annotations
+
+import pytest
+
+from pydtnn_lite.perfmodel.modelling.drift import Drift, MachineState, drift_between
+from pydtnn_lite.perfmodel.modelling.outside_kernels import fit_affine
+
+THEN = MachineState(gemm_flops=90e9, copy_bytes_per_second=20e9, allreduce_ranks=2, allreduce_bytes=1 << 20,
+                    allreduce_seconds=300e-6)
+
+
+def test_a_slower_machine_scales_each_kind_of_work_by_its_own_rate():
+    now = MachineState(60e9, 25e9, 2, 1 << 20, 450e-6)
+    drift = drift_between(THEN, now, allreduce_then=360e-6)
+    assert drift.compute == pytest.approx(1.5)  # GEMM 90 -> 60 GFLOP/s: 1.5x the time
+    assert drift.memory == pytest.approx(0.8)  # copies 20 -> 25 GB/s
+    assert drift.communication == pytest.approx(1.25)  # 450 us timed against 360 us predicted
+    assert drift.scale("gemm") == pytest.approx(1.5)
+    assert drift.scale("im2col") == pytest.approx(0.8)
+    assert drift.scale("allreduce_wait", communication=True) == pytest.approx(1.25)
+    assert drift.largest == pytest.approx(0.5) and drift.moved
+
+
+def test_an_unmoved_machine_changes_nothing_and_raises_no_warning():
+    drift = drift_between(THEN, MachineState(92e9, 19.5e9), allreduce_then=360e-6)
+    assert drift.communication == 1.0  # one rank now: no Allreduce timed
+    assert not drift.moved and drift.largest < 0.1
+
+
+def test_a_probe_travels_through_its_dictionary():
+    assert MachineState.from_dict(THEN.to_dict()) == THEN
+    assert Drift().describe().startswith("GEMM x1.000")
+
+
+def test_the_affine_fit_recovers_a_fixed_and_a_per_unit_cost():
+    samples = [(calls, 2e-4 + 15e-6 * calls) for calls in (20, 40, 80, 160)]
+    model = fit_affine(samples)
+    assert model.fixed == pytest.approx(2e-4, rel=1e-6) and model.per_unit == pytest.approx(15e-6, rel=1e-6)
+    assert model.seconds(100) == pytest.approx(2e-4 + 15e-4)
+    # A negative intercept is not a cost: the fit keeps the per-unit term alone.
+    assert fit_affine([(10, 1e-4), (100, 2e-3)]).fixed == 0.0

@@ -1,0 +1,42 @@
+"""Placement arithmetic against hand-computed cases."""
+from __future__ import annotations
+
+import pytest
+
+from pydtnn_lite.perfmodel.modelling.placement import Placement, kernel_scale
+
+CALIBRATED = Placement(ranks=2, ranks_per_node=2, cores_per_node=2, threads_per_rank=1)
+
+
+def test_a_job_placed_as_the_calibration_runs_at_its_speed():
+    for kernel in ("gemm", "im2col", "relu"):
+        assert kernel_scale(kernel, CALIBRATED, CALIBRATED) == 1.0
+
+
+@pytest.mark.parametrize("ranks, scale", [(4, 2.0), (8, 4.0), (3, 1.5)])
+def test_more_ranks_than_cores_time_share_every_kernel(ranks, scale):
+    job = Placement(ranks, ranks, 2, 1)
+    assert job.oversubscribed and job.time_sharing == scale
+    assert kernel_scale("gemm", job, CALIBRATED) == pytest.approx(scale)
+    assert kernel_scale("batchnorm_sums", job, CALIBRATED) == pytest.approx(scale)
+
+
+def test_one_rank_with_every_core_speeds_up_only_the_gemm():
+    job = Placement(1, 1, 2, 2)
+    assert not job.oversubscribed
+    assert kernel_scale("gemm", job, CALIBRATED) == pytest.approx(0.5)
+    assert kernel_scale("im2col", job, CALIBRATED) == 1.0
+
+
+def test_threads_beyond_the_cores_share_them():
+    job = Placement(4, 2, 2, 2)  # two nodes, each 2 ranks x 2 threads on 2 cores
+    assert job.nodes == 2 and job.time_sharing == 2.0 and job.blas_cores == 1.0
+    assert kernel_scale("gemm", job, CALIBRATED) == 1.0  # two threads at half a core each
+    assert kernel_scale("relu", job, CALIBRATED) == 2.0
+
+
+def test_an_impossible_placement_is_refused():
+    with pytest.raises(ValueError):
+        Placement(2, 4, 2, 1)
+    with pytest.raises(ValueError):
+        Placement(2, 2, 0, 1)
