@@ -15,11 +15,12 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from common import interleave, make_trainer, model_parser, timed
 
 from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.network import Network
 from pydtnn_lite.runtime import set_blas_threads
+
+from common import interleave, make_trainer, model_parser, timed
 
 
 def torch_layers(network: Network) -> list:

@@ -26,10 +26,9 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
-from common import Timings, interleave, make_trainer, timed
 from mpi4py import MPI
 
 from pydtnn_lite.comm import GradientSynchronizer, SerialCommunicator, make_gradient_synchronizer
@@ -39,6 +38,8 @@ from pydtnn_lite.layers import StepContext
 from pydtnn_lite.runtime import default_blas_threads, set_blas_threads, usable_cores
 from pydtnn_lite.textable import format_table
 from pydtnn_lite.training import Trainer
+
+from common import Timings, interleave, make_trainer, timed
 
 WORLD = MPI.COMM_WORLD
 Samples = dict[str, list[float]]

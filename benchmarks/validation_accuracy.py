@@ -46,7 +46,7 @@ class Config:
     dataset: str
 
     @classmethod
-    def parse(cls, text: str) -> "Config":
+    def parse(cls, text: str) -> Config:
         parts = text.split(":")
         if len(parts) not in (2, 3) or not parts[1].isdigit():
             raise SystemExit(f"validation_accuracy: --configs takes model:batch[:dataset], got {text!r}")

@@ -11,9 +11,10 @@ the optimizer updates a layer's segment with one kernel call.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +59,7 @@ class Network:
         self.num_classes = num_classes
         self.layers: list[Layer] = []
         self.inputs: list[list[int]] = []
-        self.backend: Optional[Backend] = None
+        self.backend: Backend | None = None
         self.scope: Scope = no_scope
 
     # ----------------------------------------------------------------- construction
@@ -72,7 +73,7 @@ class Network:
         self.inputs.append(sources)
         return len(self.layers) - 1
 
-    def build(self, backend: Optional[Backend] = None, seed: int = 0) -> "Network":
+    def build(self, backend: Backend | None = None, seed: int = 0) -> Network:
         """Create every parameter (identically for the same seed on any device) and lay them out flat."""
         self.backend = backend or make_backend()
         rng = np.random.default_rng(seed)
@@ -124,7 +125,7 @@ class Network:
                     del outputs[source]
         return outputs[len(self.layers) - 1]
 
-    def backward(self, grad_logits: Any, on_layer_done: Optional[Callable[[int], None]] = None) -> None:
+    def backward(self, grad_logits: Any, on_layer_done: Callable[[int], None] | None = None) -> None:
         """Back-propagate ``grad_logits``, filling every gradient; ``on_layer_done(i)`` follows
         layer i's backward (the communicator starts reducing its gradients there)."""
         pending: dict[int, Any] = {len(self.layers) - 1: grad_logits}

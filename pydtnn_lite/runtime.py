@@ -6,7 +6,6 @@ import os
 import sys
 import time
 import traceback
-from typing import Optional
 
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.errors import UserError
@@ -49,7 +48,7 @@ def default_blas_threads(comm: Communicator) -> int:
     return max(1, usable_cores() // comm.local_size)
 
 
-def set_blas_threads(threads: Optional[int]) -> int:
+def set_blas_threads(threads: int | None) -> int:
     """Limit the BLAS of this process to ``threads`` (ranks sharing a node must not oversubscribe)."""
     from threadpoolctl import threadpool_limits
 

@@ -1,13 +1,13 @@
 """Plain-text tables: the one formatter every report and benchmark of the package prints with."""
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 LEFT, RIGHT = "<", ">"
 GAP = "  "
 
 
-def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]], align: Optional[str] = None) -> str:
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]], align: str | None = None) -> str:
     """``rows`` under ``headers`` as aligned columns two spaces apart, a rule of dashes under the header.
 
     Cells are printed with ``str`` (format numbers before passing them); each column is as

@@ -5,10 +5,11 @@ import timeit
 
 import numpy as np
 import pytest
-from helpers import digits_trainer
-from mpi import assert_one_line_error, assert_same_weights, train_cli, train_small
 
 from pydtnn_lite.data import Augmentation, DataError, Dataset, open_dataset
+
+from helpers import digits_trainer
+from mpi import assert_one_line_error, assert_same_weights, train_cli, train_small
 
 RNG = np.random.default_rng(0)
 IMAGES = RNG.standard_normal((64, 6, 5, 3)).astype(np.float32)  # not square, so swapped axes show

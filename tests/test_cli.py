@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+
 from mpi import assert_one_line_error, train_cli
 
 QUICK = ("--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--eval-steps", "0")

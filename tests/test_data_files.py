@@ -9,9 +9,16 @@ import zipfile
 import numpy as np
 import pytest
 
-from pydtnn_lite.data import (Cifar10Dataset, DataError, MnistDataset, NpzShardDataset,
-                              open_dataset)
-from pydtnn_lite.data import cifar, mnist, npz_shards
+from pydtnn_lite.data import (
+    Cifar10Dataset,
+    DataError,
+    MnistDataset,
+    NpzShardDataset,
+    cifar,
+    mnist,
+    npz_shards,
+    open_dataset,
+)
 
 
 def pixels_of(images: np.ndarray, mean, std) -> np.ndarray:

@@ -14,20 +14,22 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
-from helpers import every_layer_network
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend, gpu_available, make_backend
 from pydtnn_lite.kernels import conv, gpu, pooling
 from pydtnn_lite.layers import StepContext
 from pydtnn_lite.models import create_model
+
+from helpers import every_layer_network
 
 KERNEL_SOURCE = Path(gpu.__file__).with_name("gpu_kernels.cu")
 WINDOW_KERNELS = ("im2col", "col2im", "maxpool", "maxpool_grad", "avgpool", "avgpool_grad")

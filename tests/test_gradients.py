@@ -3,13 +3,33 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import (FLOAT64, every_layer_network, network_gradient_error, numeric_gradient, relative_error,
-                     sample_per_segment)
 
-from pydtnn_lite.layers import (Add, AvgPool2D, BatchNorm, Concat, Conv2D, Dense, Dropout, Flatten,
-                                GlobalAvgPool2D, MaxPool2D, MeanSquaredError, ReLU, SoftmaxCrossEntropy,
-                                StepContext)
+from pydtnn_lite.layers import (
+    Add,
+    AvgPool2D,
+    BatchNorm,
+    Concat,
+    Conv2D,
+    Dense,
+    Dropout,
+    Flatten,
+    GlobalAvgPool2D,
+    MaxPool2D,
+    MeanSquaredError,
+    ReLU,
+    SoftmaxCrossEntropy,
+    StepContext,
+)
 from pydtnn_lite.models import create_model
+
+from helpers import (
+    FLOAT64,
+    every_layer_network,
+    network_gradient_error,
+    numeric_gradient,
+    relative_error,
+    sample_per_segment,
+)
 
 TOLERANCE = 1e-6
 

@@ -11,12 +11,16 @@ import sys
 
 import numpy as np
 import pytest
-from mpi import REPO, train_cli
 
 from pydtnn_lite.costs import KernelCost
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, KIB, log_spaced_sizes
-from pydtnn_lite.perfmodel.modelling.allreduce import (AllreduceModel, InterpolatedAllreduce, Link, allreduce_seconds,
-                                                       fit_allreduce)
+from pydtnn_lite.perfmodel.modelling.allreduce import (
+    AllreduceModel,
+    InterpolatedAllreduce,
+    Link,
+    allreduce_seconds,
+    fit_allreduce,
+)
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
 from pydtnn_lite.perfmodel.modelling.prediction import PredictedKernel, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline, gemm_intensity
@@ -24,6 +28,8 @@ from pydtnn_lite.perfmodel.modelling.synchronization import expected_maximum, fi
 from pydtnn_lite.perfmodel.modelling.validation import typical, validate
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from pydtnn_lite.tracing.records import KernelRecord, StepRecord
+
+from mpi import REPO, train_cli
 
 LINK = Link(alpha=1e-6, beta=1e-9, gamma=1e-10)
 REFERENCE_CALIBRATION = os.path.join(REPO, "calibration", "dev-2core.json")

@@ -9,8 +9,6 @@ import sys
 from collections import Counter
 
 import pytest
-from helpers import every_layer_network
-from mpi import train_cli
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import make_backend
@@ -25,6 +23,9 @@ from pydtnn_lite.tracing import Tracer, load_trace
 from pydtnn_lite.tracing.records import COMMUNICATION, COMPUTE, EVAL, TRAIN
 from pydtnn_lite.training import TrainerSettings, build_trainer
 from pydtnn_lite.training.observer import NO_OBSERVER
+
+from helpers import every_layer_network
+from mpi import train_cli
 
 
 def traced_trainer(network: Network, dataset: str = "digits", batch: int = 8, steps: int = 3, skip: int = 1,

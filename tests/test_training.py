@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import digits_trainer
 
 from pydtnn_lite.backend import BackendError, gpu_available, make_backend
 from pydtnn_lite.comm.gradients import plan_buckets
 from pydtnn_lite.data import EpochSampler, open_dataset, partition
 from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.optim import LearningRateSchedule
+
+from helpers import digits_trainer
 
 
 @pytest.mark.parametrize("model,lr,epochs", [("lenet", 0.02, 5), ("mlp", 0.02, 3)])

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm.base import Communicator

@@ -1,7 +1,8 @@
 """Data sets by name, each opened for one split ('train' or 'test')."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 from pydtnn_lite.data.augment import Augmentation
 from pydtnn_lite.data.base import DataError, Dataset
@@ -16,33 +17,33 @@ from pydtnn_lite.data.synthetic import SyntheticDataset
 SYNTHETIC_SIZES = {"train": 50_000, "test": 10_000}
 
 
-def _synthetic(split: str, data_dir: Optional[str], seed: int) -> Dataset:
+def _synthetic(split: str, data_dir: str | None, seed: int) -> Dataset:
     return SyntheticDataset(SYNTHETIC_SIZES[split], (32, 32, 3), 10, seed=seed, split=int(split == "test"),
                             name="synthetic")
 
 
-def _synthetic_imagenet(split: str, data_dir: Optional[str], seed: int) -> Dataset:
+def _synthetic_imagenet(split: str, data_dir: str | None, seed: int) -> Dataset:
     return SyntheticDataset(SYNTHETIC_SIZES[split], (224, 224, 3), 1000, seed=seed, split=int(split == "test"),
                             name="synthetic-imagenet")
 
 
-def _digits(split: str, data_dir: Optional[str], seed: int) -> Dataset:
+def _digits(split: str, data_dir: str | None, seed: int) -> Dataset:
     return DigitsDataset(split)
 
 
-def _cifar10(split: str, data_dir: Optional[str], seed: int) -> Dataset:
+def _cifar10(split: str, data_dir: str | None, seed: int) -> Dataset:
     return Cifar10Dataset(data_dir, split)
 
 
-def _mnist(split: str, data_dir: Optional[str], seed: int) -> Dataset:
+def _mnist(split: str, data_dir: str | None, seed: int) -> Dataset:
     return MnistDataset(data_dir, split)
 
 
-def _npz(split: str, data_dir: Optional[str], seed: int) -> Dataset:
+def _npz(split: str, data_dir: str | None, seed: int) -> Dataset:
     return NpzShardDataset(data_dir, split)
 
 
-DATASETS: dict[str, Callable[[str, Optional[str], int], Dataset]] = {
+DATASETS: dict[str, Callable[[str, str | None, int], Dataset]] = {
     "synthetic": _synthetic,
     "synthetic-imagenet": _synthetic_imagenet,
     "digits": _digits,
@@ -57,7 +58,7 @@ def dataset_names() -> list[str]:
     return list(DATASETS)
 
 
-def open_dataset(name: str, split: str = "train", data_dir: Optional[str] = None, seed: int = 0) -> Dataset:
+def open_dataset(name: str, split: str = "train", data_dir: str | None = None, seed: int = 0) -> Dataset:
     """Open data set ``name`` for ``split``; file-based sets read from ``data_dir``."""
     if name not in DATASETS:
         raise DataError(f"unknown data set {name!r}: choose one of {', '.join(DATASETS)}")

@@ -17,7 +17,7 @@ import zipfile
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import IO, Optional
+from typing import IO
 
 import numpy as np
 from numpy.lib import format as npy
@@ -41,7 +41,7 @@ class _Shard:
     path: str
     shape: tuple[int, ...]
     fortran_order: bool
-    data_offset: Optional[int]  # byte offset of the raw images in the file; None when compressed
+    data_offset: int | None  # byte offset of the raw images in the file; None when compressed
 
 
 def _array_header(stream: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:
@@ -65,7 +65,7 @@ def _stored_offset(path: str, info: zipfile.ZipInfo, header_size: int) -> int:
     return info.header_offset + LOCAL_HEADER.size + name_size + extra_size + header_size
 
 
-def _read_shard(path: str) -> tuple[_Shard, np.ndarray, Optional[int]]:
+def _read_shard(path: str) -> tuple[_Shard, np.ndarray, int | None]:
     """The shard's image layout, its labels and its ``classes`` count (None if absent)."""
     with zipfile.ZipFile(path) as archive:
         names = set(archive.namelist())

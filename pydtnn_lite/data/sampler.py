@@ -7,8 +7,8 @@ empty still takes part in the step's collectives.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

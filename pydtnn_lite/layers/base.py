@@ -1,8 +1,9 @@
 """What every layer is: parameters, gradients, forward, backward and kernel costs."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -107,6 +108,6 @@ class Layer:
         """Short hyper-parameter string for summaries."""
         return ""
 
-    def elements(self, batch: int, shape: Optional[Shape] = None) -> int:
+    def elements(self, batch: int, shape: Shape | None = None) -> int:
         """Number of elements of a batch of tensors of ``shape`` (default: the output)."""
         return batch * int(np.prod(shape if shape is not None else self.output_shape))

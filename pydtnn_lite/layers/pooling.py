@@ -1,7 +1,8 @@
 """Max, average and global-average pooling over NHWC tensors."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from pydtnn_lite.layers.base import Layer, Shape, StepContext
 class _Pool2D(Layer):
     """Shared geometry of the pooling layers: a square window, a stride, a padding."""
 
-    def __init__(self, pool_size: Optional[int] = 2, stride: Optional[int] = None, padding: int = 0) -> None:
+    def __init__(self, pool_size: int | None = 2, stride: int | None = None, padding: int = 0) -> None:
         super().__init__()
         self.pool_size = pool_size
         self.stride = stride if stride is not None else pool_size

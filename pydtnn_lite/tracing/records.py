@@ -14,8 +14,9 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import astuple, dataclass, fields
-from typing import Any, Iterable, Type, TypeVar
+from typing import Any, TypeVar
 
 from pydtnn_lite.costs import NO_LAYER  # noqa: F401 (the tracer imports it from here)
 
@@ -65,7 +66,7 @@ class StepRecord:
 Record = TypeVar("Record", KernelRecord, StepRecord)
 
 
-def write_records(path: str, records: Iterable[Any], kind: Type[Record]) -> None:
+def write_records(path: str, records: Iterable[Any], kind: type[Record]) -> None:
     """Write ``records`` of dataclass ``kind`` as CSV with a header row."""
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
@@ -73,7 +74,7 @@ def write_records(path: str, records: Iterable[Any], kind: Type[Record]) -> None
         writer.writerows(astuple(record) for record in records)
 
 
-def read_records(path: str, kind: Type[Record]) -> list[Record]:
+def read_records(path: str, kind: type[Record]) -> list[Record]:
     """Read a CSV written by :func:`write_records` back into ``kind`` objects."""
     types = [f.type for f in fields(kind)]
     convert = {"int": int, "float": float, "str": str}

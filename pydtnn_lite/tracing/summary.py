@@ -4,7 +4,7 @@ from __future__ import annotations
 import csv
 import math
 from collections import defaultdict
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 

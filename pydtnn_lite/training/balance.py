@@ -11,8 +11,8 @@ ranks) and so computes the same shares: the ranks never disagree on the partitio
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 import numpy as np
 
@@ -55,7 +55,7 @@ class LoadBalancer:
                             (1 - self.smoothing) * self.speeds + self.smoothing * measured)
         self.speeds = np.where(samples > 0, smoothed, self.speeds)
 
-    def propose(self, weights: Sequence[float]) -> Optional[list[float]]:
+    def propose(self, weights: Sequence[float]) -> list[float] | None:
         """New share weights when they are due and predicted to save ``min_gain``; else None."""
         due = self.observed >= self.warmup and (self.observed - self.warmup) % self.every == 0
         if not due or np.isnan(self.speeds).any():

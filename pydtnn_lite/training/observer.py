@@ -9,7 +9,8 @@ calls them (``kernels.instrument`` and a wrapping communicator).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 TRAIN, EVAL = "train", "eval"  # the phases of a step
 DATA_LOAD, H2D_COPY = "data_load", "h2d_copy"  # the host work of a step, by its kernel name

@@ -22,8 +22,9 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -92,7 +93,7 @@ class AllreduceModel:
                 "thresholds": list(self.thresholds)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "AllreduceModel":
+    def from_dict(cls, data: dict) -> AllreduceModel:
         return cls(data["algorithm"], tuple(Link(**link) for link in data["links"]),
                    tuple(float(t) for t in data["thresholds"]))
 
@@ -147,7 +148,7 @@ def _threshold_sets(sizes: Sequence[float], regimes: int) -> list[tuple[float, .
     return out
 
 
-def fit_allreduce(samples: Sequence[tuple[int, float, float]], algorithm: Optional[str] = None,
+def fit_allreduce(samples: Sequence[tuple[int, float, float]], algorithm: str | None = None,
                   gamma: float = 0.0, regimes: int = 3) -> AllreduceModel:
     """Fit an :class:`AllreduceModel` to ``(procs, nbytes, seconds)`` samples.
 
@@ -217,7 +218,7 @@ class InterpolatedAllreduce:
     fit: AllreduceModel
 
     @classmethod
-    def from_samples(cls, samples: Sequence[tuple[int, float, float]], fit: AllreduceModel) -> "InterpolatedAllreduce":
+    def from_samples(cls, samples: Sequence[tuple[int, float, float]], fit: AllreduceModel) -> InterpolatedAllreduce:
         """Interpolate ``(procs, nbytes, seconds)`` samples (the median where a size repeats)."""
         by_procs: dict[int, dict[float, list[float]]] = {}
         for p, n, t in samples:

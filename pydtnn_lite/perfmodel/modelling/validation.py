@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from pydtnn_lite.costs import ALLREDUCE, COMPUTE_STAGES, CallCounter, CallKey, Stage
 from pydtnn_lite.perfmodel.modelling.prediction import STAGES, StepPrediction
