@@ -114,7 +114,7 @@ def bucket_sweep(sync: GradientSynchronizer, sizes_mb: Sequence[float], repeats:
         return ""
     times = medians(samples, list(synchronizers))
     rows = [[name, len(synchronizers[name].buckets), *row[1:]]
-            for name, row in zip(times, sync_rows(times, nbytes, whole))]
+            for name, row in zip(times, sync_rows(times, nbytes, whole), strict=True)]
     return table(f"2. buckets: blocking synchronizer, equal buckets, median of {repeats}",
                  ["bucket", "buckets", "ms", "algbw GB/s", "busbw GB/s", "x one bucket"], rows)
 

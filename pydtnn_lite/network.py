@@ -79,7 +79,7 @@ class Network:
         rng = np.random.default_rng(seed)
         counts: dict[str, int] = {}
         needs_grad: list[bool] = []
-        for index, (layer, sources) in enumerate(zip(self.layers, self.inputs)):
+        for index, (layer, sources) in enumerate(zip(self.layers, self.inputs, strict=True)):
             counts[layer.kind] = counts.get(layer.kind, 0) + 1
             layer.name, layer.index = f"{layer.kind}{counts[layer.kind]}", index
             shapes = [self.input_shape if s == self.INPUT else self.layers[s].output_shape for s in sources]
@@ -116,7 +116,7 @@ class Network:
         """Run every layer on a batch ``x`` (N, H, W, C); return the logits (N, classes)."""
         remaining = self._consumer_counts()
         outputs: dict[int, Any] = {self.INPUT: x}
-        for index, (layer, sources) in enumerate(zip(self.layers, self.inputs)):
+        for index, (layer, sources) in enumerate(zip(self.layers, self.inputs, strict=True)):
             with self.scope(index, Stage.FP):
                 outputs[index] = layer.forward(*(outputs[s] for s in sources), ctx=ctx)
             for source in sources:
@@ -141,7 +141,7 @@ class Network:
             if not layer.needs_input_grad:
                 continue
             grads = grad_in if isinstance(grad_in, list) else [grad_in]
-            for source, grad in zip(self.inputs[index], grads):
+            for source, grad in zip(self.inputs[index], grads, strict=True):
                 if source == self.INPUT:
                     continue
                 if source in pending:  # a shortcut: sum the gradients of every consumer
@@ -248,7 +248,7 @@ class Network:
     def summary(self) -> str:
         """A table of layers, output shapes, parameters and forward FLOPs per sample."""
         rows = []
-        for layer, sources in zip(self.layers, self.inputs):
+        for layer, sources in zip(self.layers, self.inputs, strict=True):
             fp = sum(c.flops for c in layer.costs(1) if c.stage == Stage.FP) / 1e6
             src = ",".join("in" if s == self.INPUT else str(s) for s in sources)
             rows.append((layer.index, layer.name, src, layer.output_shape, f"{layer.param_count:,}", f"{fp:.2f}",

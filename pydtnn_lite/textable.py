@@ -26,7 +26,7 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]], align
 
     def line(row: Sequence[str]) -> str:
         return GAP.join(cell.ljust(width) if side == LEFT else cell.rjust(width)
-                        for cell, width, side in zip(row, widths, align)).rstrip()
+                        for cell, width, side in zip(row, widths, align, strict=True)).rstrip()
 
     rule = "-" * (sum(widths) + len(GAP) * (len(widths) - 1))
     return "\n".join([line(list(headers)), rule] + [line(row) for row in cells])

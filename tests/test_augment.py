@@ -55,7 +55,7 @@ def test_choices_follow_the_sample_not_its_row_or_the_split_of_the_batch():
 def test_choices_change_with_the_epoch_and_the_seed(seed, epoch):
     first = BOTH.choices(INDICES, seed=3, epoch=1)
     other = BOTH.choices(INDICES, seed=seed, epoch=epoch)
-    for mine, theirs in zip(first, other):
+    for mine, theirs in zip(first, other, strict=True):
         assert (mine != theirs).mean() > 0.3  # 0.8 for the offsets, 0.5 for the flips when independent
 
 

@@ -262,7 +262,7 @@ def test_entries_run_numpy_arrays_on_numpy_and_others_on_cuda(device: Device,
     assert launched == []
     actual = kernels.maxpool(device.foreign(x), 3, 3, 2, 0)
     assert launched == ["maxpool"]
-    for a, b in zip(actual, expected):
+    for a, b in zip(actual, expected, strict=True):
         assert_same(device.to_host(a), b)
     generic = {**vars(conv), **vars(pooling)}
     for name in WINDOW_KERNELS:
@@ -297,5 +297,5 @@ def test_networks_on_the_cuda_kernels_compute_what_they_compute_on_numpy(
         for name in WINDOW_KERNELS:
             monkeypatch.setattr(kernels, name, getattr(gpu, name))
     tolerance = 0.0 if on_host else 1e-9
-    for actual, wanted in zip(forward_backward(model, shape, device.backend), expected):
+    for actual, wanted in zip(forward_backward(model, shape, device.backend), expected, strict=True):
         np.testing.assert_allclose(actual, wanted, rtol=tolerance, atol=tolerance * np.abs(wanted).max())

@@ -48,7 +48,7 @@ def check_layer(layer, input_shapes, batch=3, seed=0):
     objective()
     grad_in = layer.backward(projection)
     grad_in = grad_in if isinstance(grad_in, list) else [grad_in]
-    for x, analytic in zip(inputs, grad_in):
+    for x, analytic in zip(inputs, grad_in, strict=True):
         assert relative_error(analytic, numeric_gradient(objective, x)) <= TOLERANCE
     for name, param in layer.params.items():
         objective()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import os
@@ -112,7 +113,7 @@ def test_the_calibration_samples_allreduce_every_quarter_octave_from_64_kib():
     assert log_spaced_sizes(64 * KIB, 256 * KIB, 2) == tuple(k * KIB for k in (64, 91, 128, 181, 256))
     dense = [n for n in FULL_SIZES if n >= 64 * KIB]
     assert FULL_SIZES[:6] == tuple(KIB << i for i in range(6)) and dense[-1] == 256 << 20
-    assert all(b / a == pytest.approx(2 ** 0.25, rel=0.01) for a, b in zip(dense, dense[1:]))
+    assert all(b / a == pytest.approx(2 ** 0.25, rel=0.01) for a, b in itertools.pairwise(dense))
 
 
 def test_expected_maximum_of_normal_draws_and_the_fitted_wait():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import math
 import subprocess
@@ -84,7 +85,7 @@ def test_kernel_times_add_up_to_the_step_and_never_overlap():
     for step in tracer.steps:
         events = sorted((k for k in tracer.kernels if k.step == step.step and k.phase == TRAIN),
                         key=lambda k: k.start)
-        for before, after in zip(events, events[1:]):
+        for before, after in itertools.pairwise(events):
             assert after.start >= before.start + before.duration - 1e-7
         assert events[0].start >= step.start - 1e-7
         assert events[-1].start + events[-1].duration <= step.start + step.duration + 1e-7

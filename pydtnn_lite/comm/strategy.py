@@ -62,7 +62,7 @@ def check_strategy(choice: str, placement: Placement) -> None:
                         "the CPU: use --comm mpi (host-staged) or --comm gpu-side")
     if choice == "gpu-side" and not gpus:
         raise UserError("--comm gpu-side needs at least one GPU rank: use --device gpu on some ranks, or --comm mpi")
-    shared = [key for key, count in Counter(zip(placement.nodes, placement.devices)).items()
+    shared = [key for key, count in Counter(zip(placement.nodes, placement.devices, strict=True)).items()
               if count > 1 and key[1].startswith("gpu")]
     if shared and choice != "mpi":  # every other strategy may put these ranks in one NCCL group
         node, device = shared[0]

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Optional
 
 from pydtnn_lite.data.augment import Augmentation
 from pydtnn_lite.data.base import DataError, Dataset
@@ -70,4 +69,5 @@ def open_dataset(name: str, split: str = "train", data_dir: str | None = None, s
 
 
 __all__ = ["Augmentation", "DataError", "Dataset", "EpochSampler", "partition", "local_rows", "open_dataset",
-           "dataset_names", "SlowedDataset", "SyntheticDataset", "DigitsDataset", "Cifar10Dataset", "MnistDataset", "NpzShardDataset"]
+           "dataset_names", "SlowedDataset", "SyntheticDataset", "DigitsDataset", "Cifar10Dataset", "MnistDataset",
+           "NpzShardDataset"]

@@ -83,7 +83,7 @@ def read_records(path: str, kind: type[Record]) -> list[Record]:
     expected = [f.name for f in fields(kind)]
     if not rows or rows[0] != expected:
         raise ValueError(f"{path} is not a {kind.__name__} file (header {rows[0] if rows else 'missing'})")
-    return [kind(*(convert[t](value) for t, value in zip(types, row))) for row in rows[1:]]
+    return [kind(*(convert[t](value) for t, value in zip(types, row, strict=True))) for row in rows[1:]]
 
 
 def write_meta(directory: str, meta: dict) -> None:

@@ -93,7 +93,8 @@ def allreduce_samples(comm: MPICommunicator, sizes: Sequence[int]) -> list[tuple
     for ranks in rank_counts(comm.size):
         sub = comm.split(0 if comm.rank < ranks else None, comm.rank)
         if sub is not None:
-            samples += [(ranks, nbytes, seconds) for nbytes, seconds in zip(sizes, time_allreduce(sub, sizes))]
+            timings = time_allreduce(sub, sizes)
+            samples += [(ranks, nbytes, seconds) for nbytes, seconds in zip(sizes, timings, strict=True)]
             sub.free()
         comm.barrier()
     return comm.broadcast_object(samples, root=0)

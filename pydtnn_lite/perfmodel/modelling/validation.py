@@ -103,7 +103,7 @@ def weighted_relative_error(estimates: Sequence[float], measured: Sequence[float
     mean = statistics.fmean(measured) if measured else 0.0
     if mean <= 0:
         return NAN
-    return statistics.fmean(abs(e - m) for e, m in zip(estimates, measured)) / mean
+    return statistics.fmean(abs(e - m) for e, m in zip(estimates, measured, strict=True)) / mean
 
 
 def typical(kernel: str, durations: Sequence[float]) -> float:
