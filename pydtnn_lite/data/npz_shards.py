@@ -83,13 +83,13 @@ def _read_shard(path: str) -> tuple[_Shard, np.ndarray, int | None]:
                   if info.compress_type == zipfile.ZIP_STORED else None)
         with archive.open("y.npy") as stream:
             labels = npy.read_array(stream, allow_pickle=False)
-        classes = None
+        classes: int | None = None
         if "classes.npy" in names:
             with archive.open("classes.npy") as stream:
-                classes = npy.read_array(stream, allow_pickle=False)
-            if classes.size != 1 or not np.issubdtype(classes.dtype, np.integer):
-                raise DataError(f"shard {path}: classes must be one integer, got {classes!r}: {HINT}")
-            classes = int(classes.reshape(()))
+                stored = npy.read_array(stream, allow_pickle=False)
+            if stored.size != 1 or not np.issubdtype(stored.dtype, np.integer):
+                raise DataError(f"shard {path}: classes must be one integer, got {stored!r}: {HINT}")
+            classes = int(stored.reshape(()))
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise DataError(f"shard {path}: y is {labels.dtype} {labels.shape}, expected integers (n,): {HINT}")
     if len(labels) != shape[0]:
