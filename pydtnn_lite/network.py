@@ -59,8 +59,15 @@ class Network:
         self.num_classes = num_classes
         self.layers: list[Layer] = []
         self.inputs: list[list[int]] = []
-        self.backend: Backend | None = None
+        self._backend: Backend | None = None
         self.scope: Scope = no_scope
+
+    @property
+    def backend(self) -> Backend:
+        """The backend the network was built on (:meth:`build`)."""
+        if self._backend is None:
+            raise RuntimeError(f"{self.name} has no backend before build()")
+        return self._backend
 
     # ----------------------------------------------------------------- construction
     def add(self, layer: Layer, *inputs: int) -> int:
@@ -75,7 +82,7 @@ class Network:
 
     def build(self, backend: Backend | None = None, seed: int = 0) -> Network:
         """Create every parameter (identically for the same seed on any device) and lay them out flat."""
-        self.backend = backend or make_backend()
+        self._backend = backend or make_backend()
         rng = np.random.default_rng(seed)
         counts: dict[str, int] = {}
         needs_grad: list[bool] = []
@@ -202,7 +209,7 @@ class Network:
     def save(self, path: str) -> None:
         """Write every parameter and buffer to an .npz file at exactly ``path``, keyed by name."""
         with open(path, "wb") as stream:  # a file object: np.savez would append .npz to a bare name
-            np.savez(stream, **self.state_dict())
+            np.savez(stream, allow_pickle=False, **self.state_dict())
 
     def load(self, path: str) -> None:
         """Read weights written by :meth:`save`."""
