@@ -89,7 +89,10 @@ class Layer:
         """Subclass hook: make parameters, return the output shape (default: shape unchanged)."""
         return tuple(input_shapes[0])
 
-    def forward(self, *inputs: Any, ctx: StepContext) -> Any:
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        """Return the output of one input array per source, the step's :class:`StepContext`
+        passed as keyword ``ctx``. Subclasses name their inputs (``forward(self, x, ctx)``):
+        the ``*inputs, **kwargs`` signature lets each take the number it has."""
         raise NotImplementedError
 
     def backward(self, grad_out: Any) -> Any:
