@@ -71,7 +71,7 @@ class MPICommunicator(Communicator):
     def allreduce(self, array: Any) -> Any:
         return self.allreduce_buffer(array)
 
-    def iallreduce(self, array: Any) -> MPIRequest:
+    def iallreduce(self, array: Any) -> Request:
         return self.iallreduce_buffer(array)
 
     def broadcast(self, array: Any, root: int = 0) -> Any:

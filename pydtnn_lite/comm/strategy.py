@@ -133,7 +133,7 @@ def fastest(candidates: dict[str, Communicator], elements: int, backend: Backend
             agree: Callable[[float], float]) -> str:
     """The name of the candidate that sums ``elements`` values fastest; ``agree`` turns this
     rank's seconds into the job's (the slowest rank's), so all ranks pick the same."""
-    timings = {}
+    timings: dict[str, float] = {}
     for name, comm in candidates.items():
         buffer = backend.xp.zeros(elements, dtype=backend.dtype)
         comm.allreduce(buffer)  # warm-up: connections and buffers
@@ -143,7 +143,7 @@ def fastest(candidates: dict[str, Communicator], elements: int, backend: Backend
             comm.allreduce(buffer)
         backend.synchronize()
         timings[name] = agree((time.perf_counter() - began) / TIMING_REPEATS)
-    return min(timings, key=timings.get)
+    return min(timings, key=timings.__getitem__)
 
 
 def connect(world: Communicator, backend: Backend, choice: str, bucket_elements: int, host: str,
@@ -160,6 +160,8 @@ def connect(world: Communicator, backend: Backend, choice: str, bucket_elements:
     strategy = resolve_auto(placement) if choice == "auto" else choice
     if world.size == 1:
         return world, placement, world.describe()
+    if not isinstance(world, MPICommunicator):
+        raise TypeError(f"connect: {world.size} ranks need an MPICommunicator, got {type(world).__name__}")
     if strategy:
         comm = build_communicator(strategy, placement, backend, world, timeout)
         return comm, placement, f"{comm.describe()}, {strategy} strategy"
