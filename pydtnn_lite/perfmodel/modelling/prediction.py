@@ -44,7 +44,8 @@ class Machine(Protocol):
     is the mean wait for the slowest of ``procs`` ranks after ``segment`` seconds of work.
     """
 
-    overlaps_communication: bool
+    @property
+    def overlaps_communication(self) -> bool: ...
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float: ...
 

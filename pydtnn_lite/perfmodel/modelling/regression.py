@@ -24,6 +24,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -73,6 +74,9 @@ def _matrix(samples: Sequence[KernelSample]) -> tuple[np.ndarray, np.ndarray]:
     return x, np.maximum(np.array([s.seconds for s in samples]), MIN_SECONDS)
 
 
+_Model = TypeVar("_Model", bound="KernelModel")
+
+
 class KernelModel:
     """A fitted model of one kernel's run time.
 
@@ -87,6 +91,11 @@ class KernelModel:
     def __init__(self) -> None:
         self.held_out_error = self.held_out_time_error = math.nan
         self.samples = 0
+
+    @classmethod
+    def fit(cls: type[_Model], samples: Sequence[KernelSample]) -> _Model:
+        """A model of this kind fitted to ``samples``."""
+        raise NotImplementedError
 
     def predict(self, dims: Sequence[int], flops: float, nbytes: float) -> float:
         """Seconds of one call with these operand sizes, FLOPs and bytes."""
@@ -106,7 +115,7 @@ class KernelModel:
     def _parameters(self) -> dict:
         raise NotImplementedError
 
-    def _restore_fit_figures(self, data: dict) -> KernelModel:
+    def _restore_fit_figures(self: _Model, data: dict) -> _Model:
         self.samples = int(data["samples"])
         self.held_out_error, self.held_out_time_error = (
             math.nan if data[name] is None else float(data[name]) for name in ("held_out_error", "held_out_time_error"))
