@@ -187,7 +187,8 @@ class DeviceClock(HostClock):
 
     def __init__(self, cupy: ModuleType) -> None:
         self.cuda = cupy.cuda
-        self.origin, self.origin_host = None, 0.0
+        self.origin: Any = None  # the step's starting cupy.cuda.Event, once a step has started
+        self.origin_host = 0.0
 
     def start_step(self) -> None:
         self.origin = self.cuda.Event()

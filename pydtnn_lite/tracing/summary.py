@@ -61,12 +61,13 @@ def rank_rows(records: Sequence[KernelRecord], steps: Sequence[StepRecord]) -> l
     that spends least. Communication time is mostly waiting for the other ranks, so the
     rank that spends least is the straggler and the others' excess is time lost to it.
     """
-    count = defaultdict(int)
-    wall = defaultdict(float)
+    count: defaultdict[int, int] = defaultdict(int)
+    wall: defaultdict[int, float] = defaultdict(float)
     for step in steps:
         count[step.rank] += 1
         wall[step.rank] += step.duration
-    busy, waiting = defaultdict(float), defaultdict(float)
+    busy: defaultdict[int, float] = defaultdict(float)
+    waiting: defaultdict[int, float] = defaultdict(float)
     for record in records:
         if record.phase == TRAIN:
             (waiting if record.thread == COMMUNICATION else busy)[record.rank] += record.duration
