@@ -15,11 +15,12 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from common import interleave, make_trainer, model_parser, timed
 
 from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.network import Network
 from pydtnn_lite.runtime import set_blas_threads
+
+from common import interleave, make_trainer, model_parser, timed
 
 
 def torch_layers(network: Network) -> list:
@@ -43,9 +44,10 @@ def torch_layers(network: Network) -> list:
             layers.append(nn.AvgPool2d(layer.pool_size, layer.stride, layer.padding))
         elif layer.kind == "bn":
             layers.append(nn.BatchNorm2d(source[-1]) if len(source) == 3 else nn.BatchNorm1d(source[-1]))
+        elif layer.kind == "dropout":
+            layers.append(nn.Dropout(layer.rate))
         else:
-            layers.append({"relu": nn.ReLU, "flatten": nn.Flatten, "dropout": lambda: nn.Dropout(layer.rate)}
-                          [layer.kind]())
+            layers.append({"relu": nn.ReLU, "flatten": nn.Flatten}[layer.kind]())
     return layers
 
 

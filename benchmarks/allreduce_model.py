@@ -17,6 +17,7 @@ this run's own "in" times instead of the file's:
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 
 import numpy as np
@@ -35,7 +36,7 @@ EARLIER_SIZES = [3 * MIB // 2 << k for k in range(0, 7, 2)]  # 1.5, 6, 24, 96 Mi
 def benchmark_sizes(sampled: list[int], min_bytes: int) -> dict[int, str]:
     """Sizes to time from ``min_bytes`` up, each marked "in" (a sampled size) or "out"."""
     sampled = [n for n in sorted(sampled) if n >= min_bytes]
-    middles = [int(round(math.sqrt(a * b) / KIB)) * KIB for a, b in zip(sampled, sampled[1:])]
+    middles = [int(round(math.sqrt(a * b) / KIB)) * KIB for a, b in itertools.pairwise(sampled)]
     sizes = {n: "out" for n in middles + [n for n in EARLIER_SIZES if sampled and min_bytes <= n <= sampled[-1]]}
     sizes.update({n: "in" for n in sampled})
     return dict(sorted(sizes.items()))
@@ -44,7 +45,7 @@ def benchmark_sizes(sampled: list[int], min_bytes: int) -> dict[int, str]:
 def errors(model: AllreduceTime, procs: int, sizes: dict[int, str], measured: list[float]) -> dict[str, np.ndarray]:
     """(predicted - measured) / measured per size, grouped "in" and "out" of sample."""
     out: dict[str, list[float]] = {"in": [], "out": []}
-    for (nbytes, kind), seconds in zip(sizes.items(), measured):
+    for (nbytes, kind), seconds in zip(sizes.items(), measured, strict=True):
         out[kind].append(model.seconds(nbytes, procs) / seconds - 1)
     return {kind: np.array(values) for kind, values in out.items()}
 
@@ -68,7 +69,7 @@ def main() -> None:
     if world.rank != 0:
         return
     models = allreduce_models(samples)
-    fresh = {(procs, float(n)): t for (n, kind), t in zip(sizes.items(), measured) if kind == "in"}
+    fresh = {(procs, float(n)): t for (n, kind), t in zip(sizes.items(), measured, strict=True) if kind == "in"}
     this_run = allreduce_models([(p, n, fresh.get((p, n), t)) for p, n, t in samples])
     print(f"{procs} ranks, {args.calibration}: fit {models['fit'].algorithm} with thresholds "
           f"{[int(t) for t in models['fit'].thresholds]} bytes")
@@ -76,7 +77,7 @@ def main() -> None:
     for name in models:
         headers += [name, "error"]
     rows = []
-    for (nbytes, kind), seconds in zip(sizes.items(), measured):
+    for (nbytes, kind), seconds in zip(sizes.items(), measured, strict=True):
         row = [nbytes, kind, f"{seconds * 1e6:.1f}"]
         for model in models.values():
             predicted = model.seconds(nbytes, procs)

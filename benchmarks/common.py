@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import Communicator

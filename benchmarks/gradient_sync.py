@@ -26,10 +26,9 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
-from common import Timings, interleave, make_trainer, timed
 from mpi4py import MPI
 
 from pydtnn_lite.comm import GradientSynchronizer, SerialCommunicator, make_gradient_synchronizer
@@ -39,6 +38,8 @@ from pydtnn_lite.layers import StepContext
 from pydtnn_lite.runtime import default_blas_threads, set_blas_threads, usable_cores
 from pydtnn_lite.textable import format_table
 from pydtnn_lite.training import Trainer
+
+from common import Timings, interleave, make_trainer, timed
 
 WORLD = MPI.COMM_WORLD
 Samples = dict[str, list[float]]
@@ -113,7 +114,7 @@ def bucket_sweep(sync: GradientSynchronizer, sizes_mb: Sequence[float], repeats:
         return ""
     times = medians(samples, list(synchronizers))
     rows = [[name, len(synchronizers[name].buckets), *row[1:]]
-            for name, row in zip(times, sync_rows(times, nbytes, whole))]
+            for name, row in zip(times, sync_rows(times, nbytes, whole), strict=True)]
     return table(f"2. buckets: blocking synchronizer, equal buckets, median of {repeats}",
                  ["bucket", "buckets", "ms", "algbw GB/s", "busbw GB/s", "x one bucket"], rows)
 

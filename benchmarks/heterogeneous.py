@@ -14,13 +14,13 @@ import statistics
 import sys
 import time
 
-from common import make_trainer, model_parser
-
 from pydtnn_lite.comm import make_communicator
 from pydtnn_lite.data import SlowedDataset, partition
 from pydtnn_lite.runtime import default_blas_threads, set_blas_threads
 from pydtnn_lite.training import Trainer
 from pydtnn_lite.training.balance import LoadBalancer
+
+from common import make_trainer, model_parser
 
 WARMUP = 2
 

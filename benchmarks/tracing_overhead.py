@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import statistics
 
-from common import interleave, make_trainer, model_parser, timed
-
 from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.runtime import set_blas_threads
 from pydtnn_lite.tracing import Tracer
+
+from common import interleave, make_trainer, model_parser, timed
 
 
 def main() -> None:

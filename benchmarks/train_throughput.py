@@ -9,10 +9,11 @@ images/s, and the fraction of the GEMM peak the whole step reaches:
 from __future__ import annotations
 
 import numpy as np
-from common import make_trainer, median_seconds, model_parser
 
 from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.runtime import set_blas_threads
+
+from common import make_trainer, median_seconds, model_parser
 
 
 def gemm_peak(size: int, repeats: int) -> float:

@@ -61,7 +61,7 @@ class Config:
     ranks: int = 2
 
     @classmethod
-    def parse(cls, text: str, ranks: int) -> "Config":
+    def parse(cls, text: str, ranks: int) -> Config:
         parts = text.split(":")
         if len(parts) not in (2, 3) or not parts[1].isdigit():
             raise SystemExit(f"validation_accuracy: --configs takes model:batch[:dataset], got {text!r}")

@@ -6,8 +6,9 @@ picks the CIFAR-style or ImageNet-style variant from the input size (see
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
+from pydtnn_lite.errors import UserError
 from pydtnn_lite.models.alexnet import alexnet
 from pydtnn_lite.models.blocks import is_imagenet_sized
 from pydtnn_lite.models.densenet import densenet121
@@ -15,7 +16,6 @@ from pydtnn_lite.models.lenet import lenet
 from pydtnn_lite.models.mlp import mlp
 from pydtnn_lite.models.resnet import resnet18, resnet50
 from pydtnn_lite.models.vgg import vgg11, vgg16
-from pydtnn_lite.errors import UserError
 from pydtnn_lite.network import Network
 
 MODELS: dict[str, Callable[[tuple, int], Network]] = {

@@ -39,7 +39,7 @@ def _resnet(name: str, block, blocks_per_stage: tuple, input_shape: tuple, num_c
     else:  # CIFAR stem: keep the 32x32 resolution for the first stage
         index = conv_bn_relu(net, Network.INPUT, 64, 3, padding=1)
     channels = 64
-    for stage, (width, blocks) in enumerate(zip(STAGE_WIDTHS, blocks_per_stage)):
+    for stage, (width, blocks) in enumerate(zip(STAGE_WIDTHS, blocks_per_stage, strict=True)):
         for block_index in range(blocks):
             stride = 2 if stage > 0 and block_index == 0 else 1
             index, channels = block(net, index, channels, width, stride)

@@ -8,9 +8,10 @@ from __future__ import annotations
 import functools
 import glob
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +74,7 @@ class Backend:
     def synchronize(self) -> None:
         """Wait until queued device work has finished (a no-op on the CPU)."""
 
-    def clock(self) -> "HostClock":
+    def clock(self) -> HostClock:
         """A clock that timestamps kernels on this backend's device."""
         return HostClock()
 
@@ -131,7 +132,7 @@ class CupyBackend(Backend):
     def synchronize(self) -> None:
         self.xp.cuda.get_current_stream().synchronize()
 
-    def clock(self) -> "HostClock":
+    def clock(self) -> HostClock:
         return DeviceClock(self.xp)
 
     def last_level_cache_bytes(self) -> int:
@@ -155,7 +156,7 @@ def host_last_level_cache_bytes() -> int:
     return max(sizes, default=DEFAULT_LAST_LEVEL_CACHE)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _copy_stream(cupy: ModuleType) -> Any:
     """The non-blocking stream that host-to-device copies of batches run on."""
     return cupy.cuda.Stream(non_blocking=True)
@@ -186,7 +187,8 @@ class DeviceClock(HostClock):
 
     def __init__(self, cupy: ModuleType) -> None:
         self.cuda = cupy.cuda
-        self.origin, self.origin_host = None, 0.0
+        self.origin: Any = None  # the step's starting cupy.cuda.Event, once a step has started
+        self.origin_host = 0.0
 
     def start_step(self) -> None:
         self.origin = self.cuda.Event()

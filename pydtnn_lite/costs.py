@@ -11,9 +11,10 @@ cost listed for that (layer, stage, kernel): :class:`CallKey` is that key and
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 
 class Stage(str, Enum):

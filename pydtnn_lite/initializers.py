@@ -1,7 +1,7 @@
 """Weight initializers. They draw on the host with NumPy so every device starts identical."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

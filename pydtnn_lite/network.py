@@ -11,9 +11,10 @@ the optimizer updates a layer's segment with one kernel call.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import numpy as np
 
@@ -58,8 +59,15 @@ class Network:
         self.num_classes = num_classes
         self.layers: list[Layer] = []
         self.inputs: list[list[int]] = []
-        self.backend: Optional[Backend] = None
+        self._backend: Backend | None = None
         self.scope: Scope = no_scope
+
+    @property
+    def backend(self) -> Backend:
+        """The backend the network was built on (:meth:`build`)."""
+        if self._backend is None:
+            raise RuntimeError(f"{self.name} has no backend before build()")
+        return self._backend
 
     # ----------------------------------------------------------------- construction
     def add(self, layer: Layer, *inputs: int) -> int:
@@ -72,13 +80,13 @@ class Network:
         self.inputs.append(sources)
         return len(self.layers) - 1
 
-    def build(self, backend: Optional[Backend] = None, seed: int = 0) -> "Network":
+    def build(self, backend: Backend | None = None, seed: int = 0) -> Network:
         """Create every parameter (identically for the same seed on any device) and lay them out flat."""
-        self.backend = backend or make_backend()
+        self._backend = backend or make_backend()
         rng = np.random.default_rng(seed)
         counts: dict[str, int] = {}
         needs_grad: list[bool] = []
-        for index, (layer, sources) in enumerate(zip(self.layers, self.inputs)):
+        for index, (layer, sources) in enumerate(zip(self.layers, self.inputs, strict=True)):
             counts[layer.kind] = counts.get(layer.kind, 0) + 1
             layer.name, layer.index = f"{layer.kind}{counts[layer.kind]}", index
             shapes = [self.input_shape if s == self.INPUT else self.layers[s].output_shape for s in sources]
@@ -115,7 +123,7 @@ class Network:
         """Run every layer on a batch ``x`` (N, H, W, C); return the logits (N, classes)."""
         remaining = self._consumer_counts()
         outputs: dict[int, Any] = {self.INPUT: x}
-        for index, (layer, sources) in enumerate(zip(self.layers, self.inputs)):
+        for index, (layer, sources) in enumerate(zip(self.layers, self.inputs, strict=True)):
             with self.scope(index, Stage.FP):
                 outputs[index] = layer.forward(*(outputs[s] for s in sources), ctx=ctx)
             for source in sources:
@@ -124,7 +132,7 @@ class Network:
                     del outputs[source]
         return outputs[len(self.layers) - 1]
 
-    def backward(self, grad_logits: Any, on_layer_done: Optional[Callable[[int], None]] = None) -> None:
+    def backward(self, grad_logits: Any, on_layer_done: Callable[[int], None] | None = None) -> None:
         """Back-propagate ``grad_logits``, filling every gradient; ``on_layer_done(i)`` follows
         layer i's backward (the communicator starts reducing its gradients there)."""
         pending: dict[int, Any] = {len(self.layers) - 1: grad_logits}
@@ -140,7 +148,7 @@ class Network:
             if not layer.needs_input_grad:
                 continue
             grads = grad_in if isinstance(grad_in, list) else [grad_in]
-            for source, grad in zip(self.inputs[index], grads):
+            for source, grad in zip(self.inputs[index], grads, strict=True):
                 if source == self.INPUT:
                     continue
                 if source in pending:  # a shortcut: sum the gradients of every consumer
@@ -201,7 +209,7 @@ class Network:
     def save(self, path: str) -> None:
         """Write every parameter and buffer to an .npz file at exactly ``path``, keyed by name."""
         with open(path, "wb") as stream:  # a file object: np.savez would append .npz to a bare name
-            np.savez(stream, **self.state_dict())
+            np.savez(stream, allow_pickle=False, **self.state_dict())
 
     def load(self, path: str) -> None:
         """Read weights written by :meth:`save`."""
@@ -247,7 +255,7 @@ class Network:
     def summary(self) -> str:
         """A table of layers, output shapes, parameters and forward FLOPs per sample."""
         rows = []
-        for layer, sources in zip(self.layers, self.inputs):
+        for layer, sources in zip(self.layers, self.inputs, strict=True):
             fp = sum(c.flops for c in layer.costs(1) if c.stage == Stage.FP) / 1e6
             src = ",".join("in" if s == self.INPUT else str(s) for s in sources)
             rows.append((layer.index, layer.name, src, layer.output_shape, f"{layer.param_count:,}", f"{fp:.2f}",

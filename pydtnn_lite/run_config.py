@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Optional
 
 from pydtnn_lite.data import Augmentation
 from pydtnn_lite.errors import UserError
@@ -24,12 +23,12 @@ class RunConfig:
 
     model: str
     dataset: str
-    data_dir: Optional[str]
+    data_dir: str | None
     augmentation: Augmentation
     global_batch: int
     epochs: int
-    steps_per_epoch: Optional[int]
-    eval_steps: Optional[int]  # validation batches after each epoch (None: the whole test split; 0: none)
+    steps_per_epoch: int | None
+    eval_steps: int | None  # validation batches after each epoch (None: the whole test split; 0: none)
     optimizer: str  # sgd or adam
     momentum: float
     nesterov: bool
@@ -39,8 +38,8 @@ class RunConfig:
     comm: str  # the --comm strategy
     dtype: str
     seed: int
-    blas_threads: Optional[int]
-    share_weights: Optional[tuple[float, ...]]
+    blas_threads: int | None
+    share_weights: tuple[float, ...] | None
     balance: str  # on, off, or auto: on for jobs of CPU and GPU ranks without --partition
     balance_warmup: int
     balance_every: int
@@ -48,20 +47,20 @@ class RunConfig:
     overlap: bool
     collective_timeout: float
     run_dir: str
-    checkpoint_dir: Optional[str]
+    checkpoint_dir: str | None
     checkpoint_every: int  # steps between checkpoints (0: at the end of each epoch)
-    resume: Optional[str]  # the checkpoint to continue from
-    load_weights: Optional[str]
-    save_weights: Optional[str]
+    resume: str | None  # the checkpoint to continue from
+    load_weights: str | None
+    save_weights: str | None
     progress: bool
-    trace: Optional[str]
+    trace: str | None
     trace_skip: int
-    trace_steps: Optional[int]
-    validate: Optional[str]
+    trace_steps: int | None
+    validate: str | None
     faults: FaultInjection
 
     @classmethod
-    def from_arguments(cls, args: argparse.Namespace, ranks: int, rank: int) -> "RunConfig":
+    def from_arguments(cls, args: argparse.Namespace, ranks: int, rank: int) -> RunConfig:
         """Check the parsed flags of a job of ``ranks`` ranks and build this rank's configuration.
 
         Raises UserError naming the first bad flag.
@@ -126,7 +125,7 @@ def global_batch(args: argparse.Namespace, ranks: int) -> int:
     return batch
 
 
-def parse_rank_step(text: Optional[str], flag: str) -> Optional[tuple[int, int]]:
+def parse_rank_step(text: str | None, flag: str) -> tuple[int, int] | None:
     """'RANK:STEP' as two integers (None when not given)."""
     if text is None:
         return None
@@ -137,7 +136,7 @@ def parse_rank_step(text: Optional[str], flag: str) -> Optional[tuple[int, int]]
     return rank, step
 
 
-def parse_delay(text: Optional[str]) -> Optional[tuple[int, float]]:
+def parse_delay(text: str | None) -> tuple[int, float] | None:
     """--inject-delay RANK:MS as (rank, seconds per sample)."""
     if text is None:
         return None
@@ -148,7 +147,7 @@ def parse_delay(text: Optional[str]) -> Optional[tuple[int, float]]:
         raise UserError(f"--inject-delay takes RANK:MS, e.g. 1:2.5, got {text!r}") from None
 
 
-def parse_partition(text: Optional[str], ranks: int) -> Optional[tuple[float, ...]]:
+def parse_partition(text: str | None, ranks: int) -> tuple[float, ...] | None:
     """--partition as one non-negative weight per rank (None when not given)."""
     if text is None:
         return None

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Optional
+from typing import overload
 
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.errors import UserError
@@ -49,8 +49,17 @@ def default_blas_threads(comm: Communicator) -> int:
     return max(1, usable_cores() // comm.local_size)
 
 
-def set_blas_threads(threads: Optional[int]) -> int:
-    """Limit the BLAS of this process to ``threads`` (ranks sharing a node must not oversubscribe)."""
+@overload
+def set_blas_threads(threads: int) -> int: ...
+
+
+@overload
+def set_blas_threads(threads: None) -> None: ...
+
+
+def set_blas_threads(threads: int | None) -> int | None:
+    """Limit the BLAS of this process to ``threads`` (ranks sharing a node must not oversubscribe;
+    None: no limit) and return ``threads``."""
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=threads, user_api="blas")

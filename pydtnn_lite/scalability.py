@@ -12,8 +12,8 @@ import argparse
 import csv
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Optional, Sequence
 
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.clusters import PRESETS
@@ -62,7 +62,7 @@ def plot(points: list[Point], dataset: str, path: str) -> None:
     plt.close(figure)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         points = study(args.models, args.datasets, PRESETS[args.preset])

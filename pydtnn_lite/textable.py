@@ -1,13 +1,13 @@
 """Plain-text tables: the one formatter every report and benchmark of the package prints with."""
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 LEFT, RIGHT = "<", ">"
 GAP = "  "
 
 
-def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]], align: Optional[str] = None) -> str:
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]], align: str | None = None) -> str:
     """``rows`` under ``headers`` as aligned columns two spaces apart, a rule of dashes under the header.
 
     Cells are printed with ``str`` (format numbers before passing them); each column is as
@@ -26,7 +26,7 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]], align
 
     def line(row: Sequence[str]) -> str:
         return GAP.join(cell.ljust(width) if side == LEFT else cell.rjust(width)
-                        for cell, width, side in zip(row, widths, align)).rstrip()
+                        for cell, width, side in zip(row, widths, align, strict=True)).rstrip()
 
     rule = "-" * (sum(widths) + len(GAP) * (len(widths) - 1))
     return "\n".join([line(list(headers)), rule] + [line(row) for row in cells])

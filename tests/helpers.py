@@ -1,14 +1,27 @@
 """Test utilities: finite differences, a float64 CPU backend, a one-process trainer on digits."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.data import Augmentation, open_dataset
-from pydtnn_lite.layers import (Add, AvgPool2D, BatchNorm, Concat, Conv2D, Dense, Dropout, Flatten,
-                                GlobalAvgPool2D, MaxPool2D, ReLU, SoftmaxCrossEntropy, StepContext)
+from pydtnn_lite.layers import (
+    Add,
+    AvgPool2D,
+    BatchNorm,
+    Concat,
+    Conv2D,
+    Dense,
+    Dropout,
+    Flatten,
+    GlobalAvgPool2D,
+    MaxPool2D,
+    ReLU,
+    SoftmaxCrossEntropy,
+    StepContext,
+)
 from pydtnn_lite.models import create_model
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, LearningRateSchedule
@@ -36,7 +49,7 @@ def every_layer_network(input_shape: tuple, num_classes: int) -> Network:
 
 
 def numeric_gradient(f: Callable[[], float], array: np.ndarray, eps: float = 1e-6,
-                     indices: Optional[np.ndarray] = None) -> np.ndarray:
+                     indices: np.ndarray | None = None) -> np.ndarray:
     """Central-difference gradient of scalar ``f()`` with respect to ``array`` (perturbed in place),
     at the flat ``indices`` given (default: every element; the rest stay 0)."""
     grad = np.zeros_like(array)
@@ -59,7 +72,7 @@ def relative_error(analytic: np.ndarray, numeric: np.ndarray) -> float:
 
 
 def network_gradient_error(network: Network, x: np.ndarray, labels: np.ndarray,
-                           indices: Optional[np.ndarray] = None) -> float:
+                           indices: np.ndarray | None = None) -> float:
     """Relative error of ``network``'s parameter gradients, back-propagated from the mean
     softmax cross-entropy of the batch ``x``, against its central differences, at the flat
     parameter ``indices`` (default: every parameter)."""

@@ -5,10 +5,11 @@ import timeit
 
 import numpy as np
 import pytest
-from helpers import digits_trainer
-from mpi import assert_one_line_error, assert_same_weights, train_cli, train_small
 
 from pydtnn_lite.data import Augmentation, DataError, Dataset, open_dataset
+
+from helpers import digits_trainer
+from mpi import assert_one_line_error, assert_same_weights, train_cli, train_small
 
 RNG = np.random.default_rng(0)
 IMAGES = RNG.standard_normal((64, 6, 5, 3)).astype(np.float32)  # not square, so swapped axes show
@@ -54,7 +55,7 @@ def test_choices_follow_the_sample_not_its_row_or_the_split_of_the_batch():
 def test_choices_change_with_the_epoch_and_the_seed(seed, epoch):
     first = BOTH.choices(INDICES, seed=3, epoch=1)
     other = BOTH.choices(INDICES, seed=seed, epoch=epoch)
-    for mine, theirs in zip(first, other):
+    for mine, theirs in zip(first, other, strict=True):
         assert (mine != theirs).mean() > 0.3  # 0.8 for the offsets, 0.5 for the flips when independent
 
 

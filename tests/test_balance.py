@@ -5,9 +5,10 @@ import re
 
 import numpy as np
 import pytest
-from mpi import assert_one_line_error, assert_same_weights, train_cli
 
 from pydtnn_lite.training.balance import LoadBalancer, step_seconds
+
+from mpi import assert_one_line_error, assert_same_weights, train_cli
 
 LENET = ("--model", "lenet", "--dataset", "digits", "--batch-size", "64", "--eval-steps", "0")
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from mpi import REPO, run
 
 BENCHMARKS = os.path.join(REPO, "benchmarks")

@@ -9,7 +9,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from mpi import run
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import SerialCommunicator
@@ -21,9 +20,16 @@ from pydtnn_lite.perfmodel.measuring.calibrate import CalibrationSettings, calib
 from pydtnn_lite.perfmodel.measuring.probes import QUICK, Probe, calibration_grid
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
-from pydtnn_lite.perfmodel.modelling.regression import (KernelSample, MLPEnsemble, MLPRegressor, fit_kernel_model,
-                                                        model_from_dict)
+from pydtnn_lite.perfmodel.modelling.regression import (
+    KernelSample,
+    MLPEnsemble,
+    MLPRegressor,
+    fit_kernel_model,
+    model_from_dict,
+)
 from pydtnn_lite.step_costs import step_costs
+
+from mpi import run
 
 TINY = CalibrationSettings(batch_sizes=(4, 8), repeats=1, min_seconds=0.0, grid=QUICK, roof_repeats=1)
 

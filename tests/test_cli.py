@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+
 from mpi import assert_one_line_error, train_cli
 
 QUICK = ("--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--eval-steps", "0")
@@ -31,7 +32,8 @@ def load(path):
 ])
 def test_bad_input_gives_one_line_error_on_every_rank(tmp_path, flags, message):
     started = time.monotonic()
-    result = train_cli(2, "--model", "lenet", "--dataset", "digits", "--run-dir", str(tmp_path), *flags, cwd=str(tmp_path))
+    result = train_cli(2, "--model", "lenet", "--dataset", "digits", "--run-dir", str(tmp_path), *flags,
+                       cwd=str(tmp_path))
     assert time.monotonic() - started < 60
     assert_one_line_error(result, message)
 

@@ -6,13 +6,14 @@ import os
 
 import numpy as np
 import pytest
-from mpi import REPO, run
 
 from pydtnn_lite.comm import Communicator, Request, SerialCommunicator, make_gradient_synchronizer
 from pydtnn_lite.comm.base import CompletedRequest
 from pydtnn_lite.comm.gradients import FIRST_BUCKET_MB, MIB, GradientSynchronizer, plan_buckets
 from pydtnn_lite.perfmodel.modelling.prediction import predict_step
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
+
+from mpi import REPO, run
 
 COLLECTIVES = ("allreduce", "iallreduce", "broadcast", "allreduce_host", "allgather_object", "broadcast_object",
                "gather_object", "barrier", "abort", "describe")

@@ -4,11 +4,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from mpi import assert_one_line_error, train_cli
 
 from pydtnn_lite.comm.strategy import Placement, check_strategy, gpu_leaders, group_kind, node_leaders, resolve_auto
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.run_config import device_of_rank
+
+from mpi import assert_one_line_error, train_cli
 
 LENET = ("--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--epochs", "1", "--steps-per-epoch", "1",
          "--eval-steps", "0")

@@ -9,9 +9,16 @@ import zipfile
 import numpy as np
 import pytest
 
-from pydtnn_lite.data import (Cifar10Dataset, DataError, MnistDataset, NpzShardDataset,
-                              open_dataset)
-from pydtnn_lite.data import cifar, mnist, npz_shards
+from pydtnn_lite.data import (
+    Cifar10Dataset,
+    DataError,
+    MnistDataset,
+    NpzShardDataset,
+    cifar,
+    mnist,
+    npz_shards,
+    open_dataset,
+)
 
 
 def pixels_of(images: np.ndarray, mean, std) -> np.ndarray:
@@ -30,7 +37,7 @@ def write_cifar(directory, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     for files, counts in ((cifar.FILES["train"], TRAIN_COUNTS), (cifar.FILES["test"], [3])):
         records = rng.integers(0, 256, size=(sum(counts), cifar.RECORD), dtype=np.uint8)
         records[:, 0] = rng.integers(0, 10, size=len(records))
-        for file, chunk in zip(files, np.split(records, np.cumsum(counts)[:-1])):
+        for file, chunk in zip(files, np.split(records, np.cumsum(counts)[:-1]), strict=True):
             chunk.tofile(os.path.join(directory, file))
         splits.append(records)
     return splits[0], splits[1]

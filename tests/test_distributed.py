@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from mpi import assert_same_weights, train_small
 
 
@@ -19,7 +20,8 @@ def test_training_moves_the_weights(single, tmp_path):
 
 @pytest.mark.parametrize("ranks,flags", [(2, ()), (2, ("--no-overlap",)), (4, ()), (4, ("--no-overlap",))])
 def test_ranks_equal_one_process(single, tmp_path, ranks, flags):
-    """24 samples over 2 or 4 ranks, BN statistics, dropout masks and validation figures included, overlap on and off."""
+    """24 samples over 2 or 4 ranks, BN statistics, dropout masks and validation figures included, overlap on
+    and off."""
     assert_same_weights(single, train_small(tmp_path, ranks, *flags))
 
 

@@ -14,20 +14,22 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
-from helpers import every_layer_network
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend, gpu_available, make_backend
 from pydtnn_lite.kernels import conv, gpu, pooling
 from pydtnn_lite.layers import StepContext
 from pydtnn_lite.models import create_model
+
+from helpers import every_layer_network
 
 KERNEL_SOURCE = Path(gpu.__file__).with_name("gpu_kernels.cu")
 WINDOW_KERNELS = ("im2col", "col2im", "maxpool", "maxpool_grad", "avgpool", "avgpool_grad")
@@ -260,7 +262,7 @@ def test_entries_run_numpy_arrays_on_numpy_and_others_on_cuda(device: Device,
     assert launched == []
     actual = kernels.maxpool(device.foreign(x), 3, 3, 2, 0)
     assert launched == ["maxpool"]
-    for a, b in zip(actual, expected):
+    for a, b in zip(actual, expected, strict=True):
         assert_same(device.to_host(a), b)
     generic = {**vars(conv), **vars(pooling)}
     for name in WINDOW_KERNELS:
@@ -295,5 +297,5 @@ def test_networks_on_the_cuda_kernels_compute_what_they_compute_on_numpy(
         for name in WINDOW_KERNELS:
             monkeypatch.setattr(kernels, name, getattr(gpu, name))
     tolerance = 0.0 if on_host else 1e-9
-    for actual, wanted in zip(forward_backward(model, shape, device.backend), expected):
+    for actual, wanted in zip(forward_backward(model, shape, device.backend), expected, strict=True):
         np.testing.assert_allclose(actual, wanted, rtol=tolerance, atol=tolerance * np.abs(wanted).max())

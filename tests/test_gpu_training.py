@@ -5,9 +5,10 @@ import os
 
 import numpy as np
 import pytest
-from mpi import REPO, run, train_cli, train_small
 
 from pydtnn_lite.backend import gpu_available
+
+from mpi import REPO, run, train_cli, train_small
 
 pytestmark = pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
 

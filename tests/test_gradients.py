@@ -3,13 +3,33 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import (FLOAT64, every_layer_network, network_gradient_error, numeric_gradient, relative_error,
-                     sample_per_segment)
 
-from pydtnn_lite.layers import (Add, AvgPool2D, BatchNorm, Concat, Conv2D, Dense, Dropout, Flatten,
-                                GlobalAvgPool2D, MaxPool2D, MeanSquaredError, ReLU, SoftmaxCrossEntropy,
-                                StepContext)
+from pydtnn_lite.layers import (
+    Add,
+    AvgPool2D,
+    BatchNorm,
+    Concat,
+    Conv2D,
+    Dense,
+    Dropout,
+    Flatten,
+    GlobalAvgPool2D,
+    MaxPool2D,
+    MeanSquaredError,
+    ReLU,
+    SoftmaxCrossEntropy,
+    StepContext,
+)
 from pydtnn_lite.models import create_model
+
+from helpers import (
+    FLOAT64,
+    every_layer_network,
+    network_gradient_error,
+    numeric_gradient,
+    relative_error,
+    sample_per_segment,
+)
 
 TOLERANCE = 1e-6
 
@@ -28,7 +48,7 @@ def check_layer(layer, input_shapes, batch=3, seed=0):
     objective()
     grad_in = layer.backward(projection)
     grad_in = grad_in if isinstance(grad_in, list) else [grad_in]
-    for x, analytic in zip(inputs, grad_in):
+    for x, analytic in zip(inputs, grad_in, strict=True):
         assert relative_error(analytic, numeric_gradient(objective, x)) <= TOLERANCE
     for name, param in layer.params.items():
         objective()

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from helpers import digits_trainer
-
 from pydtnn_lite.comm import Request, SerialCommunicator
 from pydtnn_lite.comm.gradients import make_gradient_synchronizer
 from pydtnn_lite.layers import StepContext
+
+from helpers import digits_trainer
 
 
 class RecordingRequest(Request):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import os
@@ -11,12 +12,16 @@ import sys
 
 import numpy as np
 import pytest
-from mpi import REPO, train_cli
 
 from pydtnn_lite.costs import KernelCost
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, KIB, log_spaced_sizes
-from pydtnn_lite.perfmodel.modelling.allreduce import (AllreduceModel, InterpolatedAllreduce, Link, allreduce_seconds,
-                                                       fit_allreduce)
+from pydtnn_lite.perfmodel.modelling.allreduce import (
+    AllreduceModel,
+    InterpolatedAllreduce,
+    Link,
+    allreduce_seconds,
+    fit_allreduce,
+)
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
 from pydtnn_lite.perfmodel.modelling.prediction import PredictedKernel, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline, gemm_intensity
@@ -24,6 +29,8 @@ from pydtnn_lite.perfmodel.modelling.synchronization import expected_maximum, fi
 from pydtnn_lite.perfmodel.modelling.validation import typical, validate
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from pydtnn_lite.tracing.records import KernelRecord, StepRecord
+
+from mpi import REPO, train_cli
 
 LINK = Link(alpha=1e-6, beta=1e-9, gamma=1e-10)
 REFERENCE_CALIBRATION = os.path.join(REPO, "calibration", "dev-2core.json")
@@ -107,7 +114,7 @@ def test_the_calibration_samples_allreduce_every_quarter_octave_from_64_kib():
     assert log_spaced_sizes(64 * KIB, 256 * KIB, 2) == tuple(k * KIB for k in (64, 91, 128, 181, 256))
     dense = [n for n in FULL_SIZES if n >= 64 * KIB]
     assert FULL_SIZES[:6] == tuple(KIB << i for i in range(6)) and dense[-1] == 256 << 20
-    assert all(b / a == pytest.approx(2 ** 0.25, rel=0.01) for a, b in zip(dense, dense[1:]))
+    assert all(b / a == pytest.approx(2 ** 0.25, rel=0.01) for a, b in itertools.pairwise(dense))
 
 
 def test_expected_maximum_of_normal_draws_and_the_fitted_wait():

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import FLOAT64
 
 from pydtnn_lite.layers import AvgPool2D, BatchNorm, Conv2D, Dense, MaxPool2D, SoftmaxCrossEntropy, StepContext
+
+from helpers import FLOAT64
 
 CTX = StepContext(training=True, global_batch=2)
 

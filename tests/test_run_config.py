@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
+from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import SerialCommunicator, make_gradient_synchronizer
 from pydtnn_lite.data import open_dataset
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.models import create_model
-from pydtnn_lite.backend import make_backend
 from pydtnn_lite.run_config import RunConfig
 from pydtnn_lite.train import build_parser
 from pydtnn_lite.training import TrainerSettings, build_trainer

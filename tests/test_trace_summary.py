@@ -1,7 +1,6 @@
 """The trace summary's figures against hand-computed ones on records made up for the purpose."""
 from __future__ import annotations
 
-
 import pytest
 
 from pydtnn_lite.tracing.records import COMMUNICATION, COMPUTE, TRAIN, KernelRecord, StepRecord

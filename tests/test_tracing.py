@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import math
 import subprocess
@@ -9,8 +10,6 @@ import sys
 from collections import Counter
 
 import pytest
-from helpers import every_layer_network
-from mpi import train_cli
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import make_backend
@@ -25,6 +24,9 @@ from pydtnn_lite.tracing import Tracer, load_trace
 from pydtnn_lite.tracing.records import COMMUNICATION, COMPUTE, EVAL, TRAIN
 from pydtnn_lite.training import TrainerSettings, build_trainer
 from pydtnn_lite.training.observer import NO_OBSERVER
+
+from helpers import every_layer_network
+from mpi import train_cli
 
 
 def traced_trainer(network: Network, dataset: str = "digits", batch: int = 8, steps: int = 3, skip: int = 1,
@@ -83,7 +85,7 @@ def test_kernel_times_add_up_to_the_step_and_never_overlap():
     for step in tracer.steps:
         events = sorted((k for k in tracer.kernels if k.step == step.step and k.phase == TRAIN),
                         key=lambda k: k.start)
-        for before, after in zip(events, events[1:]):
+        for before, after in itertools.pairwise(events):
             assert after.start >= before.start + before.duration - 1e-7
         assert events[0].start >= step.start - 1e-7
         assert events[-1].start + events[-1].duration <= step.start + step.duration + 1e-7

@@ -1,15 +1,18 @@
 """Single-process training: convergence on real data, optimizers, schedule, partitions, buckets."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
-from helpers import digits_trainer
 
 from pydtnn_lite.backend import BackendError, gpu_available, make_backend
 from pydtnn_lite.comm.gradients import plan_buckets
 from pydtnn_lite.data import EpochSampler, open_dataset, partition
 from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.optim import LearningRateSchedule
+
+from helpers import digits_trainer
 
 
 @pytest.mark.parametrize("model,lr,epochs", [("lenet", 0.02, 5), ("mlp", 0.02, 3)])
@@ -52,7 +55,7 @@ def test_buckets_tile_the_gradient_in_reverse_layer_order():
     net = create_model("vgg11", (32, 32, 3), 10).build(make_backend())
     buckets = plan_buckets(net, 4 << 20, 1 << 20)
     assert buckets[0].stop == net.flat_grads.size and buckets[-1].start == 0
-    assert all(a.start == b.stop for a, b in zip(buckets, buckets[1:]))
+    assert all(a.start == b.stop for a, b in itertools.pairwise(buckets))
     assert buckets[0].size * 4 <= 1 << 20
     assert all(b.size * 4 <= 4 << 20 for b in buckets)
     assert [b.first_layer for b in buckets] == sorted((b.first_layer for b in buckets), reverse=True)

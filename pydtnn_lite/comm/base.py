@@ -10,7 +10,8 @@ is instantiated instead of silently behaving as a single process.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

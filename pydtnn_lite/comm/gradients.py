@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -36,7 +35,7 @@ class Bucket:
         return self.stop - self.start
 
 
-def plan_buckets(network: Network, bucket_bytes: float, first_bucket_bytes: Optional[float] = None) -> list[Bucket]:
+def plan_buckets(network: Network, bucket_bytes: float, first_bucket_bytes: float | None = None) -> list[Bucket]:
     """Cut the flat gradient, last layer first, into buckets of at most ``bucket_bytes``
     (the first at most ``first_bucket_bytes``, by default the smaller of
     :data:`FIRST_BUCKET_MB` MiB and ``bucket_bytes``); a layer larger than a bucket spans several."""
@@ -68,7 +67,7 @@ class GradientSynchronizer:
     """
 
     def __init__(self, network: Network, comm: Communicator, bucket_mb: float = 4.0,
-                 first_bucket_mb: Optional[float] = None, overlap: bool = True) -> None:
+                 first_bucket_mb: float | None = None, overlap: bool = True) -> None:
         self.network, self.comm, self.overlap = network, comm, overlap
         first_bucket_bytes = None if first_bucket_mb is None else first_bucket_mb * MIB
         self.buckets = plan_buckets(network, bucket_mb * MIB, first_bucket_bytes) if network.segments else []
@@ -112,7 +111,7 @@ class GradientSynchronizer:
 
 
 def make_gradient_synchronizer(network: Network, comm: Communicator, bucket_mb: float,
-                               overlap: bool, first_bucket_mb: Optional[float] = None) -> GradientSynchronizer:
+                               overlap: bool, first_bucket_mb: float | None = None) -> GradientSynchronizer:
     """A synchronizer whose first bucket is at most ``first_bucket_mb``, by default the
     smaller of :data:`FIRST_BUCKET_MB` and ``bucket_mb``."""
     return GradientSynchronizer(network, comm, bucket_mb, first_bucket_mb, overlap)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +18,7 @@ SPIN_SECONDS = 0.01  # poll without sleeping this long: most collectives finish 
 class MPIRequest(Request):
     """A non-blocking collective whose wait is bounded by the communicator's timeout."""
 
-    def __init__(self, communicator: "MPICommunicator", request: Any, sequence: int, what: str) -> None:
+    def __init__(self, communicator: MPICommunicator, request: Any, sequence: int, what: str) -> None:
         self.communicator, self.request = communicator, request
         self.sequence, self.what = sequence, what
         self.done = False
@@ -46,7 +47,7 @@ class MPICommunicator(Communicator):
 
     name = "mpi"
 
-    def __init__(self, world: Optional[MPICommunicator] = None, timeout: float = 0.0) -> None:
+    def __init__(self, world: MPICommunicator | None = None, timeout: float = 0.0) -> None:
         """Over the ranks of ``world`` (MPI.COMM_WORLD when None)."""
         from mpi4py import MPI
 
@@ -70,7 +71,7 @@ class MPICommunicator(Communicator):
     def allreduce(self, array: Any) -> Any:
         return self.allreduce_buffer(array)
 
-    def iallreduce(self, array: Any) -> MPIRequest:
+    def iallreduce(self, array: Any) -> Request:
         return self.iallreduce_buffer(array)
 
     def broadcast(self, array: Any, root: int = 0) -> Any:
@@ -124,7 +125,7 @@ class MPICommunicator(Communicator):
         self._mpi.Barrier()
 
     # ------------------------------------------------------------- sub-communicators and timing
-    def split(self, color: Optional[int], key: int) -> Optional[MPICommunicator]:
+    def split(self, color: int | None, key: int) -> MPICommunicator | None:
         """Collective: a communicator over the ranks that pass the same ``color``, ranked by
         ``key``, with this one's timeout; None for a rank that passes None (it joins none).
         Release it with :meth:`free`."""

@@ -10,7 +10,8 @@ of hanging the GPU.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ def nccl_group(mpi_comm: Any) -> Any:
 class NCCLRequest(Request):
     """A collective queued on the NCCL stream; complete once its event has passed."""
 
-    def __init__(self, level: "NCCLLevel", done: Any, what: str) -> None:
+    def __init__(self, level: NCCLLevel, done: Any, what: str) -> None:
         self.level, self.done, self.what = level, done, what
         self.finished = False
 
@@ -111,7 +112,7 @@ class NCCLCommunicator(MPICommunicator):
 
     name = "nccl"
 
-    def __init__(self, backend: Backend, world: Optional[MPICommunicator] = None, timeout: float = 0.0) -> None:
+    def __init__(self, backend: Backend, world: MPICommunicator | None = None, timeout: float = 0.0) -> None:
         super().__init__(world, timeout)
         self.level = NCCLLevel(self._mpi, self, backend.xp)
 

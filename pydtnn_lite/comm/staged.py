@@ -7,7 +7,8 @@ copies are plain memory copies and the results are those of :class:`MPICommunica
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm.base import Request
@@ -39,7 +40,7 @@ class HostStagedCommunicator(MPICommunicator):
 
     name = "mpi-host-staged"
 
-    def __init__(self, backend: Backend, world: Optional[MPICommunicator] = None, timeout: float = 0.0) -> None:
+    def __init__(self, backend: Backend, world: MPICommunicator | None = None, timeout: float = 0.0) -> None:
         super().__init__(world, timeout)
         self.backend = backend
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm.base import Communicator
@@ -62,7 +62,7 @@ def check_strategy(choice: str, placement: Placement) -> None:
                         "the CPU: use --comm mpi (host-staged) or --comm gpu-side")
     if choice == "gpu-side" and not gpus:
         raise UserError("--comm gpu-side needs at least one GPU rank: use --device gpu on some ranks, or --comm mpi")
-    shared = [key for key, count in Counter(zip(placement.nodes, placement.devices)).items()
+    shared = [key for key, count in Counter(zip(placement.nodes, placement.devices, strict=True)).items()
               if count > 1 and key[1].startswith("gpu")]
     if shared and choice != "mpi":  # every other strategy may put these ranks in one NCCL group
         node, device = shared[0]
@@ -133,7 +133,7 @@ def fastest(candidates: dict[str, Communicator], elements: int, backend: Backend
             agree: Callable[[float], float]) -> str:
     """The name of the candidate that sums ``elements`` values fastest; ``agree`` turns this
     rank's seconds into the job's (the slowest rank's), so all ranks pick the same."""
-    timings = {}
+    timings: dict[str, float] = {}
     for name, comm in candidates.items():
         buffer = backend.xp.zeros(elements, dtype=backend.dtype)
         comm.allreduce(buffer)  # warm-up: connections and buffers
@@ -143,7 +143,7 @@ def fastest(candidates: dict[str, Communicator], elements: int, backend: Backend
             comm.allreduce(buffer)
         backend.synchronize()
         timings[name] = agree((time.perf_counter() - began) / TIMING_REPEATS)
-    return min(timings, key=timings.get)
+    return min(timings, key=timings.__getitem__)
 
 
 def connect(world: Communicator, backend: Backend, choice: str, bucket_elements: int, host: str,
@@ -160,6 +160,8 @@ def connect(world: Communicator, backend: Backend, choice: str, bucket_elements:
     strategy = resolve_auto(placement) if choice == "auto" else choice
     if world.size == 1:
         return world, placement, world.describe()
+    if not isinstance(world, MPICommunicator):
+        raise TypeError(f"connect: {world.size} ranks need an MPICommunicator, got {type(world).__name__}")
     if strategy:
         comm = build_communicator(strategy, placement, backend, world, timeout)
         return comm, placement, f"{comm.describe()}, {strategy} strategy"

@@ -8,7 +8,8 @@ result goes back the same way. Each level is MPI or NCCL, chosen per group.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm.base import Request
@@ -83,15 +84,15 @@ class TwoLevelCommunicator(HostStagedCommunicator):
     """
 
     def __init__(self, backend: Backend, leader_of: Sequence[int], inner_kind: str, outer_kind: str,
-                 name: str, world: Optional[MPICommunicator] = None, timeout: float = 0.0) -> None:
+                 name: str, world: MPICommunicator | None = None, timeout: float = 0.0) -> None:
         super().__init__(backend, world, timeout)
         self.name, self.leader_of = name, list(leader_of)
         leader = self.leader_of[self.rank]
         is_leader = leader == self.rank
         group = self._mpi.Split(color=leader, key=0 if is_leader else 1 + self.rank)  # the leader is the group's root
         leaders = self._mpi.Split(color=0 if is_leader else self.MPI.UNDEFINED, key=self.rank)
-        self.inner: Optional[Level] = self._level(inner_kind, group) if group.Get_size() > 1 else None
-        self.outer: Optional[Level] = None
+        self.inner: Level | None = self._level(inner_kind, group) if group.Get_size() > 1 else None
+        self.outer: Level | None = None
         if is_leader and leaders.Get_size() > 1:
             self.outer = self._level(outer_kind, leaders)
 

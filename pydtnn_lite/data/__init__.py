@@ -1,7 +1,7 @@
 """Data sets by name, each opened for one split ('train' or 'test')."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from pydtnn_lite.data.augment import Augmentation
 from pydtnn_lite.data.base import DataError, Dataset
@@ -16,57 +16,50 @@ from pydtnn_lite.data.synthetic import SyntheticDataset
 SYNTHETIC_SIZES = {"train": 50_000, "test": 10_000}
 
 
-def _synthetic(split: str, data_dir: Optional[str], seed: int) -> Dataset:
+def _synthetic(split: str, seed: int) -> Dataset:
     return SyntheticDataset(SYNTHETIC_SIZES[split], (32, 32, 3), 10, seed=seed, split=int(split == "test"),
                             name="synthetic")
 
 
-def _synthetic_imagenet(split: str, data_dir: Optional[str], seed: int) -> Dataset:
+def _synthetic_imagenet(split: str, seed: int) -> Dataset:
     return SyntheticDataset(SYNTHETIC_SIZES[split], (224, 224, 3), 1000, seed=seed, split=int(split == "test"),
                             name="synthetic-imagenet")
 
 
-def _digits(split: str, data_dir: Optional[str], seed: int) -> Dataset:
+def _digits(split: str, seed: int) -> Dataset:
     return DigitsDataset(split)
 
 
-def _cifar10(split: str, data_dir: Optional[str], seed: int) -> Dataset:
-    return Cifar10Dataset(data_dir, split)
-
-
-def _mnist(split: str, data_dir: Optional[str], seed: int) -> Dataset:
-    return MnistDataset(data_dir, split)
-
-
-def _npz(split: str, data_dir: Optional[str], seed: int) -> Dataset:
-    return NpzShardDataset(data_dir, split)
-
-
-DATASETS: dict[str, Callable[[str, Optional[str], int], Dataset]] = {
+GENERATED: dict[str, Callable[[str, int], Dataset]] = {  # (split, seed): made or bundled, no files needed
     "synthetic": _synthetic,
     "synthetic-imagenet": _synthetic_imagenet,
     "digits": _digits,
-    "cifar10": _cifar10,
-    "mnist": _mnist,
-    "npz": _npz,
 }
-NEEDS_DATA_DIR: set[str] = {"cifar10", "mnist", "npz"}
+FROM_FILES: dict[str, Callable[[str, str], Dataset]] = {  # (data_dir, split): read from --data-dir
+    "cifar10": Cifar10Dataset,
+    "mnist": MnistDataset,
+    "npz": NpzShardDataset,
+}
 
 
 def dataset_names() -> list[str]:
-    return list(DATASETS)
+    """Every data set name: the generated ones, then those read from files."""
+    return [*GENERATED, *FROM_FILES]
 
 
-def open_dataset(name: str, split: str = "train", data_dir: Optional[str] = None, seed: int = 0) -> Dataset:
+def open_dataset(name: str, split: str = "train", data_dir: str | None = None, seed: int = 0) -> Dataset:
     """Open data set ``name`` for ``split``; file-based sets read from ``data_dir``."""
-    if name not in DATASETS:
-        raise DataError(f"unknown data set {name!r}: choose one of {', '.join(DATASETS)}")
+    if name not in GENERATED and name not in FROM_FILES:
+        raise DataError(f"unknown data set {name!r}: choose one of {', '.join(dataset_names())}")
     if split not in ("train", "test"):
         raise DataError(f"unknown split {split!r}: use 'train' or 'test'")
-    if name in NEEDS_DATA_DIR and not data_dir:
+    if name in GENERATED:
+        return GENERATED[name](split, seed)
+    if not data_dir:
         raise DataError(f"the {name} data set is read from files: pass --data-dir DIR")
-    return DATASETS[name](split, data_dir, seed)
+    return FROM_FILES[name](data_dir, split)
 
 
 __all__ = ["Augmentation", "DataError", "Dataset", "EpochSampler", "partition", "local_rows", "open_dataset",
-           "dataset_names", "SlowedDataset", "SyntheticDataset", "DigitsDataset", "Cifar10Dataset", "MnistDataset", "NpzShardDataset"]
+           "dataset_names", "SlowedDataset", "SyntheticDataset", "DigitsDataset", "Cifar10Dataset", "MnistDataset",
+           "NpzShardDataset"]

@@ -100,7 +100,7 @@ class Augmentation:
         out = np.empty_like(images)
         # One slice copy per sample: faster than one fancy-indexing gather of every pixel
         # (docs/data.md, 'Augmentation').
-        for i, (row, column, flip) in enumerate(zip(rows, columns, flips)):
+        for i, (row, column, flip) in enumerate(zip(rows, columns, flips, strict=True)):
             window = padded[i, row:row + height, column:column + width]
             out[i] = window[:, ::-1] if flip else window
         return out

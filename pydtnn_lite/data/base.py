@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Container
 
 import numpy as np
 
@@ -12,7 +13,8 @@ class DataError(UserError, ValueError):
     """Missing, unreadable or inconsistent data; the message says which file and what to do."""
 
 
-def check_data_directory(data_dir: object, split: str, splits: object, what: str, hint: str) -> str:
+def check_data_directory(data_dir: str | os.PathLike, split: str, splits: Container[str], what: str,
+                         hint: str) -> str:
     """Validate ``split`` (one of ``splits``) and that ``data_dir`` is a directory; return its path."""
     if split not in splits:
         raise DataError(f"unknown split {split!r}: use 'train' or 'test'")

@@ -17,7 +17,7 @@ import zipfile
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import IO, Optional
+from typing import IO
 
 import numpy as np
 from numpy.lib import format as npy
@@ -41,7 +41,7 @@ class _Shard:
     path: str
     shape: tuple[int, ...]
     fortran_order: bool
-    data_offset: Optional[int]  # byte offset of the raw images in the file; None when compressed
+    data_offset: int | None  # byte offset of the raw images in the file; None when compressed
 
 
 def _array_header(stream: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:
@@ -65,7 +65,7 @@ def _stored_offset(path: str, info: zipfile.ZipInfo, header_size: int) -> int:
     return info.header_offset + LOCAL_HEADER.size + name_size + extra_size + header_size
 
 
-def _read_shard(path: str) -> tuple[_Shard, np.ndarray, Optional[int]]:
+def _read_shard(path: str) -> tuple[_Shard, np.ndarray, int | None]:
     """The shard's image layout, its labels and its ``classes`` count (None if absent)."""
     with zipfile.ZipFile(path) as archive:
         names = set(archive.namelist())
@@ -83,13 +83,13 @@ def _read_shard(path: str) -> tuple[_Shard, np.ndarray, Optional[int]]:
                   if info.compress_type == zipfile.ZIP_STORED else None)
         with archive.open("y.npy") as stream:
             labels = npy.read_array(stream, allow_pickle=False)
-        classes = None
+        classes: int | None = None
         if "classes.npy" in names:
             with archive.open("classes.npy") as stream:
-                classes = npy.read_array(stream, allow_pickle=False)
-            if classes.size != 1 or not np.issubdtype(classes.dtype, np.integer):
-                raise DataError(f"shard {path}: classes must be one integer, got {classes!r}: {HINT}")
-            classes = int(classes.reshape(()))
+                stored = npy.read_array(stream, allow_pickle=False)
+            if stored.size != 1 or not np.issubdtype(stored.dtype, np.integer):
+                raise DataError(f"shard {path}: classes must be one integer, got {stored!r}: {HINT}")
+            classes = int(stored.reshape(()))
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise DataError(f"shard {path}: y is {labels.dtype} {labels.shape}, expected integers (n,): {HINT}")
     if len(labels) != shape[0]:

@@ -7,18 +7,18 @@ empty still takes part in the step's collectives.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 
 def partition(total: int, weights: Sequence[float]) -> list[int]:
     """Split ``total`` samples in proportion to ``weights`` (largest-remainder rounding, sums exactly)."""
-    weights = np.asarray(weights, dtype=np.float64)
-    if total < 0 or len(weights) == 0 or (weights < 0).any() or weights.sum() <= 0:
-        raise ValueError(f"cannot split {total} samples by weights {list(weights)}")
-    exact = total * weights / weights.sum()
+    ratios = np.asarray(weights, dtype=np.float64)
+    if total < 0 or len(ratios) == 0 or (ratios < 0).any() or ratios.sum() <= 0:
+        raise ValueError(f"cannot split {total} samples by weights {list(ratios)}")
+    exact = total * ratios / ratios.sum()
     shares = np.floor(exact).astype(int)
     for index in np.argsort(-(exact - shares), kind="stable")[: total - shares.sum()]:
         shares[index] += 1

@@ -14,19 +14,27 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from pydtnn_lite.kernels import conv, gpu, pooling
 from pydtnn_lite.kernels.blas import bias_add, bias_grad, gemm
-from pydtnn_lite.kernels.elementwise import (add, concat, dropout_mask, dropout_apply, relu,
-                                             relu_grad, split)
-from pydtnn_lite.kernels.loss import (softmax_cross_entropy, softmax_cross_entropy_grad, squared_error,
-                                      squared_error_grad)
-from pydtnn_lite.kernels.normalization import (batchnorm_grad_input, batchnorm_grad_sums,
-                                               batchnorm_inference, batchnorm_normalize,
-                                               batchnorm_sums)
+from pydtnn_lite.kernels.elementwise import add, concat, dropout_apply, dropout_mask, relu, relu_grad, split
+from pydtnn_lite.kernels.loss import (
+    softmax_cross_entropy,
+    softmax_cross_entropy_grad,
+    squared_error,
+    squared_error_grad,
+)
+from pydtnn_lite.kernels.normalization import (
+    batchnorm_grad_input,
+    batchnorm_grad_sums,
+    batchnorm_inference,
+    batchnorm_normalize,
+    batchnorm_sums,
+)
 from pydtnn_lite.kernels.update import adam_update, sgd_update
 
 

@@ -1,12 +1,12 @@
 """Matrix kernels: GEMM and the bias operations that accompany it."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from pydtnn_lite.backend import array_module
 
 
-def gemm(a: Any, b: Any, trans_a: bool = False, trans_b: bool = False, out: Optional[Any] = None) -> Any:
+def gemm(a: Any, b: Any, trans_a: bool = False, trans_b: bool = False, out: Any | None = None) -> Any:
     """Return ``op(a) @ op(b)``, written into ``out`` when given.
 
     Transposes are views, so BLAS (or cuBLAS) reads them through its transpose flags

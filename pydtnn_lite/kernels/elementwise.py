@@ -1,7 +1,8 @@
 """Element-wise kernels: activation, dropout and the merges of residual and dense blocks."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

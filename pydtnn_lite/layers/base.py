@@ -1,8 +1,9 @@
 """What every layer is: parameters, gradients, forward, backward and kernel costs."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -88,7 +89,10 @@ class Layer:
         """Subclass hook: make parameters, return the output shape (default: shape unchanged)."""
         return tuple(input_shapes[0])
 
-    def forward(self, *inputs: Any, ctx: StepContext) -> Any:
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        """Return the output of one input array per source, the step's :class:`StepContext`
+        passed as keyword ``ctx``. Subclasses name their inputs (``forward(self, x, ctx)``):
+        the ``*inputs, **kwargs`` signature lets each take the number it has."""
         raise NotImplementedError
 
     def backward(self, grad_out: Any) -> Any:
@@ -107,6 +111,6 @@ class Layer:
         """Short hyper-parameter string for summaries."""
         return ""
 
-    def elements(self, batch: int, shape: Optional[Shape] = None) -> int:
+    def elements(self, batch: int, shape: Shape | None = None) -> int:
         """Number of elements of a batch of tensors of ``shape`` (default: the output)."""
         return batch * int(np.prod(shape if shape is not None else self.output_shape))

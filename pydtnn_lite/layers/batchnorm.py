@@ -1,7 +1,8 @@
 """Batch normalisation with statistics taken over the whole global batch."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

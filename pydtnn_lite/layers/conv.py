@@ -1,7 +1,8 @@
 """2-D convolution as im2col followed by one GEMM over the whole batch."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

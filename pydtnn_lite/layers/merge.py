@@ -1,7 +1,8 @@
 """Layers that join branches: residual Add and channel Concat."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -1,7 +1,8 @@
 """Max, average and global-average pooling over NHWC tensors."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from pydtnn_lite.layers.base import Layer, Shape, StepContext
 class _Pool2D(Layer):
     """Shared geometry of the pooling layers: a square window, a stride, a padding."""
 
-    def __init__(self, pool_size: Optional[int] = 2, stride: Optional[int] = None, padding: int = 0) -> None:
+    def __init__(self, pool_size: int = 2, stride: int | None = None, padding: int = 0) -> None:
         super().__init__()
         self.pool_size = pool_size
         self.stride = stride if stride is not None else pool_size
@@ -23,10 +24,6 @@ class _Pool2D(Layer):
 
     def init(self, input_shapes: Sequence[Shape], backend: Backend, rng: np.random.Generator) -> Shape:
         h, w, channels = input_shapes[0]
-        if self.pool_size is None:  # global pooling: one window covers the whole map
-            self.pool_size, self.stride = h, h
-            if h != w:
-                raise ValueError(f"{self.name}: global pooling needs a square map, got {h}x{w}")
         ho = output_size(h, self.pool_size, self.stride, self.padding)
         wo = output_size(w, self.pool_size, self.stride, self.padding)
         if ho < 1 or wo < 1:
@@ -91,7 +88,14 @@ class GlobalAvgPool2D(AvgPool2D):
     kind = "globalpool"
 
     def __init__(self) -> None:
-        super().__init__(pool_size=None)
+        super().__init__(pool_size=1)  # until build makes the window the whole map
+
+    def init(self, input_shapes: Sequence[Shape], backend: Backend, rng: np.random.Generator) -> Shape:
+        h, w, _ = input_shapes[0]
+        if h != w:
+            raise ValueError(f"{self.name}: global pooling needs a square map, got {h}x{w}")
+        self.pool_size = self.stride = h
+        return super().init(input_shapes, backend, rng)
 
     def describe(self) -> str:
         return "global"

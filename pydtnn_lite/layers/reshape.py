@@ -1,7 +1,8 @@
 """Flatten: NHWC maps to one feature vector per sample."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -7,7 +7,7 @@ and the record's layer, shapes, FLOPs and bytes in ``args``.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from pydtnn_lite.tracing.records import COMMUNICATION, COMPUTE, KernelRecord, StepRecord
 

@@ -7,7 +7,8 @@ and waits are timed where the synchronizer calls them.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 

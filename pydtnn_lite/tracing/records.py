@@ -14,8 +14,9 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import astuple, dataclass, fields
-from typing import Any, Iterable, Type, TypeVar
+from typing import Any, TypeVar
 
 
 EVENTS_FILE, STEPS_FILE, META_FILE = "events.csv", "steps.csv", "meta.json"
@@ -64,7 +65,7 @@ class StepRecord:
 Record = TypeVar("Record", KernelRecord, StepRecord)
 
 
-def write_records(path: str, records: Iterable[Any], kind: Type[Record]) -> None:
+def write_records(path: str, records: Iterable[Any], kind: type[Record]) -> None:
     """Write ``records`` of dataclass ``kind`` as CSV with a header row."""
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
@@ -72,16 +73,17 @@ def write_records(path: str, records: Iterable[Any], kind: Type[Record]) -> None
         writer.writerows(astuple(record) for record in records)
 
 
-def read_records(path: str, kind: Type[Record]) -> list[Record]:
+def read_records(path: str, kind: type[Record]) -> list[Record]:
     """Read a CSV written by :func:`write_records` back into ``kind`` objects."""
-    types = [f.type for f in fields(kind)]
-    convert = {"int": int, "float": float, "str": str}
+    convert: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
+    # The field types are strings under postponed annotations, classes without them.
+    converters = [convert[f.type if isinstance(f.type, str) else f.type.__name__] for f in fields(kind)]
     with open(path, newline="", encoding="utf-8") as handle:
         rows = list(csv.reader(handle))
     expected = [f.name for f in fields(kind)]
     if not rows or rows[0] != expected:
         raise ValueError(f"{path} is not a {kind.__name__} file (header {rows[0] if rows else 'missing'})")
-    return [kind(*(convert[t](value) for t, value in zip(types, row))) for row in rows[1:]]
+    return [kind(*(to(value) for to, value in zip(converters, row, strict=True))) for row in rows[1:]]
 
 
 def write_meta(directory: str, meta: dict) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import csv
 import math
 from collections import defaultdict
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -22,8 +22,11 @@ def statistics(records: Sequence[KernelRecord]) -> dict:
     total = float(seconds.sum())
     flops = np.array([r.flops for r in records])
     nbytes = np.array([r.bytes for r in records])
-    rate = (lambda amount: float(np.nansum(amount)) / total / 1e9
-            if total > 0 and not np.isnan(amount).all() else math.nan)
+
+    def rate(amount: np.ndarray) -> float:
+        """The sum of ``amount`` in billions per second; NaN when it is unknown or no time passed."""
+        return float(np.nansum(amount)) / total / 1e9 if total > 0 and not np.isnan(amount).all() else math.nan
+
     return {"calls": len(records), "total_s": total, "mean_s": float(seconds.mean()),
             "median_s": float(np.median(seconds)), "min_s": float(seconds.min()), "max_s": float(seconds.max()),
             "p90_s": float(np.percentile(seconds, 90)), "gflops_per_s": rate(flops), "gbytes_per_s": rate(nbytes)}
@@ -35,7 +38,7 @@ def grouped(records: Iterable[KernelRecord], key: Callable[[KernelRecord], tuple
     groups: dict[tuple, list[KernelRecord]] = defaultdict(list)
     for record in records:
         groups[key(record)].append(record)
-    return [dict(zip(names, k), **statistics(group)) for k, group in sorted(groups.items())]
+    return [dict(zip(names, k, strict=True), **statistics(group)) for k, group in sorted(groups.items())]
 
 
 def kernel_rows(records: Iterable[KernelRecord]) -> list[dict]:
@@ -58,12 +61,13 @@ def rank_rows(records: Sequence[KernelRecord], steps: Sequence[StepRecord]) -> l
     that spends least. Communication time is mostly waiting for the other ranks, so the
     rank that spends least is the straggler and the others' excess is time lost to it.
     """
-    count = defaultdict(int)
-    wall = defaultdict(float)
+    count: defaultdict[int, int] = defaultdict(int)
+    wall: defaultdict[int, float] = defaultdict(float)
     for step in steps:
         count[step.rank] += 1
         wall[step.rank] += step.duration
-    busy, waiting = defaultdict(float), defaultdict(float)
+    busy: defaultdict[int, float] = defaultdict(float)
+    waiting: defaultdict[int, float] = defaultdict(float)
     for record in records:
         if record.phase == TRAIN:
             (waiting if record.thread == COMMUNICATION else busy)[record.rank] += record.duration

@@ -11,15 +11,17 @@ ranks) and so computes the same shares: the ranks never disagree on the partitio
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 
-def step_seconds(weights: Sequence[float], speeds: Sequence[float]) -> float:
+def step_seconds(weights: npt.ArrayLike, speeds: npt.ArrayLike) -> float:
     """Relative step time of shares proportional to ``weights`` on ranks of ``speeds``."""
-    shares = np.asarray(weights, dtype=np.float64) / np.sum(weights)
+    shares = np.asarray(weights, dtype=np.float64)
+    shares = shares / shares.sum()
     return float(np.max(shares / np.asarray(speeds, dtype=np.float64)))
 
 
@@ -43,19 +45,19 @@ class LoadBalancer:
     def __post_init__(self) -> None:
         self.speeds = np.full(self.ranks, np.nan)
 
-    def observe(self, samples: Sequence[int], busy_seconds: Sequence[float]) -> None:
+    def observe(self, samples: npt.ArrayLike, busy_seconds: npt.ArrayLike) -> None:
         """Add one step's samples and busy seconds of every rank (a rank with no samples keeps its speed)."""
-        samples = np.asarray(samples, dtype=np.float64)
+        counts = np.asarray(samples, dtype=np.float64)
         busy = np.maximum(np.asarray(busy_seconds, dtype=np.float64), 1e-9)
         self.observed += 1
         if self.observed <= 1:  # the first step pays one-off costs (allocation, caches)
             return
-        measured = samples / busy
+        measured = counts / busy
         smoothed = np.where(np.isnan(self.speeds), measured,
                             (1 - self.smoothing) * self.speeds + self.smoothing * measured)
-        self.speeds = np.where(samples > 0, smoothed, self.speeds)
+        self.speeds = np.where(counts > 0, smoothed, self.speeds)
 
-    def propose(self, weights: Sequence[float]) -> Optional[list[float]]:
+    def propose(self, weights: Sequence[float]) -> list[float] | None:
         """New share weights when they are due and predicted to save ``min_gain``; else None."""
         due = self.observed >= self.warmup and (self.observed - self.warmup) % self.every == 0
         if not due or np.isnan(self.speeds).any():

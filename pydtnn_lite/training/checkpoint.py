@@ -37,7 +37,7 @@ def save_checkpoint(directory: str, network: Network, optimizer: Optimizer, glob
     handle, temporary = tempfile.mkstemp(dir=directory, prefix=".checkpoint-", suffix=".npz")
     try:
         with os.fdopen(handle, "wb") as stream:
-            np.savez(stream, **arrays)
+            np.savez(stream, allow_pickle=False, **arrays)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, target)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 from pydtnn_lite.data import Dataset, SlowedDataset
 from pydtnn_lite.training.trainer import StepResult
@@ -16,9 +15,9 @@ class FaultInjection:
     """``failure``: (rank, global step) after which that rank raises; ``stall``: (rank, step)
     after which it hangs; ``delay``: (rank, seconds) of extra loading per sample on that rank."""
 
-    failure: Optional[tuple[int, int]] = None
-    stall: Optional[tuple[int, int]] = None
-    delay: Optional[tuple[int, float]] = None
+    failure: tuple[int, int] | None = None
+    stall: tuple[int, int] | None = None
+    delay: tuple[int, float] | None = None
 
     def slowed(self, data: Dataset, rank: int) -> Dataset:
         """``data``, loading slower on the delayed rank."""

@@ -9,7 +9,8 @@ calls them (``kernels.instrument`` and a wrapping communicator).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pydtnn_lite.costs import DATA_LOAD, H2D_COPY
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from pydtnn_lite.comm import Communicator, GradientSynchronizer, SerialCommunicator, make_gradient_synchronizer
 from pydtnn_lite.data import Augmentation, Dataset, EpochSampler, local_rows
@@ -61,8 +62,8 @@ class TrainerSettings:
 
     global_batch: int
     seed: int = 0
-    steps_per_epoch: Optional[int] = None
-    share_weights: Optional[tuple[float, ...]] = None
+    steps_per_epoch: int | None = None
+    share_weights: tuple[float, ...] | None = None
     augmentation: Augmentation = field(default_factory=Augmentation)
 
 
@@ -80,7 +81,7 @@ class Trainer:
 
     def __init__(self, network: Network, optimizer: Optimizer, schedule: LearningRateSchedule,
                  synchronizer: GradientSynchronizer, data: Dataset, settings: TrainerSettings,
-                 balancer: Optional[LoadBalancer] = None) -> None:
+                 balancer: LoadBalancer | None = None) -> None:
         settings.augmentation.check(data)
         self.network, self.optimizer, self.schedule = network, optimizer, schedule
         self.synchronizer, self.data, self.settings = synchronizer, data, settings
@@ -91,7 +92,7 @@ class Trainer:
         self.share_weights = list(settings.share_weights or [1.0] * self.comm.size)
         self.global_step = 0
         self.balancer = balancer
-        self.rebalanced_at: Optional[int] = None  # the global step after which the shares last changed
+        self.rebalanced_at: int | None = None  # the global step after which the shares last changed
         self.backend = network.backend
         self.observer: TrainingObserver = NO_OBSERVER
 
@@ -201,7 +202,7 @@ class Trainer:
         if proposal is not None:
             self.share_weights, self.rebalanced_at = proposal, self.global_step
 
-    def evaluate(self, data: Dataset, batch_size: int, max_steps: Optional[int] = None) -> StepResult:
+    def evaluate(self, data: Dataset, batch_size: int, max_steps: int | None = None) -> StepResult:
         """Global loss and accuracy over ``data`` (or its first ``max_steps`` batches), ranks sharing each batch."""
         self.observer.step_started(EVAL, self.global_step, 0)
         try:
@@ -209,7 +210,7 @@ class Trainer:
         finally:
             self.observer.step_finished()
 
-    def _evaluate(self, data: Dataset, batch_size: int, max_steps: Optional[int]) -> StepResult:
+    def _evaluate(self, data: Dataset, batch_size: int, max_steps: int | None) -> StepResult:
         started = time.perf_counter()
         sampler = EpochSampler(len(data), batch_size, shuffle=False)
         steps = min(max_steps or sampler.steps_per_epoch, sampler.steps_per_epoch)
@@ -232,10 +233,10 @@ class Trainer:
 
 
 def build_trainer(network: Network, data: Dataset, settings: TrainerSettings, *,
-                  comm: Optional[Communicator] = None, optimizer: Optional[Optimizer] = None,
-                  schedule: Optional[LearningRateSchedule] = None, bucket_mb: float = 4.0, overlap: bool = True,
-                  synchronizer: Optional[GradientSynchronizer] = None,
-                  balancer: Optional[LoadBalancer] = None) -> Trainer:
+                  comm: Communicator | None = None, optimizer: Optimizer | None = None,
+                  schedule: LearningRateSchedule | None = None, bucket_mb: float = 4.0, overlap: bool = True,
+                  synchronizer: GradientSynchronizer | None = None,
+                  balancer: LoadBalancer | None = None) -> Trainer:
     """A trainer of the built ``network`` on ``data``: the one place that wires one up.
 
     Gradients are summed over ``comm`` (default: this process alone) in buckets of

@@ -21,8 +21,8 @@ from pydtnn_lite.data import Augmentation, open_dataset
 from pydtnn_lite.layers import BatchNorm, Conv2D, Dense, Dropout, Flatten, MaxPool2D, ReLU
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, LearningRateSchedule
-from pydtnn_lite.runtime import install_job_abort, set_blas_threads
 from pydtnn_lite.run_config import device_of_rank
+from pydtnn_lite.runtime import install_job_abort, set_blas_threads
 from pydtnn_lite.training import TrainerSettings, build_trainer
 
 

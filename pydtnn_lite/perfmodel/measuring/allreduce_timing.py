@@ -17,7 +17,8 @@ prediction interpolates between the samples.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -85,14 +86,15 @@ def time_allreduce(comm: MPICommunicator, sizes: Sequence[int], rounds: int = RO
     return [float(np.median(np.concatenate(calls[n]))) for n in sizes]
 
 
-def allreduce_samples(comm: MPICommunicator, sizes: Sequence[int]) -> list[tuple[int, int, float]]:
+def allreduce_samples(comm: MPICommunicator, sizes: Sequence[int]) -> list[tuple[int, float, float]]:
     """(ranks, bytes, seconds) for each of :func:`rank_counts` and each message size, on the
     first ranks of ``comm``. Collective; every rank gets the list."""
-    samples = []
+    samples: list[tuple[int, float, float]] = []
     for ranks in rank_counts(comm.size):
         sub = comm.split(0 if comm.rank < ranks else None, comm.rank)
         if sub is not None:
-            samples += [(ranks, nbytes, seconds) for nbytes, seconds in zip(sizes, time_allreduce(sub, sizes))]
+            timings = time_allreduce(sub, sizes)
+            samples += [(ranks, nbytes, seconds) for nbytes, seconds in zip(sizes, timings, strict=True)]
             sub.free()
         comm.barrier()
     return comm.broadcast_object(samples, root=0)

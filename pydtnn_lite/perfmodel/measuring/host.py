@@ -5,7 +5,7 @@ import datetime
 import os
 import platform
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

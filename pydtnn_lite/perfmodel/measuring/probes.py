@@ -13,14 +13,25 @@ product, under a budget of FLOPs per training step.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import numpy as np
 
 from pydtnn_lite.kernels.conv import output_size
-from pydtnn_lite.layers import (Add, AvgPool2D, BatchNorm, Concat, Conv2D, Dense, Dropout, Flatten,
-                                GlobalAvgPool2D, MaxPool2D, ReLU)
+from pydtnn_lite.layers import (
+    Add,
+    AvgPool2D,
+    BatchNorm,
+    Concat,
+    Conv2D,
+    Dense,
+    Dropout,
+    Flatten,
+    GlobalAvgPool2D,
+    MaxPool2D,
+    ReLU,
+)
 from pydtnn_lite.network import Network
 
 CLASSES = (10, 100, 1000)  # the head's width: the loss kernels' (batch, classes)

@@ -22,8 +22,9 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -92,7 +93,7 @@ class AllreduceModel:
                 "thresholds": list(self.thresholds)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "AllreduceModel":
+    def from_dict(cls, data: dict) -> AllreduceModel:
         return cls(data["algorithm"], tuple(Link(**link) for link in data["links"]),
                    tuple(float(t) for t in data["thresholds"]))
 
@@ -142,12 +143,30 @@ def _threshold_sets(sizes: Sequence[float], regimes: int) -> list[tuple[float, .
     for count in range(1, regimes):
         for chosen in itertools.combinations(cuts, count):
             bounds = [0.0, *chosen, math.inf]
-            if all(sum(1 for n in sizes if low <= n < high) >= 2 for low, high in zip(bounds, bounds[1:])):
+            if all(sum(1 for n in sizes if low <= n < high) >= 2 for low, high in itertools.pairwise(bounds)):
                 out.append(chosen)
     return out
 
 
-def fit_allreduce(samples: Sequence[tuple[int, float, float]], algorithm: Optional[str] = None,
+def _range_fitter(algorithm: str, samples: Sequence[tuple[int, float, float]],
+                  gamma: float) -> Callable[[float, float], tuple[Link, float]]:
+    """A function of a message-size range ``[low, high)`` giving ``algorithm``'s link fitted to
+    the samples within it and the sum of their absolute relative errors, each range fitted once
+    (many cuts share it)."""
+    fitted: dict[tuple[float, float], tuple[Link, float]] = {}
+
+    def fit_range(low: float, high: float) -> tuple[Link, float]:
+        if (low, high) not in fitted:
+            within = [s for s in samples if low <= s[1] < high]
+            link = _fit_link(algorithm, within, gamma)
+            fitted[(low, high)] = link, float(np.sum(np.abs(relative_errors(AllreduceModel(algorithm, (link,)),
+                                                                            within))))
+        return fitted[(low, high)]
+
+    return fit_range
+
+
+def fit_allreduce(samples: Sequence[tuple[int, float, float]], algorithm: str | None = None,
                   gamma: float = 0.0, regimes: int = 3) -> AllreduceModel:
     """Fit an :class:`AllreduceModel` to ``(procs, nbytes, seconds)`` samples.
 
@@ -165,20 +184,10 @@ def fit_allreduce(samples: Sequence[tuple[int, float, float]], algorithm: Option
     sizes = sorted({n for _, n, _ in samples})
     best: dict[int, tuple[float, AllreduceModel]] = {}  # per number of regimes
     for name in ([algorithm] if algorithm else list(TERMS)):
-        fitted: dict[tuple[float, float], tuple[Link, float]] = {}  # per range: many cuts share it
-
-        def fit_range(low: float, high: float) -> tuple[Link, float]:
-            """The range's link and the sum of its samples' absolute relative errors."""
-            if (low, high) not in fitted:
-                within = [s for s in samples if low <= s[1] < high]
-                link = _fit_link(name, within, gamma)
-                fitted[(low, high)] = link, float(np.sum(np.abs(relative_errors(AllreduceModel(name, (link,)),
-                                                                                within))))
-            return fitted[(low, high)]
-
+        fit_range = _range_fitter(name, samples, gamma)
         for thresholds in _threshold_sets(sizes, regimes):
             bounds = [0.0, *thresholds, math.inf]
-            ranges = [fit_range(low, high) for low, high in zip(bounds, bounds[1:])]
+            ranges = [fit_range(low, high) for low, high in itertools.pairwise(bounds)]
             error = sum(range_error for _, range_error in ranges) / len(samples)
             if error < best.get(len(ranges), (math.inf, None))[0]:
                 best[len(ranges)] = (error, AllreduceModel(name, tuple(link for link, _ in ranges), thresholds))
@@ -217,7 +226,7 @@ class InterpolatedAllreduce:
     fit: AllreduceModel
 
     @classmethod
-    def from_samples(cls, samples: Sequence[tuple[int, float, float]], fit: AllreduceModel) -> "InterpolatedAllreduce":
+    def from_samples(cls, samples: Sequence[tuple[int, float, float]], fit: AllreduceModel) -> InterpolatedAllreduce:
         """Interpolate ``(procs, nbytes, seconds)`` samples (the median where a size repeats)."""
         by_procs: dict[int, dict[float, list[float]]] = {}
         for p, n, t in samples:

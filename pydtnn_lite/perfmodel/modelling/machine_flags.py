@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 
 from pydtnn_lite.perfmodel.modelling.clusters import PRESETS
-from pydtnn_lite.perfmodel.modelling.machines import (ALLREDUCE_MODELS, calibrated_machine, cluster_machine,
-                                                      described_cluster)
+from pydtnn_lite.perfmodel.modelling.machines import (
+    ALLREDUCE_MODELS,
+    calibrated_machine,
+    cluster_machine,
+    described_cluster,
+)
 from pydtnn_lite.perfmodel.modelling.prediction import Machine
 
 FIGURES = ("peak_flops", "mem_bw", "link_bw", "latency")  # the flags that change a preset's figures

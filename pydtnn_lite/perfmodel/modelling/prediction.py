@@ -47,7 +47,8 @@ class Machine(Protocol):
     ``data_load_seconds`` the time to load ``samples`` of data set ``dataset``.
     """
 
-    overlaps_communication: bool
+    @property
+    def overlaps_communication(self) -> bool: ...
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float: ...
 

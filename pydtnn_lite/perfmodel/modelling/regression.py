@@ -22,8 +22,9 @@ from __future__ import annotations
 import base64
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -49,7 +50,7 @@ class KernelSample:
     seconds: float
 
     @classmethod
-    def from_list(cls, row: Sequence) -> "KernelSample":
+    def from_list(cls, row: Sequence) -> KernelSample:
         """A sample from its four values, as a calibration file's columns hold them."""
         dims, flops, nbytes, seconds = row
         return cls(tuple(int(d) for d in dims), float(flops), float(nbytes), float(seconds))
@@ -73,6 +74,9 @@ def _matrix(samples: Sequence[KernelSample]) -> tuple[np.ndarray, np.ndarray]:
     return x, np.maximum(np.array([s.seconds for s in samples]), MIN_SECONDS)
 
 
+_Model = TypeVar("_Model", bound="KernelModel")
+
+
 class KernelModel:
     """A fitted model of one kernel's run time.
 
@@ -87,6 +91,11 @@ class KernelModel:
     def __init__(self) -> None:
         self.held_out_error = self.held_out_time_error = math.nan
         self.samples = 0
+
+    @classmethod
+    def fit(cls: type[_Model], samples: Sequence[KernelSample]) -> _Model:
+        """A model of this kind fitted to ``samples``."""
+        raise NotImplementedError
 
     def predict(self, dims: Sequence[int], flops: float, nbytes: float) -> float:
         """Seconds of one call with these operand sizes, FLOPs and bytes."""
@@ -106,7 +115,7 @@ class KernelModel:
     def _parameters(self) -> dict:
         raise NotImplementedError
 
-    def _restore_fit_figures(self, data: dict) -> "KernelModel":
+    def _restore_fit_figures(self: _Model, data: dict) -> _Model:
         self.samples = int(data["samples"])
         self.held_out_error, self.held_out_time_error = (
             math.nan if data[name] is None else float(data[name]) for name in ("held_out_error", "held_out_time_error"))
@@ -136,7 +145,7 @@ class RateModel(KernelModel):
         self.coefficients = np.array([overhead, seconds_per_flop, seconds_per_byte], dtype=np.float64)
 
     @classmethod
-    def fit(cls, samples: Sequence[KernelSample]) -> "RateModel":
+    def fit(cls, samples: Sequence[KernelSample]) -> RateModel:
         terms = np.array([[1.0, s.flops, s.bytes] for s in samples])
         seconds = np.maximum(np.array([s.seconds for s in samples]), MIN_SECONDS)
         rows = terms / seconds[:, None]  # relative error: (terms @ c) / t - 1
@@ -166,7 +175,7 @@ class RateModel(KernelModel):
         return {"overhead": overhead, "seconds_per_flop": per_flop, "seconds_per_byte": per_byte}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "RateModel":
+    def from_dict(cls, data: dict) -> RateModel:
         model = cls(float(data["overhead"]), float(data["seconds_per_flop"]), float(data["seconds_per_byte"]))
         return model._restore_fit_figures(data)
 
@@ -195,7 +204,7 @@ class LogLinearModel(KernelModel):
         self.weights = np.asarray(weights, dtype=np.float64)
 
     @classmethod
-    def fit(cls, samples: Sequence[KernelSample]) -> "LogLinearModel":
+    def fit(cls, samples: Sequence[KernelSample]) -> LogLinearModel:
         x, seconds = _matrix(samples)
         design = np.hstack([np.ones((len(x), 1)), x])
         model = cls(np.linalg.lstsq(design, np.log(seconds), rcond=None)[0])
@@ -210,7 +219,7 @@ class LogLinearModel(KernelModel):
         return {"weights": self.weights.tolist()}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "LogLinearModel":
+    def from_dict(cls, data: dict) -> LogLinearModel:
         return cls(data["weights"])._restore_fit_figures(data)
 
 
@@ -252,7 +261,7 @@ class MLPRegressor(KernelModel):
     @classmethod
     def fit(cls, samples: Sequence[KernelSample], seed: int = 0, hidden: Sequence[int] = (50,) * 5,
             batch_size: int = 32, lr: float = 1e-3, max_epochs: int = 1000, patience: int = 20,
-            decay_patience: int = 15) -> "MLPRegressor":
+            decay_patience: int = 15) -> MLPRegressor:
         """Train on ``samples`` with Adam on the mean squared error of standardised log(seconds).
 
         A fifth of the samples (chosen with ``seed``) is held out for validation: the
@@ -319,7 +328,7 @@ class MLPRegressor(KernelModel):
                 "weights_float16_base64": base64.b64encode(weights.tobytes()).decode("ascii")}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "MLPRegressor":
+    def from_dict(cls, data: dict) -> MLPRegressor:
         x_mean = np.array(data["x_mean"], dtype=np.float64)
         network = cls._network(len(x_mean), data["hidden"], seed=0)
         weights = np.frombuffer(base64.b64decode(data["weights_float16_base64"]), dtype=STORED_WEIGHTS)
@@ -348,7 +357,7 @@ class MLPEnsemble(KernelModel):
         self.members = list(members)
 
     @classmethod
-    def fit(cls, samples: Sequence[KernelSample], seed: int = 0, members: int = ENSEMBLE_MEMBERS) -> "MLPEnsemble":
+    def fit(cls, samples: Sequence[KernelSample], seed: int = 0, members: int = ENSEMBLE_MEMBERS) -> MLPEnsemble:
         model = cls([MLPRegressor.fit(samples, seed=seed + i) for i in range(members)])
         model.samples = len(samples)
         return model
@@ -360,7 +369,7 @@ class MLPEnsemble(KernelModel):
         return {"members": [member.to_dict() for member in self.members]}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "MLPEnsemble":
+    def from_dict(cls, data: dict) -> MLPEnsemble:
         return cls([MLPRegressor.from_dict(member) for member in data["members"]])._restore_fit_figures(data)
 
 

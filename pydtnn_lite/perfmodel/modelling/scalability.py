@@ -8,8 +8,8 @@ BP and WU kernels) and communication (Allreduce of gradients, batch-norm sums, l
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Iterable
 
 from pydtnn_lite.costs import ALLREDUCE, COMPUTE_STAGES, Stage
 from pydtnn_lite.perfmodel.modelling.clusters import GBIT, Cluster

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def expected_maximum(procs: int) -> float:
     """E[max of ``procs`` independent standard normal draws] (0 for one draw)."""
     if procs <= 1:
@@ -59,7 +59,7 @@ class SyncWaitModel:
         return {"coefficient": self.coefficient, "exponent": self.exponent, "ranks": self.ranks}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "SyncWaitModel":
+    def from_dict(cls, data: dict) -> SyncWaitModel:
         return cls(float(data["coefficient"]), float(data["exponent"]), int(data["ranks"]))
 
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from pydtnn_lite.costs import ALLREDUCE, COMPUTE_STAGES, CallCounter, CallKey, Stage
 from pydtnn_lite.perfmodel.modelling.prediction import STAGES, StepPrediction
@@ -103,7 +103,7 @@ def weighted_relative_error(estimates: Sequence[float], measured: Sequence[float
     mean = statistics.fmean(measured) if measured else 0.0
     if mean <= 0:
         return NAN
-    return statistics.fmean(abs(e - m) for e, m in zip(estimates, measured)) / mean
+    return statistics.fmean(abs(e - m) for e, m in zip(estimates, measured, strict=True)) / mean
 
 
 def typical(kernel: str, durations: Sequence[float]) -> float:
@@ -163,8 +163,10 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
     occurrences = _occurrences(train)
     calls = {key: found for key, found in occurrences.items() if key in predicted_kernels}
     matched = {key: typical(key.kernel, [duration for _, duration in found]) for key, found in calls.items()}
-    stage_mean = {stage: statistics.fmean([t for key, t in matched.items() if key.stage == stage] or [0.0])
-                  for stage in COMPUTE_STAGES}
+    # Keyed by str: a traced call's stage is the plain string that a Stage equals.
+    stage_mean: dict[str, float] = {
+        stage: statistics.fmean([t for key, t in matched.items() if key.stage == stage] or [0.0])
+        for stage in COMPUTE_STAGES}
     kernels = []
     for key, meas in matched.items():  # in the order of the traced step
         pred = statistics.fmean(predicted_kernels[key])
@@ -175,10 +177,10 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
     halves = _Halves(steps)
     half_typical = {key: halves.typical(key.kernel, found) for key, found in calls.items()}
     rank_steps = max(len(steps), 1)
-    stage_measured = defaultdict(float)
+    stage_measured: defaultdict[str, float] = defaultdict(float)
     for record in train:
         stage_measured[record.stage] += record.duration / rank_steps
-    stage_predicted = defaultdict(float)
+    stage_predicted: defaultdict[str, float] = defaultdict(float)
     for batch in batches.values():
         prediction = predictions[batch]
         for stage in STAGES:
