@@ -146,7 +146,8 @@ def matrix_row(config: Config, validations: list[Validation], raw: list[Validati
     signed = statistics.median(v.step.relative_error for v in validations)
     signed_raw = statistics.median(v.step.relative_error for v in raw)
     measured = statistics.median(v.step.measured for v in validations)
-    return (config.model, config.batch, config.ranks, f"{1e3 * measured:.1f}", f"{1e3 * validations[0].step.predicted:.1f}", f"{100 * signed:+.1f}", f"{100 * signed_raw:+.1f}",
+    return (config.model, config.batch, config.ranks, f"{1e3 * measured:.1f}",
+            f"{1e3 * validations[0].step.predicted:.1f}", f"{100 * signed:+.1f}", f"{100 * signed_raw:+.1f}",
             f"{100 * floor['step error']:.1f}",
             *(f"{100 * model[f'WRE {s}']:.1f} / {100 * floor[f'WRE {s}']:.1f}" for s in COMPUTE_STAGES))
 

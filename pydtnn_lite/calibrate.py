@@ -13,15 +13,20 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import make_communicator
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.paths import check_writable_file
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
-from pydtnn_lite.perfmodel.measuring.calibrate import (CalibrationSettings, calibrate, check_allreduce_ranks,
-                                                       fit_models, remeasure_allreduce)
+from pydtnn_lite.perfmodel.measuring.calibrate import (
+    CalibrationSettings,
+    calibrate,
+    check_allreduce_ranks,
+    fit_models,
+    remeasure_allreduce,
+)
 from pydtnn_lite.perfmodel.measuring.probes import QUICK
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.outside_kernels import fit_affine
@@ -130,7 +135,7 @@ def report(calibration: Calibration) -> str:
     return "\n".join(lines + [format_table(header, rows)])
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     comm = make_communicator()
     install_job_abort(comm, PROGRAM)
@@ -142,7 +147,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         settings = settings_from(args)
         previous = Calibration.load(source) if source else None
-        if args.allreduce_only:
+        if args.allreduce_only and previous is not None:
             check_allreduce_ranks(previous, comm.size)
         backend = make_backend(args.device, args.dtype)
         check_writable_file(out, "--out")
@@ -152,7 +157,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return SETUP_ERROR_EXIT
     threads = set_blas_threads(args.threads or default_blas_threads(comm))
     log = (lambda line: print(line, flush=True)) if comm.rank == 0 else (lambda line: None)
-    if args.allreduce_only:
+    calibration: Calibration | None
+    if args.allreduce_only and previous is not None:
         calibration = remeasure_allreduce(previous, comm, settings.allreduce_sizes, settings.beyond_job)
     elif previous is not None:
         previous.kernel_models = fit_models(previous.kernel_samples, comm, args.seed)
@@ -164,7 +170,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         log(f"calibrating: {comm.size} rank(s) x {threads} BLAS thread(s), {args.dtype} on {backend.device}"
             f"{', quick' if args.quick else ''}")
         calibration = calibrate(backend, comm, settings, threads, log)
-    if comm.rank == 0:
+    if comm.rank == 0 and calibration is not None:
         calibration.save(out)
         print(report(calibration))
         print(f"wrote {out}")

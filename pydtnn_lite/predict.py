@@ -10,17 +10,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Optional, Sequence
 
+from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.data import partition
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.modelling.machine_flags import add_machine_arguments, machine_from_arguments
-from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
-from pydtnn_lite.perfmodel.modelling.machines import (AdjustedMachine, CalibratedMachine, adjusted_machine,
-                                                      calibrated_machine)
+from pydtnn_lite.perfmodel.modelling.machine_flags import add_machine_arguments, machine_from_arguments
+from pydtnn_lite.perfmodel.modelling.machines import (
+    AdjustedMachine,
+    CalibratedMachine,
+    adjusted_machine,
+    calibrated_machine,
+)
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.prediction import STAGES, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.modelling.workload import DATASET_SHAPES, build_workload
@@ -47,9 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     placement = parser.add_argument_group("placement and state, with --calibration (default: as calibrated)")
     placement.add_argument("--ranks-per-node", type=int, default=None,
                            help="ranks on each node (default: every rank on one node)")
-    placement.add_argument("--cores-per-node", type=int, default=None, help="cores of a node (default: the calibration's)")
+    placement.add_argument("--cores-per-node", type=int, default=None,
+                           help="cores of a node (default: the calibration's)")
     placement.add_argument("--threads", type=int, default=None,
-                           help="BLAS threads per rank (default: a node's cores divided by its ranks, as training does)")
+                           help="BLAS threads per rank (default: a node's cores divided by its ranks, as training "
+                                "does)")
     placement.add_argument("--probe", action="store_true",
                            help="measure the machine's state now (a few seconds) and correct for its drift since the "
                                 "calibration")
@@ -81,7 +87,8 @@ def prediction_json(prediction: StepPrediction, model: str, dataset: str, machin
             "step_seconds_without_overlap": prediction.step_without_overlap,
             "stage_seconds": prediction.stage_seconds, "wait_seconds": prediction.wait_seconds,
             "synchronisations": prediction.synchronisations, "overhead_seconds": prediction.overhead_seconds,
-            "buckets": [{"bytes": n, "seconds": s} for n, s in zip(prediction.bucket_bytes, prediction.bucket_seconds)],
+            "buckets": [{"bytes": n, "seconds": s}
+                        for n, s in zip(prediction.bucket_bytes, prediction.bucket_seconds, strict=True)],
             "kernels": [k.__dict__ for k in prediction.kernels]}
 
 
@@ -118,7 +125,7 @@ def heterogeneous_prediction(args: argparse.Namespace) -> dict:
     shares, balanced = balanced_shares(network, optimizer, args.batch_size, machines, args.bucket_mb)
     equal_shares = partition(args.batch_size, [1.0] * len(machines))
     equal = [predict_step(network, optimizer, share, len(machines), machine, args.bucket_mb)
-             for share, machine in zip(equal_shares, machines)]
+             for share, machine in zip(equal_shares, machines, strict=True)]
     return {"model": args.model, "dataset": args.dataset, "global_batch": args.batch_size, "procs": len(machines),
             "machines": [f"calibration {path}" for path in args.rank_calibrations],
             **{name: {"shares": chosen, "step_seconds": max(p.step_with_overlap for p in steps),
@@ -134,13 +141,14 @@ def heterogeneous_text(result: dict) -> str:
     for name in ("equal_shares", "balanced_shares"):
         chosen = result[name]
         per_rank = ", ".join(f"rank {r}: {s} samples, {seconds * 1e3:.1f} ms"
-                             for r, (s, seconds) in enumerate(zip(chosen["shares"], chosen["rank_step_seconds"])))
+                             for r, (s, seconds) in enumerate(zip(chosen["shares"], chosen["rank_step_seconds"],
+                                                                  strict=True)))
         lines.append(f"{name.replace('_', ' ')} {chosen['shares']}: step {chosen['step_seconds'] * 1e3:.1f} ms "
                      f"({per_rank})")
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.rank_calibrations:
         try:

@@ -13,8 +13,9 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -27,16 +28,30 @@ from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, Optimizer
 from pydtnn_lite.paths import check_writable, check_writable_file
-from pydtnn_lite.run_config import RunConfig
-from pydtnn_lite.runtime import (default_blas_threads, install_job_abort, keep_freed_memory, report_and_abort,
-                                 set_blas_threads, usable_cores)
 from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
 from pydtnn_lite.perfmodel.modelling.drift import MachineState
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
 from pydtnn_lite.perfmodel.modelling.trace_validation import validate_trace
+from pydtnn_lite.run_config import RunConfig
+from pydtnn_lite.runtime import (
+    default_blas_threads,
+    install_job_abort,
+    keep_freed_memory,
+    report_and_abort,
+    set_blas_threads,
+    usable_cores,
+)
 from pydtnn_lite.tracing import Tracer, load_trace
-from pydtnn_lite.training import (History, StepCallback, StepResult, Trainer, TrainerSettings, build_trainer,
-                                  load_checkpoint, save_checkpoint)
+from pydtnn_lite.training import (
+    History,
+    StepCallback,
+    StepResult,
+    Trainer,
+    TrainerSettings,
+    build_trainer,
+    load_checkpoint,
+    save_checkpoint,
+)
 from pydtnn_lite.training.balance import LoadBalancer
 
 PROGRAM = "pydtnn_lite.train"
@@ -155,10 +170,10 @@ class Job:
     network: Network
     trainer: Trainer
     optimizer: Optimizer
-    test_data: Optional[Dataset]
-    history: Optional[History]
+    test_data: Dataset | None
+    history: History | None
     blas_threads: int
-    reported_shares: Optional[list[int]] = None
+    reported_shares: list[int] | None = None
     communication: str = ""  # the communicator and the strategy it was chosen by
 
 
@@ -358,12 +373,12 @@ class ProgressBar:
         self.bar.close()
 
 
-def make_progress(comm: Communicator, config: RunConfig, epoch: int, trainer: Trainer) -> Optional[ProgressBar]:
+def make_progress(comm: Communicator, config: RunConfig, epoch: int, trainer: Trainer) -> ProgressBar | None:
     """A progress bar on rank 0 unless --no-progress; None elsewhere."""
     return ProgressBar(config, epoch, trainer) if comm.rank == 0 and config.progress else None
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     comm = make_communicator(timeout=args.collective_timeout)
     install_job_abort(comm, PROGRAM)

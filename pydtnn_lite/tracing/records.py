@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import astuple, dataclass, fields
 from typing import Any, TypeVar
 
-
 EVENTS_FILE, STEPS_FILE, META_FILE = "events.csv", "steps.csv", "meta.json"
 TRAIN, EVAL = "train", "eval"
 COMPUTE, COMMUNICATION = "compute", "communication"  # the two timelines of a rank

@@ -26,19 +26,30 @@ import math
 import os
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import astuple
-from typing import Any, Callable, NamedTuple, Optional, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import HostClock
+from pydtnn_lite.costs import DATA_LOAD, H2D_COPY, NO_LAYER, CallCounter, CallKey, KernelCost, Stage, keyed_costs
 from pydtnn_lite.network import no_scope
+from pydtnn_lite.step_costs import step_costs
 from pydtnn_lite.tracing.chrome import chrome_trace
 from pydtnn_lite.tracing.communicator import TracedCommunicator, host_bytes
-from pydtnn_lite.tracing.records import (COMMUNICATION, COMPUTE, EVAL, EVENTS_FILE, STEPS_FILE, TRAIN, KernelRecord,
-                                         StepRecord, write_meta, write_records)
+from pydtnn_lite.tracing.records import (
+    COMMUNICATION,
+    COMPUTE,
+    EVAL,
+    EVENTS_FILE,
+    STEPS_FILE,
+    TRAIN,
+    KernelRecord,
+    StepRecord,
+    write_meta,
+    write_records,
+)
 from pydtnn_lite.tracing.summary import SUMMARY_FILE, write_summary
-from pydtnn_lite.costs import DATA_LOAD, H2D_COPY, NO_LAYER, CallCounter, CallKey, KernelCost, Stage, keyed_costs
-from pydtnn_lite.step_costs import step_costs
 from pydtnn_lite.training import Trainer
 from pydtnn_lite.training.observer import NO_OBSERVER, TrainingObserver
 
@@ -75,7 +86,7 @@ class _Call(NamedTuple):
     start: Any  # the clock's stamps
     end: Any
     shapes: tuple  # of its array arguments
-    moved: Optional[int]  # bytes a communication or copy moved (None: not counted)
+    moved: int | None  # bytes a communication or copy moved (None: not counted)
 
 
 def _shapes(args: tuple) -> tuple:
@@ -96,7 +107,7 @@ class Tracer(TrainingObserver):
     ``max_steps`` recorded ones. Evaluation is recorded apart, as phase ``eval``.
     """
 
-    def __init__(self, trainer: Trainer, skip_steps: int = 0, max_steps: Optional[int] = None) -> None:
+    def __init__(self, trainer: Trainer, skip_steps: int = 0, max_steps: int | None = None) -> None:
         self.trainer = trainer
         self.network, self.comm = trainer.network, trainer.comm
         self.skip_steps, self.max_steps = skip_steps, max_steps
@@ -114,7 +125,7 @@ class Tracer(TrainingObserver):
         self._costs: dict[int, dict[CallKey, KernelCost]] = {}
 
     # ------------------------------------------------------------ attach / detach
-    def attach(self) -> "Tracer":
+    def attach(self) -> Tracer:
         """Start observing the trainer. Collective: every rank must attach (it sets the common origin)."""
         self.comm.barrier()
         self.origin = time.perf_counter()
@@ -140,7 +151,7 @@ class Tracer(TrainingObserver):
         return _Scope(self._stack, (layer, stage)) if self._recording else no_scope(layer, stage)
 
     def _timed(self, function: Callable, kernel: str, thread: str, clock: HostClock,
-               stage: Optional[str] = None, moved: Optional[int] = None) -> Callable:
+               stage: str | None = None, moved: int | None = None) -> Callable:
         """``function`` timed as ``kernel``; ``moved`` is the bytes the call moves."""
         def timed(*args: Any, **kwargs: Any) -> Any:
             if not self._recording or self._depth:
@@ -158,7 +169,7 @@ class Tracer(TrainingObserver):
             return result
         return timed
 
-    def _time_communication(self, kernel: str, function: Callable, args: tuple, moved: Optional[int]) -> Any:
+    def _time_communication(self, kernel: str, function: Callable, args: tuple, moved: int | None) -> Any:
         """The traced communicator's timer: ``function(*args)`` on the communication timeline."""
         return self._timed(function, kernel, COMMUNICATION, self.host_clock, moved=moved)(*args)
 
@@ -199,7 +210,7 @@ class Tracer(TrainingObserver):
         """Gather every rank's records on rank 0, which writes the trace directory. Collective."""
         kernels = self.comm.gather_object([astuple(r) for r in self.kernels])
         steps = self.comm.gather_object([astuple(s) for s in self.steps])
-        if self.comm.rank != 0:
+        if kernels is None or steps is None:  # not rank 0
             return
         all_kernels = [KernelRecord(*row) for rank_rows in kernels for row in rank_rows]
         all_steps = [StepRecord(*row) for rank_rows in steps for row in rank_rows]

@@ -15,13 +15,14 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import numpy as np
 
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm import Communicator
+from pydtnn_lite.comm.mpi import MPICommunicator
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, allreduce_samples
 from pydtnn_lite.perfmodel.measuring.data_loading import time_data_loading
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor, describe_machine, gemm_peak, memory_bandwidth
@@ -31,10 +32,22 @@ from pydtnn_lite.perfmodel.measuring.process_counts import samples_beyond
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe, rounded
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.outside_kernels import fit_affine
-from pydtnn_lite.perfmodel.modelling.regression import (KernelModel, KernelSample, MLPEnsemble, fit_kernel_model,
-                                                        model_from_dict)
+from pydtnn_lite.perfmodel.modelling.regression import (
+    KernelModel,
+    KernelSample,
+    MLPEnsemble,
+    fit_kernel_model,
+    model_from_dict,
+)
 from pydtnn_lite.perfmodel.modelling.synchronization import fit_sync_wait
 from pydtnn_lite.runtime import usable_cores
+
+
+def mpi_of(comm: Communicator) -> MPICommunicator:
+    """``comm`` as the MPI communicator of an mpiexec job, which timing Allreduce needs."""
+    if not isinstance(comm, MPICommunicator):
+        raise TypeError(f"timing Allreduce needs an MPI communicator, got {type(comm).__name__}")
+    return comm
 
 
 def best_rates(samples: list[KernelSample]) -> dict[str, float]:
@@ -58,7 +71,7 @@ def _mean_waits(per_rank: list[list[list[tuple[float, float]]]]) -> list[tuple[f
     traced the same steps of the same probes)."""
     return [(rounded(float(np.mean([w for rank in ranks for w, _ in rank]))),
              rounded(float(np.mean([t for rank in ranks for _, t in rank]))))
-            for ranks in zip(*per_rank) if all(ranks)]
+            for ranks in zip(*per_rank, strict=True) if all(ranks)]
 
 
 def _median_over_ranks(per_rank: list[dict[str, list[KernelSample]]]) -> dict[str, list[KernelSample]]:
@@ -71,7 +84,7 @@ def _median_over_ranks(per_rank: list[dict[str, list[KernelSample]]]) -> dict[st
             raise RuntimeError(f"the ranks measured different numbers of {name} calls")
         merged[name] = [KernelSample(calls[0].dims, calls[0].flops, calls[0].bytes,
                                      rounded(float(np.median([call.seconds for call in calls]))))
-                        for calls in zip(*columns)]
+                        for calls in zip(*columns, strict=True)]
     return merged
 
 
@@ -90,7 +103,7 @@ class CalibrationSettings:
 
 
 def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSettings, blas_threads: int,
-              log: Callable[[str], None] = lambda line: None) -> Optional[Calibration]:
+              log: Callable[[str], None] = lambda line: None) -> Calibration | None:
     """Measure and fit on every rank of ``comm`` (collective; an MPICommunicator when there
     are several ranks); rank 0 gets the Calibration, the other ranks None. ``log`` is
     called with a line after each phase."""
@@ -116,21 +129,21 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     for probe in grid:
         comm.barrier()  # the ranks run each probe together, as they run a training step
         measured = measure_probe(probe, backend, comm, settings.repeats, evict, settings.min_seconds, settings.seed)
-        for name, samples in measured.samples.items():
-            mine.setdefault(name, []).extend(samples)
+        for name, probe_samples in measured.samples.items():
+            mine.setdefault(name, []).extend(probe_samples)
         my_waits.append(measured.waits)
         my_overheads.append(measured.overhead)
     samples = _median_over_ranks(comm.allgather_object(mine))
     sync_samples = _mean_waits(comm.allgather_object(my_waits))
     sync_wait = fit_sync_wait(sync_samples, comm.size)
     overhead_samples = [(calls[0][0], rounded(float(np.median([seconds for _, seconds in calls]))))
-                        for calls in zip(*comm.allgather_object(my_overheads))]
+                        for calls in zip(*comm.allgather_object(my_overheads), strict=True)]
     phase_done("kernels", f"{len(grid)} probe networks, {sum(map(len, samples.values()))} samples of "
                           f"{len(samples)} kernels")
     data_load_samples = time_data_loading(comm)
     phase_done("data", f"loading {', '.join(data_load_samples)}")
 
-    reductions = allreduce_samples(comm, settings.allreduce_sizes) if comm.size > 1 else []
+    reductions = allreduce_samples(mpi_of(comm), settings.allreduce_sizes) if comm.size > 1 else []
     if settings.beyond_job:
         reductions += samples_beyond(comm, usable_cores())
     counts = sorted({ranks for ranks, _, _ in reductions})
@@ -179,7 +192,7 @@ def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tup
     many ranks per node (:func:`check_allreduce_ranks`)."""
     check_allreduce_ranks(calibration, comm.size)
     started, load_before = time.perf_counter(), os.getloadavg()
-    samples = allreduce_samples(comm, sizes) + (samples_beyond(comm, usable_cores()) if beyond_job else [])
+    samples = allreduce_samples(mpi_of(comm), sizes) + (samples_beyond(comm, usable_cores()) if beyond_job else [])
     calibration.allreduce_samples = [(p, float(n), t) for p, n, t in samples]
     calibration.settings["allreduce_sizes"] = list(sizes)
     calibration.settings["allreduce_remeasured"] = {

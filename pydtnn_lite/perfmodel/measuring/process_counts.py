@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Sequence
+from collections.abc import Sequence
 
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.errors import UserError
@@ -90,7 +90,7 @@ def main(argv: Sequence[str]) -> None:
     seconds = time_allreduce(comm, sizes)
     if comm.rank == 0:
         with open(argv[0], "w", encoding="utf-8") as handle:
-            json.dump([[n, s] for n, s in zip(sizes, seconds)], handle)
+            json.dump([[n, s] for n, s in zip(sizes, seconds, strict=True)], handle)
 
 
 if __name__ == "__main__":

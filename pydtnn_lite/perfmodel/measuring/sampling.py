@@ -156,7 +156,7 @@ def step_overhead(records: Sequence[KernelRecord], steps: Sequence[StepRecord],
         if record.phase == TRAIN:
             covered[record.step] += record.duration
             calls[record.step] += record.thread == COMPUTE and record.stage in COMPUTE_STAGES
-    gaps = [max(step.duration - covered[step.step] - extra, 0.0) for step, extra in zip(steps, untraced)]
+    gaps = [max(step.duration - covered[step.step] - extra, 0.0) for step, extra in zip(steps, untraced, strict=True)]
     return float(statistics.median(calls[step.step] for step in steps)), rounded(statistics.median(gaps))
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Optional
 
 from pydtnn_lite.costs import KernelCost
 from pydtnn_lite.perfmodel.modelling.drift import MachineState
@@ -57,7 +56,7 @@ class Calibration:
     overhead: AffineCost = NO_COST
     data_load_samples: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     data_load: dict[str, AffineCost] = field(default_factory=dict)
-    machine_state: Optional[MachineState] = None
+    machine_state: MachineState | None = None
 
     @property
     def placement(self) -> Placement:
@@ -101,7 +100,7 @@ class Calibration:
                 "machine_state": self.machine_state.to_dict() if self.machine_state else None}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Calibration":
+    def from_dict(cls, data: dict) -> Calibration:
         roofline = data["roofline"]
         return cls(machine=dict(data["machine"]), peak_flops=float(roofline["peak_flops"]),
                    memory_bandwidth=float(roofline["memory_bandwidth"]),
@@ -131,7 +130,7 @@ class Calibration:
         os.replace(partial, path)
 
     @classmethod
-    def load(cls, path: str) -> "Calibration":
+    def load(cls, path: str) -> Calibration:
         """Read a file written by :meth:`save`. Raises OSError if it cannot be read and
         ValueError if it is not a calibration file or is damaged."""
         try:

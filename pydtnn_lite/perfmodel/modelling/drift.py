@@ -14,7 +14,6 @@ ratio of the rate that bounds it, then to now:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Optional
 
 DRIFT_WARNING = 0.10  # a probe rate that moved more than this makes validate warn
 
@@ -31,13 +30,13 @@ class MachineState:
     copy_bytes_per_second: float
     allreduce_ranks: int = 1
     allreduce_bytes: int = 0
-    allreduce_seconds: Optional[float] = None
+    allreduce_seconds: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, record: dict) -> "MachineState":
+    def from_dict(cls, record: dict) -> MachineState:
         return cls(**record)
 
 
@@ -69,7 +68,7 @@ class Drift:
                 "(time now over time at calibration)")
 
 
-def drift_between(then: MachineState, now: MachineState, allreduce_then: Optional[float] = None) -> Drift:
+def drift_between(then: MachineState, now: MachineState, allreduce_then: float | None = None) -> Drift:
     """The drift from the calibration's probe ``then`` to a run's probe ``now``.
 
     ``allreduce_then`` is the calibration's predicted time for the Allreduce the run's

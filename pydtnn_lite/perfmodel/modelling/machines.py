@@ -1,13 +1,18 @@
 """The machine a prediction assumes: a preset cluster, figures given on the command line, or a calibration."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 from pydtnn_lite.costs import DATA_LOAD, KernelCost
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.modelling.allreduce import (AllreduceModel, AllreduceTime, InterpolatedAllreduce, Link,
-                                                       fit_allreduce)
+from pydtnn_lite.perfmodel.modelling.allreduce import (
+    AllreduceModel,
+    AllreduceTime,
+    InterpolatedAllreduce,
+    Link,
+    fit_allreduce,
+)
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.clusters import PRESETS, Cluster
 from pydtnn_lite.perfmodel.modelling.drift import Drift, MachineState, drift_between
@@ -26,7 +31,7 @@ class CalibratedMachine:
     """
 
     calibration: Calibration
-    allreduce: Optional[AllreduceTime]
+    allreduce: AllreduceTime | None
     overlaps_communication: bool = False
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
@@ -86,8 +91,8 @@ class AdjustedMachine:
 OUTSIDE_KERNELS = "outside_kernels"  # the interpreter's time between kernels: scaled as a memory-bound kernel
 
 
-def adjusted_machine(machine: CalibratedMachine, placement: Optional[Placement] = None,
-                     now: Optional[MachineState] = None) -> AdjustedMachine:
+def adjusted_machine(machine: CalibratedMachine, placement: Placement | None = None,
+                     now: MachineState | None = None) -> AdjustedMachine:
     """``machine`` with its ranks placed as ``placement`` (default: as in the calibration) and
     corrected for the drift from the calibration's machine-state probe to ``now`` (none
     when either probe is missing)."""
@@ -104,14 +109,14 @@ ALLREDUCE_MODELS = ("interpolate", "fit")
 
 
 def allreduce_models(samples: Sequence[tuple[int, float, float]],
-                     algorithm: Optional[str] = None) -> dict[str, AllreduceTime]:
+                     algorithm: str | None = None) -> dict[str, AllreduceTime]:
     """Each of :data:`ALLREDUCE_MODELS` for ``(procs, nbytes, seconds)`` samples: the fit
     (``algorithm``, or the best), and the samples interpolated with that fit beyond them."""
     fit = fit_allreduce(samples, algorithm)
     return {"interpolate": InterpolatedAllreduce.from_samples(samples, fit), "fit": fit}
 
 
-def calibrated_machine(path: str, algorithm: Optional[str] = None, allreduce: str = "interpolate") -> CalibratedMachine:
+def calibrated_machine(path: str, algorithm: str | None = None, allreduce: str = "interpolate") -> CalibratedMachine:
     """The machine of calibration file ``path``.
 
     Its Allreduce model is fitted to the file's samples (``algorithm``, or the best fit).
@@ -140,9 +145,9 @@ def cluster_machine(cluster: Cluster, algorithm: str = "ring", itemsize: int = 4
                            AllreduceModel(algorithm, (link,)))
 
 
-def described_cluster(preset: Optional[str], peak_flops: Optional[float] = None,
-                      memory_bandwidth: Optional[float] = None, link_bandwidth: Optional[float] = None,
-                      latency: Optional[float] = None, nodes: Optional[int] = None) -> Cluster:
+def described_cluster(preset: str | None, peak_flops: float | None = None,
+                      memory_bandwidth: float | None = None, link_bandwidth: float | None = None,
+                      latency: float | None = None, nodes: int | None = None) -> Cluster:
     """A preset (default: ampere) with any of its figures replaced."""
     name = preset or "ampere"
     if name not in PRESETS:

@@ -14,8 +14,8 @@ the seconds of loading batches of each embedded data set (units: samples).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class AffineCost:
         return {"fixed": self.fixed, "per_unit": self.per_unit}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "AffineCost":
+    def from_dict(cls, data: dict) -> AffineCost:
         return cls(float(data["fixed"]), float(data["per_unit"]))
 
 

@@ -17,14 +17,25 @@ own, ``sync_wait``.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Optional, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
 from pydtnn_lite.comm.gradients import MIB, plan_buckets
-from pydtnn_lite.costs import (ALLREDUCE, COMPUTE_STAGES, DATA_LOAD, H2D_COPY, NO_LAYER, SYNC_WAIT, CallCounter, CallKey,
-                               KernelCost, Stage)
+from pydtnn_lite.costs import (
+    ALLREDUCE,
+    COMPUTE_STAGES,
+    DATA_LOAD,
+    H2D_COPY,
+    NO_LAYER,
+    SYNC_WAIT,
+    CallCounter,
+    CallKey,
+    KernelCost,
+    Stage,
+)
 from pydtnn_lite.data.sampler import partition
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Optimizer
@@ -134,8 +145,8 @@ class StepPrediction:
 
 
 def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int, machine: Machine,
-                 bucket_mb: float = 4.0, first_bucket_mb: Optional[float] = None,
-                 dataset: Optional[str] = None) -> StepPrediction:
+                 bucket_mb: float = 4.0, first_bucket_mb: float | None = None,
+                 dataset: str | None = None) -> StepPrediction:
     """Predict one training step of a rank that holds ``batch`` samples, with ``procs`` ranks
     and the gradient buckets a GradientSynchronizer of ``bucket_mb`` and ``first_bucket_mb`` plans.
     With ``dataset`` the step starts with loading the batch from it and copying it to the device."""
@@ -170,12 +181,13 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     bucket_seconds = [machine.allreduce_seconds(n, procs) for n in bucket_bytes]
     loss_seconds = machine.allreduce_seconds(LOSS_VALUES_BYTES, procs)
     if procs > 1:
+        reductions = zip(bucket_bytes + [LOSS_VALUES_BYTES], bucket_seconds + [loss_seconds], strict=True)
         kernels += [PredictedKernel(NO_LAYER, "", Stage.COMM, ALLREDUCE, i, s, 0.0, n)
-                    for i, (n, s) in enumerate(zip(bucket_bytes + [LOSS_VALUES_BYTES], bucket_seconds + [loss_seconds]))]
+                    for i, (n, s) in enumerate(reductions)]
         kernels.append(PredictedKernel(NO_LAYER, "", Stage.COMM, SYNC_WAIT, 0, end_wait, 0.0, 0.0))
     prediction = StepPrediction(kernels, bucket_bytes, bucket_seconds, procs, batch, wait_seconds=sum(waits),
                                 synchronisations=len(waits), overhead_seconds=machine.overhead_seconds(calls))
-    stage = defaultdict(float)
+    stage: defaultdict[str, float] = defaultdict(float)
     for kernel in kernels:
         stage[kernel.stage] += kernel.seconds
     prediction.stage_seconds = {name: stage[name] for name in STAGES}
@@ -223,7 +235,7 @@ def _exposed_bucket_seconds(network: Network, kernels: list[PredictedKernel], bu
     layer's backward is done and the reductions run one after another."""
     if not buckets:
         return 0.0
-    backward = defaultdict(float)
+    backward: defaultdict[int, float] = defaultdict(float)
     for kernel in kernels:
         if kernel.stage == Stage.BP:
             backward[kernel.layer] += kernel.seconds
@@ -232,7 +244,7 @@ def _exposed_bucket_seconds(network: Network, kernels: list[PredictedKernel], bu
         clock += backward.get(index, 0.0)
         done_at[index] = clock
     channel_free = 0.0
-    for bucket, seconds in zip(buckets, bucket_seconds):
+    for bucket, seconds in zip(buckets, bucket_seconds, strict=True):
         channel_free = max(channel_free, done_at[bucket.first_layer]) + seconds
     return max(0.0, channel_free - clock)
 
@@ -253,4 +265,4 @@ def balanced_shares(network: Network, optimizer: Optimizer, global_batch: int, m
         speeds.append(equal / compute if compute > 0 else 1.0)
     shares = partition(global_batch, speeds)
     return shares, [predict_step(network, optimizer, max(share, 1), procs, machine, bucket_mb)
-                    for share, machine in zip(shares, machines)]
+                    for share, machine in zip(shares, machines, strict=True)]

@@ -9,7 +9,6 @@ import io
 import math
 import os
 from dataclasses import asdict
-from typing import Optional
 
 from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.errors import UserError
@@ -131,13 +130,13 @@ def summary_text(validation: Validation) -> str:
     table = format_table(("", "measured ms", "predicted ms", "error", "WRE", "half diff", "half WRE"), rows)
     return "\n".join([table, HALVES_NOTE])
 
-def _number(value: float) -> Optional[float]:
+def _number(value: float) -> float | None:
     """``value``, or None where it is NaN (JSON has no NaN)."""
     return None if math.isnan(value) else value
 
 
-def validation_figures(validation: Validation, raw: Optional[Validation] = None,
-                       drift: Optional[Drift] = None) -> dict:
+def validation_figures(validation: Validation, raw: Validation | None = None,
+                       drift: Drift | None = None) -> dict:
     """The step's and stages' figures of a validation, ready for JSON (None where a figure
     does not exist). Errors are signed fractions, (predicted - measured) / measured.
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
 
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.drift import Drift, MachineState
@@ -32,7 +31,7 @@ def trace_calibration(meta: dict) -> str:
     return str(path)
 
 
-def job_placement(meta: dict) -> Optional[Placement]:
+def job_placement(meta: dict) -> Placement | None:
     """How the traced job's ranks sat, from its meta.json (None for traces that do not say)."""
     if "ranks_per_node" not in meta or "cores_per_node" not in meta:
         return None
@@ -75,8 +74,8 @@ class CheckedTrace:
     validation: Validation
     title: str
     paths: list[str]
-    raw: Optional[Validation] = None  # before the drift correction, where one was made
-    drift: Optional[Drift] = None
+    raw: Validation | None = None  # before the drift correction, where one was made
+    drift: Drift | None = None
 
     def text(self) -> str:
         """The title, the step and stage table, the drift, and where the report went."""
@@ -99,7 +98,7 @@ class CheckedTrace:
 
 
 def check_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, machine_name: str,
-                out: Optional[str] = None) -> CheckedTrace:
+                out: str | None = None) -> CheckedTrace:
     """Validate the trace of directory ``trace`` (``loaded`` is what ``load_trace`` read
     there) on ``machine`` and write the report (to ``out``, default ``trace/validation``)."""
     meta = loaded[2]
@@ -114,6 +113,6 @@ def check_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, m
 
 
 def validate_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, machine_name: str,
-                   out: Optional[str] = None) -> str:
+                   out: str | None = None) -> str:
     """:func:`check_trace`, and its text summary."""
     return check_trace(trace, loaded, machine, machine_name, out).text()
