@@ -26,10 +26,10 @@ from pydtnn_lite.comm import Communicator
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
 from pydtnn_lite.perfmodel.modelling.drift import MachineState
 
-GEMM_SIZE = 768  # n of the n^3 product: ~0.9 GFLOP, tens of milliseconds on one core
+GEMM_SIZE = 1024  # n of the n^3 product: ~2 GFLOP, tens of milliseconds on one core
 COPY_BYTES = 64 << 20  # beyond the last-level cache of the machines this runs on
 ALLREDUCE_BYTES = 1 << 20  # a gradient bucket's order of magnitude, sampled by every calibration
-REPEATS = 7
+REPEATS = 11  # a shared machine's timings are bimodal at times: the median of many
 SLEEP_SECONDS = 1e-3  # how often a waiting rank looks whether rank 0 is done
 
 
