@@ -95,6 +95,10 @@ MUTATIONS = [
              "lr *= (step + 1) / warmup_steps", "lr *= step / warmup_steps",
              ("tests/test_training.py::test_schedule_warmup_and_decay",)),
     # ---------------------------------------------------------------- communication
+    Mutation("buckets-started-in-forward-layer-order", "pydtnn_lite/comm/gradients.py",
+             "self.buckets = plan_buckets(network, bucket_mb * MIB, first_bucket_bytes)",
+             "self.buckets = plan_buckets(network, bucket_mb * MIB, first_bucket_bytes)[::-1]",
+             ("tests/test_overlap.py",)),
     Mutation("buckets-start-one-layer-late", "pydtnn_lite/comm/gradients.py",
              "self.buckets[self.next_bucket].first_layer >= layer_index",
              "self.buckets[self.next_bucket].first_layer > layer_index + 1",
