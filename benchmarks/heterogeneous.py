@@ -7,6 +7,10 @@ work per sample it loads (a ``SlowedDataset``). The same trainer then runs ``--s
 steps with equal shares, and as many with shares that follow the measured speeds (after
 the balancer's warm-up). Prints the median step of each, the reduction, and each rank's
 median time blocked in collectives per step: the straggler wait that balancing removes.
+
+The last line is ``verdict: faster`` when balancing moved samples off the slow rank and
+shortened the step. Otherwise it is ``verdict: unmoved`` (the shares stayed) or
+``verdict: slower`` (the step grew), a line on stderr says so, and every rank exits 1.
 """
 from __future__ import annotations
 
@@ -23,6 +27,19 @@ from pydtnn_lite.training.balance import LoadBalancer
 from common import make_trainer, model_parser
 
 WARMUP = 2
+
+FASTER = "faster"
+VERDICTS = {FASTER: "balancing moved samples off the slow rank and shortened the step",
+            "slower": "balancing moved samples off the slow rank but made the step slower",
+            "unmoved": "balancing did not move samples off the slow rank"}
+
+
+def verdict_of(equal: list[int], balanced: list[int], slow: int, plain: float, tuned: float) -> str:
+    """'faster' when balancing gave the slow rank fewer samples and shortened the median step;
+    'unmoved' when it did not take samples off the slow rank; 'slower' when it did, but the step grew."""
+    if balanced[slow] >= equal[slow]:
+        return "unmoved"
+    return FASTER if tuned < plain else "slower"
 
 
 def timed_epoch(trainer: Trainer, epoch: int, steps: int) -> tuple[list[float], list[float]]:
@@ -66,18 +83,26 @@ def main() -> None:
     balanced, balanced_blocked = balanced[WARMUP:], balanced_blocked[WARMUP:]
 
     waits = comm.allgather_object((statistics.median(equal_blocked), statistics.median(balanced_blocked)))
+    # Every rank has the same shares; the step times are rank 0's, as it prints them.
+    plain, tuned = comm.broadcast_object((statistics.median(equal), statistics.median(balanced)))
+    equal_shares = partition(args.batch_size, [1.0] * comm.size)
+    balanced_shares = partition(args.batch_size, trainer.share_weights)
+    verdict = verdict_of(equal_shares, balanced_shares, slow, plain, tuned)
     if comm.rank == 0:
-        plain, tuned = statistics.median(equal), statistics.median(balanced)
         print(f"{args.model}, global batch {args.batch_size}, {comm.size} ranks; rank {slow} made {args.slowdown:g}x "
               f"slower ({(args.slowdown - 1) * per_sample * 1e3:.1f} ms extra per sample)")
-        print(f"equal shares {partition(args.batch_size, [1.0] * comm.size)}: step {plain * 1e3:.1f} ms (median of "
-              f"{args.steps})")
-        print(f"balanced shares {partition(args.batch_size, trainer.share_weights)}: step {tuned * 1e3:.1f} ms "
-              f"(median of {args.steps})")
-        print(f"step time reduced by {1 - tuned / plain:.1%}")
+        print(f"equal shares {equal_shares}: step {plain * 1e3:.1f} ms (median of {args.steps})")
+        print(f"balanced shares {balanced_shares}: step {tuned * 1e3:.1f} ms (median of {args.steps})")
+        change = 1 - tuned / plain
+        print(f"step time {'reduced' if change >= 0 else 'increased'} by {abs(change):.1%}")
         for rank, (before, after) in enumerate(waits):
             print(f"rank {rank}: blocked in collectives {before * 1e3:.1f} ms per step with equal shares, "
                   f"{after * 1e3:.1f} ms balanced")
+        print(f"verdict: {verdict}", flush=True)
+        if verdict != FASTER:
+            print(f"heterogeneous: {VERDICTS[verdict]}", file=sys.stderr, flush=True)
+    if verdict != FASTER:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

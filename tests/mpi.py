@@ -27,11 +27,16 @@ def train_cli(ranks: int, *flags: str, timeout: float = 120, cwd: str | None = N
 
 def train_small(directory, ranks: int, *flags: str) -> dict[str, np.ndarray]:
     """Final weights of ``programs/train_small.py`` run on ``ranks`` ranks with ``flags``."""
+    return train_small_output(directory, ranks, *flags)[0]
+
+
+def train_small_output(directory, ranks: int, *flags: str) -> tuple[dict[str, np.ndarray], str]:
+    """Final weights of ``programs/train_small.py`` on ``ranks`` ranks with ``flags``, and what it printed."""
     out = directory / f"weights-{ranks}-{'-'.join(flags) or 'default'}.npz"
     result = run(ranks, [TRAIN_SMALL, str(out), *flags])
     assert result.returncode == 0, result.stderr[-3000:]
     with np.load(out) as archive:
-        return {name: archive[name] for name in archive.files}
+        return {name: archive[name] for name in archive.files}, result.stdout
 
 
 def assert_same_weights(expected: dict[str, np.ndarray], actual: dict[str, np.ndarray]) -> None:

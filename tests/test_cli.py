@@ -7,6 +7,12 @@ import time
 import numpy as np
 import pytest
 
+from pydtnn_lite.backend import gpu_available, make_backend
+from pydtnn_lite.data import open_dataset
+from pydtnn_lite.models import create_model
+from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule
+from pydtnn_lite.training import TrainerSettings, build_trainer
+
 from mpi import assert_one_line_error, train_cli
 
 QUICK = ("--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--eval-steps", "0")
@@ -95,6 +101,46 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, ranks, flags, augmentati
     assert expected.keys() == actual.keys()
     for name in expected:
         np.testing.assert_array_equal(actual[name], expected[name], err_msg=name)
+
+
+def train_in_process(start, optimizer: str = "adam", weight_decay: float = 0.05, dtype: str = "float64"):
+    """The weights that 3 steps of QUICK's job with ``--lr 0.01`` give, set up in Python: weights from the
+    file ``start`` (None: the seed's), the given optimizer, weight decay and dtype."""
+    data = open_dataset("digits")
+    network = create_model("lenet", data.input_shape, data.num_classes).build(make_backend("cpu", dtype), seed=0)
+    if start is not None:
+        network.load(str(start))
+    chosen = Adam(network, weight_decay=weight_decay) if optimizer == "adam" else SGD(network, 0.9, False,
+                                                                                      weight_decay)
+    trainer = build_trainer(network, data, TrainerSettings(16, steps_per_epoch=3), optimizer=chosen,
+                            schedule=LearningRateSchedule(0.01))
+    trainer.train_epoch(0)
+    return network.state_dict()
+
+
+def test_loaded_weights_optimizer_weight_decay_dtype_and_device_reach_the_training(tmp_path):
+    """--load-weights starts the run from the file, --optimizer adam --weight-decay 0.05 update with them, and
+    --dtype float64 computes in float64: the weights are those of the same choices made in Python, and each
+    choice changes them. --device auto is the CPU where CuPy sees no GPU."""
+    start = tmp_path / "start.npz"
+    create_model("lenet", (8, 8, 1), 10).build(make_backend("cpu", "float64"), seed=7).save(str(start))
+    result = train_cli(1, *QUICK, "--steps-per-epoch", "3", "--lr", "0.01", "--optimizer", "adam",
+                       "--weight-decay", "0.05", "--dtype", "float64", "--device", "auto", "--load-weights",
+                       str(start), "--save-weights", str(tmp_path / "trained.npz"), "--run-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    if not gpu_available():
+        assert "device cpu" in result.stdout
+    trained = load(tmp_path / "trained.npz")
+    assert all(array.dtype == np.float64 for array in trained.values())
+
+    def same(expected):
+        return expected.keys() == trained.keys() and all(
+            np.allclose(trained[name], expected[name], rtol=1e-9, atol=1e-12) for name in expected)
+
+    assert same(train_in_process(start))
+    for other in (train_in_process(None), train_in_process(start, optimizer="sgd"),
+                  train_in_process(start, weight_decay=0.0), train_in_process(start, dtype="float32")):
+        assert not same(other)
 
 
 def test_history_and_closing_line(tmp_path):

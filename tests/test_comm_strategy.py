@@ -9,7 +9,7 @@ from pydtnn_lite.comm.strategy import Placement, check_strategy, gpu_leaders, gr
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.run_config import device_of_rank
 
-from mpi import assert_one_line_error, train_cli
+from mpi import assert_one_line_error, assert_same_weights, train_cli, train_small, train_small_output
 
 LENET = ("--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--epochs", "1", "--steps-per-epoch", "1",
          "--eval-steps", "0")
@@ -46,8 +46,14 @@ def test_impossible_strategies_are_refused(choice, placement, message):
         check_strategy(choice, placement)
 
 
-def test_shared_gpus_are_fine_with_host_staged_mpi():
-    check_strategy("mpi", Placement(("gpu:0", "gpu:0"), (0, 0)))
+def test_ranks_sharing_a_gpu_may_only_use_host_staged_mpi():
+    """Two ranks on one GPU: MPI through host buffers works; every strategy that may put them in one
+    NCCL group (which needs a GPU per rank) is refused."""
+    shared = Placement(("gpu:0", "gpu:0"), (0, 0))
+    check_strategy("mpi", shared)  # raises nothing
+    for choice in ("auto", "nccl", "hierarchical", "gpu-side"):
+        with pytest.raises(UserError, match="several ranks of node 0 share gpu:0"):
+            check_strategy(choice, shared)
 
 
 def test_device_is_one_value_or_one_per_rank():
@@ -64,7 +70,9 @@ def test_nccl_on_cpu_ranks_is_a_one_line_error():
     assert_one_line_error(train_cli(2, *LENET, "--comm", "nccl"), "--comm nccl needs every rank on a GPU")
 
 
-def test_hierarchical_strategy_trains_from_the_command_line():
-    result = train_cli(2, *LENET, "--comm", "hierarchical")
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "hierarchical strategy" in result.stdout
+def test_hierarchical_strategy_trains_as_one_process(tmp_path):
+    """--comm hierarchical on the CPU ranks of one node (one group, led by rank 0, summed with MPI) gives the
+    weights, batch-norm statistics and validation figures of one process."""
+    weights, output = train_small_output(tmp_path, 2, "--comm", "hierarchical")
+    assert "hierarchical strategy" in output and "summed in 1 group(s)" in output
+    assert_same_weights(train_small(tmp_path, 1), weights)

@@ -322,6 +322,21 @@ def test_validation_metrics_against_hand_computed_values():
     assert math.isnan(one_step.step.half_difference) and all(math.isnan(s.half_wre) for s in one_step.stages)
 
 
+def test_each_call_of_a_kernel_in_a_layer_is_compared_with_its_own_prediction():
+    """A layer's two backward GEMMs (weight gradient first, input gradient second) are told apart by their order
+    in the step, on every rank and step: each meets its own prediction, not the other's."""
+    records = [KernelRecord(rank, "train", step, "BP", 0, "dense1", "dense", "gemm", "compute", start, seconds, "",
+                            0.0, 0.0)
+               for rank in (0, 1) for step in (1, 2) for start, seconds in ((0.0, 2e-3), (1.0, 6e-3))]
+    steps = [StepRecord(rank, step, 0.0, 10e-3, 16) for rank in (0, 1) for step in (1, 2)]
+    kernels = [PredictedKernel(0, "dense1", "BP", "gemm", 0, 2e-3, 0.0, 0.0),
+               PredictedKernel(0, "dense1", "BP", "gemm", 1, 6e-3, 0.0, 0.0)]
+    prediction = StepPrediction(kernels, [], [], 2, 16, {"FP": 0.0, "BP": 8e-3, "WU": 0.0, "COMM": 0.0}, 8e-3, 8e-3)
+    result = validate(records, steps, overlap=False, predict=lambda batch: prediction)
+    assert [(k.occurrence, k.measured, k.predicted) for k in result.kernels] == [(0, 2e-3, 2e-3), (1, 6e-3, 6e-3)]
+    assert result.unmatched == 0
+
+
 @pytest.fixture(scope="module")
 def traced_run(tmp_path_factory):
     """A short 2-rank run traced and validated against the reference calibration: (trace directory, stdout).

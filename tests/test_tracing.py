@@ -5,6 +5,7 @@ import importlib
 import itertools
 import json
 import math
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -15,8 +16,9 @@ from pydtnn_lite import kernels
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.costs import ALLREDUCE, NO_LAYER, Stage
-from pydtnn_lite.data import open_dataset
+from pydtnn_lite.data import SyntheticDataset, open_dataset
 from pydtnn_lite.kernels import blas
+from pydtnn_lite.layers import Conv2D, Dense, Flatten, ReLU
 from pydtnn_lite.models import create_model
 from pydtnn_lite.network import Network
 from pydtnn_lite.step_costs import step_costs
@@ -65,8 +67,34 @@ def test_each_step_records_exactly_the_kernels_the_cost_model_lists(make):
             (layer, cost.stage, cost.kernel, cost.bytes) for layer, cost in reductions)
         annotated = [k for k in tracer.kernels if k.step == step and k.phase == TRAIN and k.stage != Stage.DATA]
         assert not any(math.isnan(k.flops) or math.isnan(k.bytes) for k in annotated)
-        assert sum(k.flops for k in annotated) == pytest.approx(sum(c.flops for _, c in step_costs(
-            trainer.network, trainer.optimizer, 6)))
+
+
+def test_traced_flops_of_a_tiny_network_are_the_hand_computed_ones():
+    """The FLOPs a trace reports for each GEMM and bias call, counted by hand for a batch of 5.
+
+    Convolution: 5 x 6 x 6 = 180 output pixels, 4 filters, patches of 3 x 3 x 2 = 18, so
+    2 x 180 x 4 x 18 = 25,920 per GEMM (forward and weight gradient; the first layer needs no
+    input gradient) and 180 x 4 = 720 per bias call. Dense: 5 samples, 3 units, 144 inputs,
+    2 x 5 x 3 x 144 = 4,320 per GEMM (forward, weight and input gradient), 15 per bias call.
+    """
+    network = Network("tiny", (6, 6, 2), 3)
+    network.add(Conv2D(4, 3, padding=1))
+    network.add(ReLU())
+    network.add(Flatten())
+    network.add(Dense(3))
+    network.build(make_backend(), seed=0)
+    trainer = build_trainer(network, SyntheticDataset(20, (6, 6, 2), 3), TrainerSettings(5, steps_per_epoch=2))
+    tracer = Tracer(trainer, skip_steps=1).attach()
+    trainer.train_epoch(0)
+    tracer.detach()
+    traced: dict[tuple, list] = {}
+    for k in tracer.kernels:
+        if k.kernel in ("gemm", "bias_add", "bias_grad"):
+            traced.setdefault((k.layer_name, k.stage, k.kernel), []).append(k.flops)
+    assert traced == {("conv1", "FP", "gemm"): [25_920], ("conv1", "FP", "bias_add"): [720],
+                      ("conv1", "BP", "gemm"): [25_920], ("conv1", "BP", "bias_grad"): [720],
+                      ("dense1", "FP", "gemm"): [4_320], ("dense1", "FP", "bias_add"): [15],
+                      ("dense1", "BP", "gemm"): [4_320, 4_320], ("dense1", "BP", "bias_grad"): [15]}
 
 
 def test_gemm_flops_agree_with_the_operand_shapes_of_each_call():
@@ -80,7 +108,10 @@ def test_gemm_flops_agree_with_the_operand_shapes_of_each_call():
         assert record.flops in candidates, record
 
 
-def test_kernel_times_add_up_to_the_step_and_never_overlap():
+def test_kernel_records_lie_inside_their_step_and_never_overlap():
+    """Records of one rank follow each other in time within their step, so their durations add up.
+
+    How much of the step they cover is a timing figure: benchmarks/tracing_overhead.py prints it."""
     _, tracer = traced_trainer(zoo("vgg11", "synthetic"), dataset="synthetic", batch=8, steps=3)
     for step in tracer.steps:
         events = sorted((k for k in tracer.kernels if k.step == step.step and k.phase == TRAIN),
@@ -89,8 +120,7 @@ def test_kernel_times_add_up_to_the_step_and_never_overlap():
             assert after.start >= before.start + before.duration - 1e-7
         assert events[0].start >= step.start - 1e-7
         assert events[-1].start + events[-1].duration <= step.start + step.duration + 1e-7
-        covered = sum(k.duration for k in events) / step.duration
-        assert 0.85 <= covered <= 1.0, covered
+        assert sum(k.duration for k in events) <= step.duration + 1e-7
 
 
 def test_warm_up_limit_and_evaluation_are_kept_apart():
@@ -111,13 +141,18 @@ def test_detaching_restores_the_untraced_code():
 
 
 def test_two_rank_trace_holds_every_rank_and_valid_chrome_json(tmp_path):
+    """--trace-skip 1 --trace-steps 2 of 4 steps traces steps 1 and 2 of both ranks, and the summary's
+    per-rank table has a row per rank that agrees with the trace's step records."""
     trace = tmp_path / "trace"
     result = train_cli(2, "--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--steps-per-epoch", "4",
-                       "--eval-steps", "1", "--run-dir", str(tmp_path), "--trace", str(trace), "--trace-skip", "1")
+                       "--eval-steps", "1", "--run-dir", str(tmp_path), "--trace", str(trace), "--trace-skip", "1",
+                       "--trace-steps", "2")
     assert result.returncode == 0, result.stderr[-2000:]
+    assert "trace of 2 step(s) per rank" in result.stdout
     records, steps, meta = load_trace(str(trace))
     assert meta["ranks"] == 2 and meta["model"] == "lenet"
-    assert sorted((s.rank, s.step) for s in steps) == [(r, s) for r in (0, 1) for s in (1, 2, 3)]
+    assert sorted((s.rank, s.step) for s in steps) == [(r, s) for r in (0, 1) for s in (1, 2)]
+    assert {k.step for k in records if k.phase == TRAIN} == {1, 2}
     assert {k.rank for k in records} == {0, 1}
     assert {k.kernel for k in records} >= {"gemm", "im2col", "allreduce_start", "sgd_update", "data_load"}
 
@@ -133,9 +168,19 @@ def test_two_rank_trace_holds_every_rank_and_valid_chrome_json(tmp_path):
     summary = subprocess.run([sys.executable, "-m", "pydtnn_lite.trace", "summarize", str(trace)],
                              capture_output=True, text=True, timeout=60)
     assert summary.returncode == 0, summary.stderr
-    for heading in ("Per stage", "Per layer", "Top", "Per rank", "straggler"):
-        assert heading in summary.stdout
     assert "conv1" in summary.stdout and "gemm" in summary.stdout
+    # rank, steps, then milliseconds per step: wall, compute, communication, straggler wait
+    table = summary.stdout.split("Per rank")[1].splitlines()[3:5]
+    rows = {int(cells[0]): (int(cells[1]), *map(float, cells[2:])) for cells in map(str.split, table)}
+    assert sorted(rows) == [0, 1]
+    for rank, (traced_steps, wall, compute, communication, wait) in rows.items():
+        assert traced_steps == 2
+        mean_step = sum(s.duration for s in steps if s.rank == rank) / 2 * 1e3
+        assert wall == pytest.approx(mean_step, abs=0.006)
+        assert compute + communication <= wall + 0.02
+        assert wait == pytest.approx(communication - min(row[3] for row in rows.values()), abs=0.011)
+    straggler = int(re.search(r"rank (\d+) is the straggler", summary.stdout).group(1))
+    assert rows[straggler][4] == 0.0  # the rank every other waits for waits for none
 
 
 def test_summarize_names_a_directory_that_holds_no_trace(tmp_path):

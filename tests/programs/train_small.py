@@ -5,7 +5,8 @@ Run as ``[mpiexec -n P] python train_small.py OUT.npz --batch B --steps S [--no-
 [--random-crop PAD] [--random-flip] [--device D[,D...]] [--comm STRATEGY | --staged |
 --leaders L0 L1 ...]``. ``--comm`` picks the communicator as the trainer does. ``--staged``
 reduces through host buffers and ``--leaders`` in two levels (groups given by each rank's
-leader), as GPU ranks do, with MPI at every level, so a CPU can run them.
+leader), as GPU ranks do, with MPI at every level, so a CPU can run them. Rank 0 prints
+the communicator it trains with.
 """
 import argparse
 import platform
@@ -61,11 +62,15 @@ def main() -> None:
     set_blas_threads(1)
     backend = make_backend(device_of_rank(args.device, comm.rank, comm.size), "float32", gpu_id=comm.local_rank)
     if args.comm:
-        comm, _, _ = connect(comm, backend, args.comm, 1024, platform.node(), timeout=60)
-    elif args.staged:
-        comm = HostStagedCommunicator(backend, timeout=60)
-    elif args.leaders:
-        comm = TwoLevelCommunicator(backend, args.leaders, "mpi", "mpi", "two-level", timeout=60)
+        comm, _, description = connect(comm, backend, args.comm, 1024, platform.node(), timeout=60)
+    else:
+        if args.staged:
+            comm = HostStagedCommunicator(backend, timeout=60)
+        elif args.leaders:
+            comm = TwoLevelCommunicator(backend, args.leaders, "mpi", "mpi", "two-level", timeout=60)
+        description = comm.describe()
+    if comm.rank == 0:
+        print(f"communicator: {description}", flush=True)
     network = small_network().build(backend, seed=comm.rank)  # rank 0's weights win
     comm.broadcast(network.flat_params)
     optimizer = SGD(network, momentum=0.9, weight_decay=1e-4)
