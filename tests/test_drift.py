@@ -11,11 +11,11 @@ THEN = MachineState(gemm_flops=90e9, copy_bytes_per_second=20e9, allreduce_ranks
 
 
 def test_a_slower_machine_scales_each_kind_of_work_by_its_own_rate():
-    now = MachineState(60e9, 25e9, 2, 1 << 20, 450e-6)
-    drift = drift_between(THEN, now, allreduce_then=360e-6)
+    now = MachineState(60e9, 25e9, 2, 1 << 20, 375e-6)
+    drift = drift_between(THEN, now)
     assert drift.compute == pytest.approx(1.5)  # GEMM 90 -> 60 GFLOP/s: 1.5x the time
     assert drift.memory == pytest.approx(0.8)  # copies 20 -> 25 GB/s
-    assert drift.communication == pytest.approx(1.25)  # 450 us timed against 360 us predicted
+    assert drift.communication == pytest.approx(1.25)  # 375 us against the calibration's 300 us
     assert drift.scale("gemm") == pytest.approx(1.5)
     assert drift.scale("im2col") == pytest.approx(0.8)
     assert drift.scale("allreduce_wait", communication=True) == pytest.approx(1.25)
@@ -23,9 +23,18 @@ def test_a_slower_machine_scales_each_kind_of_work_by_its_own_rate():
 
 
 def test_an_unmoved_machine_changes_nothing_and_raises_no_warning():
-    drift = drift_between(THEN, MachineState(92e9, 19.5e9), allreduce_then=360e-6)
+    drift = drift_between(THEN, MachineState(92e9, 19.5e9))
     assert drift.communication == 1.0  # one rank now: no Allreduce timed
     assert not drift.moved and drift.largest < 0.1
+
+
+def test_an_allreduce_on_other_ranks_is_compared_through_the_calibration_s_model():
+    def model(nbytes: float, ranks: int) -> float:  # 8 ranks take 4x the time of 2 here
+        return {2: 1.0, 8: 4.0}[ranks] * nbytes * 1e-9
+
+    now = MachineState(90e9, 20e9, 8, 1 << 20, 1.5e-3)  # 1.2 ms expected: 300 us x 4
+    assert drift_between(THEN, now, model).communication == pytest.approx(1.25)
+    assert drift_between(THEN, now).communication == 1.0  # no model: nothing to carry it over with
 
 
 def test_a_probe_travels_through_its_dictionary():

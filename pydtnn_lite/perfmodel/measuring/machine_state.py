@@ -23,6 +23,7 @@ import numpy as np
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import Communicator
+from pydtnn_lite.comm.mpi import MPICommunicator
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
 from pydtnn_lite.perfmodel.modelling.drift import MachineState
 
@@ -71,13 +72,16 @@ def allreduce_seconds(comm: Communicator, nbytes: int = ALLREDUCE_BYTES, repeats
     each call after a cache eviction and a barrier, timed to the slowest rank. Collective."""
     evict = CacheEvictor(make_backend("cpu"))
     buffer = np.zeros(nbytes // 4, dtype=np.float32)
-    comm.allreduce(buffer)
+    # Over MPI, MPI's Allreduce alone, as the calibration's samples time it: a training
+    # job's communicator bounds its waits by polling, a calibration's does not.
+    reduce = comm.allreduce_bare if isinstance(comm, MPICommunicator) else comm.allreduce
+    reduce(buffer)
     seconds = np.empty(repeats)
     for call in range(repeats):
         evict()
         comm.barrier()
         started = time.perf_counter()
-        comm.allreduce(buffer)
+        reduce(buffer)
         seconds[call] = time.perf_counter() - started
     slowest = np.max(comm.allgather_object(seconds.tolist()), axis=0)
     return float(np.median(slowest))

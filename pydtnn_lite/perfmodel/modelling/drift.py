@@ -8,11 +8,12 @@ ratio of the rate that bounds it, then to now:
 - every other compute kernel, and the time between kernels, by the copy rates
   (memory-bound, or the interpreter's pace, which moves with the memory system and the
   clock alike);
-- communication, by the probe's Allreduce time now against the calibration's Allreduce
-  model for the same ranks and bytes.
+- communication, by the probe's Allreduce time now against the calibration's probe,
+  carried over to the run's rank count by the calibration's Allreduce model.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 DRIFT_WARNING = 0.10  # a probe rate that moved more than this makes validate warn
@@ -68,16 +69,25 @@ class Drift:
                 "(time now over time at calibration)")
 
 
-def drift_between(then: MachineState, now: MachineState, allreduce_then: float | None = None) -> Drift:
+def drift_between(then: MachineState, now: MachineState,
+                  allreduce_model: Callable[[float, int], float] | None = None) -> Drift:
     """The drift from the calibration's probe ``then`` to a run's probe ``now``.
 
-    ``allreduce_then`` is the calibration's predicted time for the Allreduce the run's
-    probe timed (same ranks and bytes); without it, or without a timed Allreduce now,
-    communication is taken as unmoved.
+    Communication compares the two probes' Allreduce: directly when they timed the same
+    ranks and bytes, otherwise through ``allreduce_model(bytes, ranks)``, the calibration's
+    model, which says how much longer the run's Allreduce takes than the calibration's
+    on an unmoved machine. Without both probes' Allreduce (or the model, where it is
+    needed) communication is taken as unmoved.
     """
     communication = 1.0
-    if now.allreduce_seconds and allreduce_then:
-        communication = now.allreduce_seconds / allreduce_then
+    if now.allreduce_seconds and then.allreduce_seconds:
+        same = (now.allreduce_ranks, now.allreduce_bytes) == (then.allreduce_ranks, then.allreduce_bytes)
+        if same:
+            communication = now.allreduce_seconds / then.allreduce_seconds
+        elif allreduce_model is not None:
+            carried = allreduce_model(now.allreduce_bytes, now.allreduce_ranks) / allreduce_model(
+                then.allreduce_bytes, then.allreduce_ranks)
+            communication = now.allreduce_seconds / (then.allreduce_seconds * carried)
     return Drift(compute=then.gemm_flops / now.gemm_flops,
                  memory=then.copy_bytes_per_second / now.copy_bytes_per_second,
                  communication=communication)

@@ -99,9 +99,8 @@ def adjusted_machine(machine: CalibratedMachine, placement: Placement | None = N
     calibration = machine.calibration
     drift = Drift()
     if now is not None and calibration.machine_state is not None:
-        allreduce_then = (machine.allreduce_seconds(now.allreduce_bytes, now.allreduce_ranks)
-                          if now.allreduce_seconds and machine.allreduce is not None else None)
-        drift = drift_between(calibration.machine_state, now, allreduce_then)
+        model = machine.allreduce_seconds if machine.allreduce is not None else None
+        drift = drift_between(calibration.machine_state, now, model)
     return AdjustedMachine(machine, placement or calibration.placement, drift)
 
 
