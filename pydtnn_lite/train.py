@@ -402,13 +402,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Rank 0's weights are everyone's, whatever a rank's RNG, weight file or checkpoint gave.
     comm.broadcast(job.network.flat_params)
     try:
-        # The machine's state as the traced run starts: a validation corrects for its drift since calibrating.
+        # The machine's state as the traced run starts and ends: a validation corrects for its drift since
+        # calibrating.
         state = probe_machine_state(comm) if config.trace else None
         tracer = Tracer(job.trainer, config.trace_skip, config.trace_steps).attach() if config.trace else None
         train(job, comm)
         if tracer is not None and config.trace and state is not None:
             tracer.detach()
-            write_trace(job, comm, tracer, config.trace, state)
+            write_trace(job, comm, tracer, config.trace, state.mean_with(probe_machine_state(comm)))
     except TrainingError as error:  # the loss is global, so every rank raises it at the same step
         say(comm, f"{PROGRAM}: error: {error}")
         return TRAINING_ERROR_EXIT

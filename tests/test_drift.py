@@ -49,3 +49,10 @@ def test_the_affine_fit_recovers_a_fixed_and_a_per_unit_cost():
     assert model.seconds(100) == pytest.approx(2e-4 + 15e-4)
     # A negative intercept is not a cost: the fit keeps the per-unit term alone.
     assert fit_affine([(10, 1e-4), (100, 2e-3)]).fixed == 0.0
+
+
+def test_the_probes_at_a_run_s_start_and_end_are_averaged():
+    end = MachineState(30e9, 10e9, 2, 1 << 20, 500e-6)
+    mean = THEN.mean_with(end)
+    assert (mean.gemm_flops, mean.copy_bytes_per_second, mean.allreduce_seconds) == pytest.approx((60e9, 15e9, 400e-6))
+    assert THEN.mean_with(MachineState(30e9, 10e9)).allreduce_seconds is None

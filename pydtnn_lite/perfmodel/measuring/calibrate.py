@@ -116,7 +116,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
         log(f"{name}: {detail} ({timings[name]:.1f} s)")
 
     comm.barrier()
-    state = probe_machine_state(comm)
+    state = probe_machine_state(comm).mean_with(probe_machine_state(comm))
     peak = float(np.median(comm.allgather_object(gemm_peak(backend, repeats=settings.roof_repeats))))
     bandwidth = float(np.median(comm.allgather_object(memory_bandwidth(backend, repeats=settings.roof_repeats))))
     phase_done("roofs", f"GEMM peak {peak / 1e9:.1f} GFLOP/s, memory bandwidth {bandwidth / 1e9:.1f} GB/s per rank")

@@ -40,6 +40,16 @@ class MachineState:
     def from_dict(cls, record: dict) -> MachineState:
         return cls(**record)
 
+    def mean_with(self, other: MachineState) -> MachineState:
+        """The mean of two probes of the same job (the rates' and the Allreduce's), e.g. at
+        the start and the end of a run: one probe lasts a second, and a shared machine's
+        speed moves by tens of percent from one second to the next."""
+        seconds = ((self.allreduce_seconds + other.allreduce_seconds) / 2
+                   if self.allreduce_seconds and other.allreduce_seconds else None)
+        return MachineState((self.gemm_flops + other.gemm_flops) / 2,
+                            (self.copy_bytes_per_second + other.copy_bytes_per_second) / 2,
+                            self.allreduce_ranks, self.allreduce_bytes, seconds)
+
 
 @dataclass(frozen=True)
 class Drift:
