@@ -17,7 +17,6 @@ from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.data import partition
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
 from pydtnn_lite.perfmodel.modelling.machine_flags import add_machine_arguments, machine_from_arguments
 from pydtnn_lite.perfmodel.modelling.machines import (
     AdjustedMachine,
@@ -73,8 +72,13 @@ def placed(machine: CalibratedMachine, args: argparse.Namespace, procs: int) -> 
             raise UserError(f"{flag} must be at least 1, got {value}")
     if per_node > procs:
         raise UserError(f"--ranks-per-node {per_node} is more than the job's {procs} ranks: lower it or raise --procs")
-    return adjusted_machine(machine, Placement(procs, per_node, cores, threads),
-                            probe_machine_state(SerialCommunicator()) if args.probe else None)
+    now = None
+    if args.probe:
+        # Measuring code, loaded only to measure: a prediction alone needs no communicator.
+        from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
+
+        now = probe_machine_state(SerialCommunicator())
+    return adjusted_machine(machine, Placement(procs, per_node, cores, threads), now)
 
 
 def prediction_json(prediction: StepPrediction, model: str, dataset: str, machine_name: str,

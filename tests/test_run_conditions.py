@@ -53,3 +53,8 @@ def test_a_child_job_times_allreduce_on_more_ranks_than_the_caller_has():
     samples = run_child(3, [1024, 65536])
     assert [(ranks, nbytes) for ranks, nbytes, _ in samples] == [(3, 1024), (3, 65536)]
     assert all(0 < seconds < 1 for _, _, seconds in samples)
+
+
+def test_predict_probe_corrects_for_the_machine_s_state_now():
+    document = predict("--procs", "2", "--probe")
+    assert "drift GEMM x" in document["machine"] and document["step_seconds"] > 0
