@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from pydtnn_lite.costs import COMPUTE_STAGES, Stage
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
-from pydtnn_lite.perfmodel.modelling.trace_validation import run_machines, validation_of
+from pydtnn_lite.perfmodel.modelling.trace_validation import run_machines, validations_of
 from pydtnn_lite.perfmodel.modelling.validation import Validation, weighted_relative_error
 from pydtnn_lite.textable import format_table
 from pydtnn_lite.tracing import load_trace
@@ -203,8 +203,9 @@ def main() -> None:
                 traced_run(config, args.steps, not args.no_overlap, trace)
                 loaded = load_trace(trace)
                 before, corrected = run_machines(machine, loaded[2])
-                validations[config].append(validation_of(trace, loaded, corrected))
-                raw[config].append(validation_of(trace, loaded, before))
+                validation_before, validation = validations_of(trace, loaded, [before, corrected])
+                validations[config].append(validation)
+                raw[config].append(validation_before)
     print(f"ranks {', '.join(map(str, args.ranks))}; {args.steps} traced steps per run, {args.runs} runs each, "
           f"overlap {'off' if args.no_overlap else 'on'}, calibration {args.calibration}; load average "
           f"{os.getloadavg()[0]:.2f} at the end")

@@ -178,7 +178,7 @@ class Tracer(TrainingObserver):
         if kernel == H2D_COPY:
             self._batch = len(args[0])  # the batch the coming kernels run on, for their costs
             return self._timed(function, kernel, COMPUTE, self.device_clock, Stage.DATA, host_bytes(args[0]))(*args)
-        return self._timed(function, DATA_LOAD, COMPUTE, self.host_clock, Stage.DATA)(*args)
+        return self._timed(function, kernel, COMPUTE, self.host_clock, Stage.DATA)(*args)
 
     # ------------------------------------------------------------ steps
     def step_started(self, phase: str, step: int, samples: int) -> None:

@@ -8,13 +8,14 @@ run took when it started (``drift.py``). The raw error is the one before that co
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.drift import Drift, MachineState
 from pydtnn_lite.perfmodel.modelling.machines import AdjustedMachine, CalibratedMachine, adjusted_machine
 from pydtnn_lite.perfmodel.modelling.placement import Placement
-from pydtnn_lite.perfmodel.modelling.prediction import Machine, predict_step
+from pydtnn_lite.perfmodel.modelling.prediction import Machine, StepPrediction, predict_step
 from pydtnn_lite.perfmodel.modelling.report import summary_text, validation_figures, write_report
 from pydtnn_lite.perfmodel.modelling.validation import Validation, validate
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
@@ -52,15 +53,22 @@ def run_machines(machine: Machine, meta: dict) -> tuple[Machine, Machine]:
 def validation_of(trace: str, loaded: tuple[list, list, dict], machine: Machine) -> Validation:
     """The trace of directory ``trace`` (``loaded`` is what ``load_trace`` read there)
     against the prediction of ``machine`` for the same model, batch, ranks and settings."""
+    return validations_of(trace, loaded, [machine])[0]
+
+
+def validations_of(trace: str, loaded: tuple[list, list, dict], machines: Sequence[Machine]) -> list[Validation]:
+    """:func:`validation_of` on each of ``machines``, the traced model built once."""
     records, steps, meta = loaded
     if not steps:
         raise UserError(f"{trace} holds no traced training step: lower --trace-skip or train more steps")
     network, optimizer = build_workload(meta["model"], meta["dataset"], meta.get("dtype", "float32"),
                                         meta.get("optimizer", "sgd"))
     procs, bucket_mb = int(meta["ranks"]), float(meta.get("bucket_mb", 4.0))
-    dataset = meta["dataset"]
-    return validate(records, steps, bool(meta.get("overlap", True)),
-                    lambda batch: predict_step(network, optimizer, batch, procs, machine, bucket_mb, dataset=dataset))
+    dataset, overlap = meta["dataset"], bool(meta.get("overlap", True))
+
+    def predictor(machine: Machine) -> Callable[[int], StepPrediction]:
+        return lambda batch: predict_step(network, optimizer, batch, procs, machine, bucket_mb, dataset=dataset)
+    return [validate(records, steps, overlap, predictor(machine)) for machine in machines]
 
 
 @dataclass
@@ -103,9 +111,12 @@ def check_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, m
     there) on ``machine`` and write the report (to ``out``, default ``trace/validation``)."""
     meta = loaded[2]
     raw_machine, machine = run_machines(machine, meta)
-    validation = validation_of(trace, loaded, machine)
     drift = machine.drift if isinstance(machine, AdjustedMachine) and meta.get("machine_state") else None
-    raw = validation_of(trace, loaded, raw_machine) if drift is not None else None
+    raw: Validation | None = None
+    if drift is None:
+        validation = validation_of(trace, loaded, machine)
+    else:
+        raw, validation = validations_of(trace, loaded, [raw_machine, machine])
     title = (f"{meta['model']} on {meta['dataset']}, global batch {meta['global_batch']}, {int(meta['ranks'])} "
              f"rank(s), {meta.get('device', '?')}: measured against predicted ({machine_name})")
     paths = write_report(out or os.path.join(trace, "validation"), validation, title)
