@@ -196,6 +196,12 @@ def make_optimizer(config: RunConfig, network: Network) -> Optimizer:
     return Adam(network, weight_decay=config.weight_decay)
 
 
+def configure(args: argparse.Namespace, comm: Communicator) -> tuple[RunConfig, Backend]:
+    """This rank's run configuration and backend (its entry of --device); UserError on bad flags. No collectives."""
+    config = RunConfig.from_arguments(args, comm.size, comm.rank)
+    return config, make_backend(config.device, config.dtype, gpu_id=comm.local_rank)
+
+
 def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_devices: bool) -> Job:
     """Build the model, data, optimizer and trainer of this rank; raise UserError on bad input.
 
@@ -386,8 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.summary:
         return print_summary(args, comm)
     try:
-        config = collectively(comm, lambda: RunConfig.from_arguments(args, comm.size, comm.rank))
-        backend = collectively(comm, lambda: make_backend(config.device, config.dtype, gpu_id=comm.local_rank))
+        config, backend = collectively(comm, lambda: configure(args, comm))
         bucket_elements = int(config.bucket_mb * (1 << 20)) // np.dtype(backend.dtype).itemsize
         comm, placement, strategy = connect(comm, backend, config.comm, bucket_elements, platform.node(),
                                             config.collective_timeout)
