@@ -92,8 +92,8 @@ class CheckedTrace:
             lines.append(f"drift since the calibration: {self.drift.describe()}; step error "
                          f"{100 * self.raw.step.relative_error:+.1f} % before this correction")
             if self.drift.moved:
-                lines.append(f"warning: the machine moved by {100 * self.drift.largest:.0f} % since the calibration "
-                             "(more than 10 %): calibrate again for figures that need no correction")
+                lines.append(f"warning: the probes measured a move of {100 * self.drift.measured:.0f} % since the "
+                             "calibration (more than 10 %): calibrate again for figures that need no correction")
         return "\n".join(lines + ["wrote " + ", ".join(self.paths)])
 
     def summary(self) -> dict:
