@@ -110,7 +110,7 @@ class Drift:
 
     def describe(self) -> str:
         noise = (f"; the probes measured moves up to {100 * self.measured:.0f} % and repeat within "
-                 f"+-{100 * self.noise:.0f} %, which is not corrected") if self.noise else ""
+                 f"+-{100 * self.noise:.0f} %, a part of each move that is not corrected") if self.noise else ""
         return (f"GEMM x{self.compute:.3f}, memory x{self.memory:.3f}, communication x{self.communication:.3f} "
                 f"(time now over time at calibration{noise})")
 
