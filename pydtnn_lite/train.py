@@ -19,6 +19,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from pydtnn_lite import flags
 from pydtnn_lite.backend import Backend, make_backend
 from pydtnn_lite.comm import Communicator, make_communicator
 from pydtnn_lite.comm.strategy import STRATEGIES, connect
@@ -61,7 +62,7 @@ T = TypeVar("T")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = flags.Parser(
         prog=f"python -m {PROGRAM}",
         description="Data-parallel CNN training on NumPy (CPU) or CuPy (GPU); run it under "
                     "mpirun for several ranks. --batch-size is the GLOBAL batch, shared by the ranks.",
@@ -72,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dataset", default="synthetic", metavar="NAME",
                        help=f"data set, one of: {', '.join(dataset_names())}")
     model.add_argument("--data-dir", default=None, help="directory of file-based data sets")
-    model.add_argument("--random-crop", type=int, default=0, metavar="PAD",
+    model.add_argument("--random-crop", type=flags.integer(0, 1024), default=0, metavar="PAD",
                        help="augment training images: pad PAD pixels of zeros on each side, then crop a random "
                             "window of the original size (0: off)")
     model.add_argument("--random-flip", action="store_true",
@@ -80,25 +81,25 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--summary", action="store_true", help="print the model's layers and FLOPs, then exit")
 
     schedule = parser.add_argument_group("batches and schedule")
-    schedule.add_argument("--batch-size", type=int, default=64, help="global batch size (all ranks together)")
-    schedule.add_argument("--local-batch-size", type=int, default=None,
+    schedule.add_argument("--batch-size", type=flags.COUNT, default=64, help="global batch size (all ranks together)")
+    schedule.add_argument("--local-batch-size", type=flags.COUNT, default=None,
                           help="per-rank batch instead: the global batch becomes this times the ranks")
-    schedule.add_argument("--epochs", type=int, default=1)
-    schedule.add_argument("--steps-per-epoch", type=int, default=None,
+    schedule.add_argument("--epochs", type=flags.COUNT, default=1)
+    schedule.add_argument("--steps-per-epoch", type=flags.COUNT, default=None,
                           help="stop each epoch after this many steps (default: the whole training split)")
-    schedule.add_argument("--eval-steps", type=int, default=None,
+    schedule.add_argument("--eval-steps", type=flags.OPTIONAL_COUNT, default=None,
                           help="validation batches after each epoch (default: the whole test split; 0: none)")
 
     optim = parser.add_argument_group("optimizer")
     optim.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
-    optim.add_argument("--lr", type=float, default=0.003, help="base learning rate")
-    optim.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (0: plain SGD)")
+    optim.add_argument("--lr", type=flags.real(0.0, 1e6, above=True), default=0.003, help="base learning rate")
+    optim.add_argument("--momentum", type=flags.real(0.0, 1.0), default=0.9, help="SGD momentum (0: plain SGD)")
     optim.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
-    optim.add_argument("--weight-decay", type=float, default=0.0, help="L2 penalty")
-    optim.add_argument("--warmup-epochs", type=float, default=0.0, help="linear learning-rate warm-up")
-    optim.add_argument("--lr-decay-epochs", type=int, nargs="*", default=[],
+    optim.add_argument("--weight-decay", type=flags.real(0.0, 1.0), default=0.0, help="L2 penalty")
+    optim.add_argument("--warmup-epochs", type=flags.real(0.0, 1e6), default=0.0, help="linear learning-rate warm-up")
+    optim.add_argument("--lr-decay-epochs", type=flags.COUNT, nargs="*", default=[],
                        help="epochs at which the learning rate is multiplied by --lr-decay-factor")
-    optim.add_argument("--lr-decay-factor", type=float, default=0.1)
+    optim.add_argument("--lr-decay-factor", type=flags.real(0.0, 1.0, above=True), default=0.1)
 
     system = parser.add_argument_group("device and parallelism")
     system.add_argument("--device", default="cpu", metavar="DEVICE[,DEVICE...]",
@@ -110,30 +111,30 @@ def build_parser() -> argparse.ArgumentParser:
                              "gradients to a GPU rank, NCCL among GPU ranks); auto: mpi for CPU jobs, nccl for "
                              "GPU jobs, the faster of mpi and gpu-side for mixed jobs")
     system.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    system.add_argument("--seed", type=int, default=0, help="seeds weights, shuffles and dropout")
-    system.add_argument("--blas-threads", type=int, default=None,
+    system.add_argument("--seed", type=flags.SEED, default=0, help="seeds weights, shuffles and dropout")
+    system.add_argument("--blas-threads", type=flags.COUNT, default=None,
                         help="BLAS threads per rank (default: the node's cores divided by its ranks)")
-    system.add_argument("--partition", default=None, metavar="W,W,...",
+    system.add_argument("--partition", type=flags.weights(), default=None, metavar="W,W,...",
                         help="fixed shares of the global batch, one weight per rank (e.g. 1,3 gives rank 1 three "
                              "times rank 0's samples); default equal")
     system.add_argument("--balance", nargs="?", choices=("on", "off", "auto"), const="on", default="auto",
                         help="make the shares follow each rank's measured speed, re-weighted while training; "
                              "auto: on when the job mixes CPU and GPU ranks and --partition is not given")
-    system.add_argument("--balance-warmup", type=int, default=3, metavar="N",
+    system.add_argument("--balance-warmup", type=flags.COUNT, default=3, metavar="N",
                         help="steps measured before the first re-weighting (default 3)")
-    system.add_argument("--balance-every", type=int, default=10, metavar="N",
+    system.add_argument("--balance-every", type=flags.COUNT, default=10, metavar="N",
                         help="steps between re-weightings after the warm-up (default 10)")
-    system.add_argument("--bucket-mb", type=float, default=4.0, help="gradient Allreduce bucket size, MiB")
+    system.add_argument("--bucket-mb", type=flags.BUCKET_MIB, default=4.0, help="gradient Allreduce bucket size, MiB")
     system.add_argument("--no-overlap", action="store_true",
                         help="reduce gradients after backward instead of overlapping with it")
-    system.add_argument("--collective-timeout", type=float, default=300.0,
+    system.add_argument("--collective-timeout", type=flags.real(0.0, 1e6), default=300.0,
                         help="seconds a rank waits for the others at a step's end before reporting "
                              "the missing ranks and aborting (0: wait forever)")
 
     output = parser.add_argument_group("output")
     output.add_argument("--run-dir", default="runs", help="where the history file of each run goes")
     output.add_argument("--checkpoint-dir", default=None, help="write checkpoints here")
-    output.add_argument("--checkpoint-every", type=int, default=0,
+    output.add_argument("--checkpoint-every", type=flags.OPTIONAL_COUNT, default=0,
                         help="checkpoint every N steps (0: at the end of each epoch)")
     output.add_argument("--resume", nargs="?", const="", default=None, metavar="PATH",
                         help="continue from a checkpoint (default: the one in --checkpoint-dir)")
@@ -144,20 +145,23 @@ def build_parser() -> argparse.ArgumentParser:
     tracing = parser.add_argument_group("tracing (see docs/tracing.md)")
     tracing.add_argument("--trace", default=None, metavar="DIR",
                          help="record every kernel of every rank; write a Chrome trace, CSV records and a summary here")
-    tracing.add_argument("--trace-skip", type=int, default=1, metavar="N",
+    tracing.add_argument("--trace-skip", type=flags.OPTIONAL_COUNT, default=1, metavar="N",
                          help="warm-up: do not trace the first N training steps of the run (default 1)")
-    tracing.add_argument("--trace-steps", type=int, default=None, metavar="M",
+    tracing.add_argument("--trace-steps", type=flags.COUNT, default=None, metavar="M",
                          help="trace at most M training steps (default: all after the warm-up)")
     tracing.add_argument("--validate", default=None, metavar="CALIBRATION",
                          help="after the run, set the trace against the performance model of this calibration file "
                               "(python -m pydtnn_lite.calibrate); needs --trace")
 
     testing = parser.add_argument_group("fault injection (for testing the job's failure handling)")
-    testing.add_argument("--inject-failure", default=None, metavar="RANK:STEP",
+    testing.add_argument("--inject-failure", metavar="RANK:STEP",
+                         type=flags.rank_value(flags.OPTIONAL_COUNT, "1:3"), default=None,
                          help="raise an exception on rank RANK after global step STEP")
-    testing.add_argument("--inject-delay", default=None, metavar="RANK:MS",
+    testing.add_argument("--inject-delay", metavar="RANK:MS",
+                         type=flags.rank_value(flags.real(0.0, 1e6), "1:2.5"), default=None,
                          help="make rank RANK load each sample MS milliseconds slower (a slower rank, for --balance)")
-    testing.add_argument("--inject-stall", default=None, metavar="RANK:STEP",
+    testing.add_argument("--inject-stall", metavar="RANK:STEP",
+                         type=flags.rank_value(flags.OPTIONAL_COUNT, "1:3"), default=None,
                          help="make rank RANK hang (sleep) after global step STEP, to test --collective-timeout")
     return parser
 
