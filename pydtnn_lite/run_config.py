@@ -14,6 +14,7 @@ from typing import TypeVar
 from pydtnn_lite.data import Augmentation
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.optim import LearningRateSchedule
+from pydtnn_lite.run_record import TRAINING_FLAGS
 from pydtnn_lite.training.faults import FaultInjection
 
 DEVICES = ("cpu", "gpu", "auto")
@@ -53,6 +54,7 @@ class RunConfig:
     checkpoint_dir: str | None
     checkpoint_every: int  # steps between checkpoints (0: at the end of each epoch)
     resume: str | None  # the checkpoint to continue from
+    resume_overrides: frozenset[str]  # training flags (e.g. "--lr") that may differ from the checkpoint's
     load_weights: str | None
     save_weights: str | None
     progress: bool
@@ -88,6 +90,7 @@ class RunConfig:
             overlap=not args.no_overlap, collective_timeout=args.collective_timeout, run_dir=args.run_dir,
             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
             resume=None if args.resume is None else args.resume or args.checkpoint_dir,
+            resume_overrides=check_overrides(args.resume_override),
             load_weights=args.load_weights, save_weights=args.save_weights, progress=not args.no_progress,
             trace=args.trace, trace_skip=args.trace_skip, trace_steps=args.trace_steps, validate=args.validate,
             faults=FaultInjection(check_rank(args.inject_failure, "--inject-failure", ranks),
@@ -128,6 +131,17 @@ def check_rank(rank_value: tuple[int, T] | None, flag: str, ranks: int) -> tuple
 def milliseconds_to_seconds(rank_delay: tuple[int, float] | None) -> tuple[int, float] | None:
     """--inject-delay's (rank, milliseconds per sample) as (rank, seconds per sample)."""
     return None if rank_delay is None else (rank_delay[0], rank_delay[1] / 1e3)
+
+
+def check_overrides(names: list[str]) -> frozenset[str]:
+    """--resume-override's flag names, with their dashes; UserError for one that is no training flag."""
+    flags = frozenset(name if name.startswith("--") else f"--{name}" for part in names for name in part.split(",")
+                      if name)
+    unknown = sorted(flags - set(TRAINING_FLAGS))
+    if unknown:
+        raise UserError(f"--resume-override takes training flags ({', '.join(f[2:] for f in TRAINING_FLAGS)}); "
+                        f"got {', '.join(unknown)}")
+    return flags
 
 
 def device_of_rank(text: str, rank: int, size: int) -> str:

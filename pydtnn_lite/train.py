@@ -23,7 +23,7 @@ from pydtnn_lite import flags
 from pydtnn_lite.backend import Backend, make_backend
 from pydtnn_lite.comm import Communicator, make_communicator
 from pydtnn_lite.comm.strategy import STRATEGIES, connect
-from pydtnn_lite.data import Dataset, dataset_names, open_dataset, partition
+from pydtnn_lite.data import Dataset, check_test_matches_train, dataset_names, open_dataset, partition
 from pydtnn_lite.errors import TrainingError, UserError
 from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
@@ -33,7 +33,10 @@ from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
 from pydtnn_lite.perfmodel.modelling.drift import MachineState
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
 from pydtnn_lite.perfmodel.modelling.trace_validation import validate_trace
+from pydtnn_lite.resume import resume
 from pydtnn_lite.run_config import RunConfig
+from pydtnn_lite.run_outputs import open_outputs
+from pydtnn_lite.run_record import agree_on_job, flag_values
 from pydtnn_lite.runtime import (
     default_blas_threads,
     install_job_abort,
@@ -50,10 +53,10 @@ from pydtnn_lite.training import (
     Trainer,
     TrainerSettings,
     build_trainer,
-    load_checkpoint,
     save_checkpoint,
 )
 from pydtnn_lite.training.balance import LoadBalancer
+from pydtnn_lite.training.checkpoint import read_npz
 
 PROGRAM = "pydtnn_lite.train"
 SETUP_ERROR_EXIT = 2
@@ -138,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="checkpoint every N steps (0: at the end of each epoch)")
     output.add_argument("--resume", nargs="?", const="", default=None, metavar="PATH",
                         help="continue from a checkpoint (default: the one in --checkpoint-dir)")
+    output.add_argument("--resume-override", action="append", default=[], metavar="FLAG[,FLAG...]",
+                        help="on --resume, continue with these training flags changed from the checkpoint's "
+                             "(e.g. lr,seed); any other difference is refused")
     output.add_argument("--load-weights", default=None, help="start from weights saved with --save-weights")
     output.add_argument("--save-weights", default=None, help="write the final weights to this .npz file")
     output.add_argument("--no-progress", action="store_true", help="no progress bar, epoch lines only")
@@ -177,6 +183,7 @@ class Job:
     test_data: Dataset | None
     history: History | None
     blas_threads: int
+    run_id: str
     reported_shares: list[int] | None = None
     communication: str = ""  # the communicator and the strategy it was chosen by
 
@@ -206,8 +213,9 @@ def configure(args: argparse.Namespace, comm: Communicator) -> tuple[RunConfig, 
     return config, make_backend(config.device, config.dtype, gpu_id=comm.local_rank)
 
 
-def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_devices: bool) -> Job:
-    """Build the model, data, optimizer and trainer of this rank; raise UserError on bad input.
+def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_devices: bool, run_id: str) -> Job:
+    """Build the model, data, optimizer and trainer of this rank, resumed or as the new run ``run_id``;
+    raise UserError on bad input. Rank 0 takes the run's output directories.
 
     No collective may run in here: a rank that fails early would leave the others waiting
     in it instead of in the agreement of :func:`collectively`.
@@ -216,6 +224,8 @@ def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_dev
     train_data = open_dataset(config.dataset, "train", config.data_dir, seed=config.seed)
     test_data = (None if config.eval_steps == 0
                  else open_dataset(config.dataset, "test", config.data_dir, seed=config.seed))
+    if test_data is not None:
+        check_test_matches_train(train_data, test_data)
     try:
         network = create_model(config.model, train_data.input_shape, train_data.num_classes).build(backend,
                                                                                                    config.seed)
@@ -232,19 +242,20 @@ def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_dev
     trainer = build_trainer(network, config.faults.slowed(train_data, comm.rank), settings, comm=comm,
                             optimizer=optimizer, schedule=config.schedule, bucket_mb=config.bucket_mb,
                             overlap=config.overlap, balancer=balancer)
+    if config.load_weights:
+        try:
+            network.load_state_dict(read_npz(config.load_weights, "--load-weights"))
+        except ValueError as error:
+            raise UserError(f"cannot load --load-weights {config.load_weights}: {error}") from None
+    if config.resume is not None:
+        run_id = resume(config, trainer, optimizer).run_id or run_id
     history = None
     if comm.rank == 0:
         check_outputs(config)
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        history = History(os.path.join(config.run_dir, f"{config.model}-{config.dataset}-{stamp}", "history.jsonl"))
-    if config.load_weights:
-        try:
-            network.load(config.load_weights)
-        except (OSError, ValueError) as error:
-            raise UserError(f"cannot load --load-weights {config.load_weights}: {error}") from None
-    if config.resume is not None:
-        trainer.global_step, _ = load_checkpoint(config.resume, network, optimizer)
-    return Job(config, network, trainer, optimizer, test_data, history, blas_threads)
+        history, notes = open_outputs(config, run_id)
+        for note in notes:
+            print(note, flush=True)
+    return Job(config, network, trainer, optimizer, test_data, history, blas_threads, run_id)
 
 
 def collectively(comm: Communicator, action: Callable[[], T]) -> T:
@@ -321,7 +332,7 @@ def checkpoint(job: Job, comm: Communicator) -> None:
     config = job.config
     if comm.rank == 0 and config.checkpoint_dir:
         save_checkpoint(config.checkpoint_dir, job.network, job.optimizer, job.trainer.global_step,
-                        {"model": config.model, "dataset": config.dataset, "global_batch": config.global_batch})
+                        {"run_id": job.run_id, "flags": flag_values(config), "epoch_sums": job.trainer.epoch_sums})
 
 
 def checkpoint_every(job: Job, comm: Communicator, global_step: int, result: StepResult) -> None:
@@ -346,7 +357,8 @@ def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str, state:
     """Gather the trace of every rank into ``trace``, with the description of the run: how
     its ranks sat and the machine's state when it started, which a validation reads."""
     config, trainer = job.config, job.trainer
-    meta = {"model": config.model, "dataset": config.dataset, "global_batch": config.global_batch,
+    meta = {"run_id": job.run_id, "model": config.model, "dataset": config.dataset,
+            "global_batch": config.global_batch,
             "shares": partition(config.global_batch, trainer.share_weights), "ranks": comm.size,
             "communicator": comm.describe(), "device": job.network.backend.device, "dtype": config.dtype,
             "blas_threads": job.blas_threads, "optimizer": config.optimizer, "bucket_mb": config.bucket_mb,
@@ -397,11 +409,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return print_summary(args, comm)
     try:
         config, backend = collectively(comm, lambda: configure(args, comm))
+        run_id = agree_on_job(comm, config)
         bucket_elements = int(config.bucket_mb * (1 << 20)) // np.dtype(backend.dtype).itemsize
         comm, placement, strategy = connect(comm, backend, config.comm, bucket_elements, platform.node(),
                                             config.collective_timeout)
         mixed = bool(placement.cpu_ranks and placement.gpu_ranks)
-        job = collectively(comm, lambda: build_job(config, comm, backend, mixed))
+        job = collectively(comm, lambda: build_job(config, comm, backend, mixed, run_id))
     except UserError as error:  # every rank raises it: after agreeing in collectively(), or from the same placement
         say(comm, f"{PROGRAM}: error: {error}")
         return SETUP_ERROR_EXIT
