@@ -146,11 +146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_allreduce_ranks(previous, comm.size)
         backend = make_backend(args.device, args.dtype)
         check_writable_file(out, "--out")
+        threads = set_blas_threads(args.threads or default_blas_threads(comm))
     except (UserError, OSError, ValueError) as error:
         if comm.rank == 0:
             print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return SETUP_ERROR_EXIT
-    threads = set_blas_threads(args.threads or default_blas_threads(comm))
     log = (lambda line: print(line, flush=True)) if comm.rank == 0 else (lambda line: None)
     calibration: Calibration | None
     if args.allreduce_only and previous is not None:

@@ -31,10 +31,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 2
-    if not steps:
-        print(f"{PROGRAM}: error: {args.directory} holds no traced training step: lower --trace-skip "
-              "or train more steps", file=sys.stderr)
-        return 2
     print(report(kernels, steps, meta, top=args.top))
     return 0
 

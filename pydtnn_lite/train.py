@@ -25,6 +25,7 @@ from pydtnn_lite.comm import Communicator, make_communicator
 from pydtnn_lite.comm.strategy import STRATEGIES, connect
 from pydtnn_lite.data import Dataset, check_test_matches_train, dataset_names, open_dataset, partition
 from pydtnn_lite.errors import TrainingError, UserError
+from pydtnn_lite.interruption import end_interrupted
 from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, Optimizer
@@ -38,6 +39,7 @@ from pydtnn_lite.run_config import RunConfig
 from pydtnn_lite.run_outputs import open_outputs
 from pydtnn_lite.run_record import agree_on_job, flag_values
 from pydtnn_lite.runtime import (
+    blas_threads_origin,
     default_blas_threads,
     install_job_abort,
     keep_freed_memory,
@@ -56,7 +58,7 @@ from pydtnn_lite.training import (
     save_checkpoint,
 )
 from pydtnn_lite.training.balance import LoadBalancer
-from pydtnn_lite.training.checkpoint import read_npz
+from pydtnn_lite.training.checkpoint import check_finite_weights, read_npz
 
 PROGRAM = "pydtnn_lite.train"
 SETUP_ERROR_EXIT = 2
@@ -284,7 +286,8 @@ def train(job: Job, comm: Communicator) -> StepResult:
     config, trainer, network = job.config, job.trainer, job.network
     shares = job.reported_shares = partition(config.global_batch, trainer.share_weights)
     say(comm, f"{network.name} on {config.dataset} {network.input_shape}: {network.param_count:,} parameters, "
-              f"{job.communication}, {job.blas_threads} BLAS threads per rank, device {network.backend.device}")
+              f"{job.communication}, {job.blas_threads} BLAS threads per rank (from "
+              f"{blas_threads_origin(config.blas_threads)}), device {network.backend.device}")
     say(comm, f"global batch {config.global_batch}, per-rank shares {shares}; {trainer.steps_per_epoch} steps per "
               f"epoch; augmentation: {trainer.augmentation.describe()}; gradients: {trainer.synchronizer.describe()}")
     start_epoch = trainer.global_step // trainer.steps_per_epoch
@@ -330,7 +333,10 @@ def train(job: Job, comm: Communicator) -> StepResult:
 def checkpoint(job: Job, comm: Communicator) -> None:
     """Rank 0 writes the weights, optimizer state and step to --checkpoint-dir."""
     config = job.config
-    if comm.rank == 0 and config.checkpoint_dir:
+    if not config.checkpoint_dir:
+        return
+    check_finite_weights(job.network, job.trainer.global_step, config.checkpoint_dir)  # every rank stops alike
+    if comm.rank == 0:
         save_checkpoint(config.checkpoint_dir, job.network, job.optimizer, job.trainer.global_step,
                         {"run_id": job.run_id, "flags": flag_values(config), "epoch_sums": job.trainer.epoch_sums})
 
@@ -418,6 +424,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as error:  # every rank raises it: after agreeing in collectively(), or from the same placement
         say(comm, f"{PROGRAM}: error: {error}")
         return SETUP_ERROR_EXIT
+    except KeyboardInterrupt:
+        return end_interrupted(comm, PROGRAM, "during set-up")
     except Exception as error:  # e.g. NCCL failing to start on one rank
         report_and_abort(comm, PROGRAM, error)
     job.communication = strategy
@@ -435,6 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainingError as error:  # the loss is global, so every rank raises it at the same step
         say(comm, f"{PROGRAM}: error: {error}")
         return TRAINING_ERROR_EXIT
+    except KeyboardInterrupt:
+        return end_interrupted(comm, PROGRAM, f"at step {job.trainer.global_step}")
     except Exception as error:  # on this rank alone: the others would wait forever, so end the job
         report_and_abort(comm, PROGRAM, error)
     return 0

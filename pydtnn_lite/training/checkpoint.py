@@ -27,18 +27,24 @@ def checkpoint_path(directory: str) -> str:
     return os.path.join(directory, CHECKPOINT_NAME)
 
 
-def save_checkpoint(directory: str, network: Network, optimizer: Optimizer, global_step: int,
-                    meta: dict[str, Any]) -> str:
-    """Write ``directory/checkpoint.npz`` via a temporary file and a rename, so a crash never
-    leaves a torn file where the last good checkpoint was. Raises TrainingError, writing
-    nothing, if a weight is not finite."""
-    os.makedirs(directory, exist_ok=True)
+def check_finite_weights(network: Network, global_step: int, directory: str) -> dict[str, np.ndarray]:
+    """``network``'s state on the host; TrainingError if a value is not finite (nothing is checkpointed)."""
     weights = network.state_dict()
     broken = [name for name, value in weights.items() if not np.isfinite(value).all()]
     if broken:
         raise TrainingError(f"the weights of {', '.join(broken[:3])}{' ...' if len(broken) > 3 else ''} are not "
                             f"finite at step {global_step}: not checkpointed, the last checkpoint in {directory} "
                             "is kept; lower --lr (or add --warmup-epochs)")
+    return weights
+
+
+def save_checkpoint(directory: str, network: Network, optimizer: Optimizer, global_step: int,
+                    meta: dict[str, Any]) -> str:
+    """Write ``directory/checkpoint.npz`` via a temporary file and a rename, so a crash never
+    leaves a torn file where the last good checkpoint was. Raises TrainingError, writing
+    nothing, if a weight is not finite."""
+    os.makedirs(directory, exist_ok=True)
+    weights = check_finite_weights(network, global_step, directory)
     arrays = {f"param/{k}": v for k, v in weights.items()}
     arrays.update({f"optim/{k}": v for k, v in optimizer.state_dict().items()})
     arrays["meta/global_step"] = np.array(global_step)
