@@ -37,6 +37,9 @@ def process_start(pid: int) -> str | None:
 
 
 def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host exists (never true of 0 or a negative id, which name groups)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -9,8 +9,8 @@ from pydtnn_lite.errors import UserError
 from pydtnn_lite.optim import Optimizer
 from pydtnn_lite.run_config import RunConfig
 from pydtnn_lite.run_record import check_resumed_flags
-from pydtnn_lite.training import Trainer, load_checkpoint
-from pydtnn_lite.training.checkpoint import checkpoint_path
+from pydtnn_lite.training import Trainer
+from pydtnn_lite.training.checkpoint import checkpoint_path, read_checkpoint, restore_checkpoint
 
 # What checkpoints written before the flags were recorded hold of them.
 LEGACY_FLAGS = {"model": "--model", "dataset": "--dataset", "global_batch": "--batch-size"}
@@ -29,9 +29,10 @@ def resume(config: RunConfig, trainer: Trainer, optimizer: Optimizer) -> Resumed
     was written with this run's training flags and that the run has steps left; UserError if not."""
     path = config.resume or ""
     path = checkpoint_path(path) if os.path.isdir(path) else path
-    global_step, meta = load_checkpoint(path, trainer.network, optimizer)
+    contents, global_step, meta = read_checkpoint(path)
     recorded = meta.get("flags") or {flag: meta[key] for key, flag in LEGACY_FLAGS.items() if key in meta}
     check_resumed_flags(path, recorded, config)
+    restore_checkpoint(path, contents, trainer.network, optimizer)
     total_steps = config.epochs * trainer.steps_per_epoch
     if global_step >= total_steps:
         finished = -(-global_step // trainer.steps_per_epoch)

@@ -83,8 +83,9 @@ def remove_stale_temporaries(directory: str) -> list[str]:
     return stale
 
 
-def load_checkpoint(path: str, network: Network, optimizer: Optimizer) -> tuple[int, dict[str, Any]]:
-    """Restore weights and optimizer state from ``path``; return (global step, metadata)."""
+def read_checkpoint(path: str) -> tuple[dict[str, np.ndarray], int, dict[str, Any]]:
+    """The arrays, global step and metadata of the checkpoint at ``path`` (a file, or a directory
+    holding one); UserError when it is missing or damaged."""
     if os.path.isdir(path):
         path = checkpoint_path(path)
     if not os.path.isfile(path):
@@ -96,6 +97,11 @@ def load_checkpoint(path: str, network: Network, optimizer: Optimizer) -> tuple[
     except (KeyError, ValueError) as error:
         raise UserError(f"checkpoint {path} lacks its metadata ({error}): it was not written by "
                         "--checkpoint-dir; resume from another one") from None
+    return contents, global_step, meta
+
+
+def restore_checkpoint(path: str, contents: dict[str, np.ndarray], network: Network, optimizer: Optimizer) -> None:
+    """Put the weights and optimizer state of the checkpoint ``contents`` (read from ``path``) in place."""
     try:
         network.load_state_dict({k[6:]: v for k, v in contents.items() if k.startswith("param/")})
     except ValueError as error:
@@ -105,4 +111,10 @@ def load_checkpoint(path: str, network: Network, optimizer: Optimizer) -> tuple[
     except (KeyError, ValueError) as error:
         raise UserError(f"checkpoint {path} holds another optimizer's state (no {error}): resume with the "
                         "--optimizer and --momentum it was written with") from None
+
+
+def load_checkpoint(path: str, network: Network, optimizer: Optimizer) -> tuple[int, dict[str, Any]]:
+    """Restore weights and optimizer state from ``path``; return (global step, metadata)."""
+    contents, global_step, meta = read_checkpoint(path)
+    restore_checkpoint(path, contents, network, optimizer)
     return global_step, meta
