@@ -69,7 +69,7 @@ def flag_values(config: RunConfig, chosen: Mapping[str, Callable[[RunConfig], An
 
 def differing_flags(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """The flags of ``recorded`` whose value ``current`` does not have."""
-    return [flag for flag, value in recorded.items() if flag in current and current[flag] != _listed(value)]
+    return [flag for flag, value in recorded.items() if flag in current and _listed(current[flag]) != _listed(value)]
 
 
 def _listed(value: Any) -> Any:

@@ -411,6 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     comm = make_communicator(timeout=args.collective_timeout)
     install_job_abort(comm, PROGRAM)
     keep_freed_memory()
+    np.seterr(over="ignore", invalid="ignore")  # overflow as training diverges: the trainer reports it in one line
     if args.summary:
         return print_summary(args, comm)
     try:

@@ -53,7 +53,7 @@ def test_nan_loss_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path):
                        "--run-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     before = load(ckpt / "checkpoint.npz")
-    result = train_cli(2, *QUICK, "--steps-per-epoch", "3", "--epochs", "4", "--lr", "1e30",
+    result = train_cli(2, *QUICK, "--steps-per-epoch", "3", "--epochs", "4", "--lr", "1e4", "--resume-override", "lr",
                        "--checkpoint-dir", str(ckpt), "--resume", "--run-dir", str(tmp_path))
     assert result.returncode == 3
     assert "the loss became" in result.stdout and "lower --lr" in result.stdout

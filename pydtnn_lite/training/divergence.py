@@ -28,7 +28,7 @@ class DivergenceGuard:
         """Raise TrainingError if step ``global_step``'s mean ``loss`` or the sum of its reduced
         gradients says training diverged; otherwise remember the loss."""
         advice = ("lower --lr (or add --warmup-epochs), and check the input data for NaN or inf; "
-                  "the last checkpoint predates it")
+                  "no checkpoint holds the diverged weights")
         if not math.isfinite(loss):
             raise TrainingError(f"the loss became {loss} at step {global_step}: {advice}")
         if not math.isfinite(gradient_sum):
