@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "GPU jobs, the faster of mpi and gpu-side for mixed jobs")
     system.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     system.add_argument("--seed", type=flags.SEED, default=0, help="seeds weights, shuffles and dropout")
-    system.add_argument("--blas-threads", type=flags.COUNT, default=None,
+    system.add_argument("--blas-threads", type=flags.integer(1, 4096), default=None,
                         help="BLAS threads per rank (default: the node's cores divided by its ranks)")
     system.add_argument("--partition", type=flags.weights(), default=None, metavar="W,W,...",
                         help="fixed shares of the global batch, one weight per rank (e.g. 1,3 gives rank 1 three "
@@ -228,6 +228,9 @@ def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_dev
                  else open_dataset(config.dataset, "test", config.data_dir, seed=config.seed))
     if test_data is not None:
         check_test_matches_train(train_data, test_data)
+    if config.global_batch > len(train_data):
+        raise UserError(f"the global batch of {config.global_batch} is more than the {len(train_data)} training "
+                        f"samples of {config.dataset}: use --batch-size {len(train_data)} or less")
     try:
         network = create_model(config.model, train_data.input_shape, train_data.num_classes).build(backend,
                                                                                                    config.seed)

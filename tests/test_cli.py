@@ -33,6 +33,7 @@ def load(path):
     (("--lr", "nan"), "argument --lr: must be a finite number above 0"),
     (("--partition", "nan,1"), "argument --partition: must be"),
     (("--collective-timeout", "-5"), "argument --collective-timeout: must be a finite number from 0"),
+    (("--batch-size", "5000"), "the global batch of 5000 is more than the 1437 training samples of digits"),
     (("--model", "vgg11", "--dataset", "digits"), "does not fit digits"),
     (("--resume",), "--resume without a path needs --checkpoint-dir"),
     (("--validate", "calibration.json"), "add --trace DIR"),
