@@ -67,13 +67,14 @@ class RangeType:
                  above: bool = False) -> None:
         self.convert, self.kind = convert, kind
         self.minimum, self.maximum, self.above = minimum, maximum, above
-        self.__name__ = kind  # argparse names the type in some messages
 
     @property
     def allowed(self) -> str:
+        """What the flag takes, e.g. 'an integer at least 1'."""
         return f"{self.kind} {describe_range(self.minimum, self.maximum, self.above)}"
 
     def in_range(self, value: float) -> bool:
+        """Whether a parsed ``value`` is finite and inside the range."""
         if not math.isfinite(value):
             return False
         if self.minimum is not None and (value <= self.minimum if self.above else value < self.minimum):
@@ -110,7 +111,6 @@ MAX_WEIGHT = 1e6  # one rank's share of the batch next to another's: more would 
 class WeightList:
     """An argparse type: comma-separated weights, each finite from 0 to :data:`MAX_WEIGHT`, with a positive sum."""
 
-    __name__ = "weights"
     allowed = f"comma-separated numbers from 0 to {MAX_WEIGHT:g} with a positive sum, e.g. 1,3"
 
     def __call__(self, text: str) -> tuple[float, ...]:
@@ -125,13 +125,12 @@ class WeightList:
 
 
 def weights() -> WeightList:
+    """An argparse type: one weight per rank, as ``--partition`` takes them."""
     return WeightList()
 
 
 class RankValue:
     """An argparse type: ``RANK:VALUE``, the rank a non-negative integer and the value of type ``value``."""
-
-    __name__ = "rank:value"
 
     def __init__(self, value: RangeType, example: str) -> None:
         self.value, self.example = value, example
@@ -149,6 +148,7 @@ class RankValue:
 
 
 def rank_value(value: RangeType, example: str) -> RankValue:
+    """An argparse type: ``RANK:VALUE`` with VALUE checked by ``value``; ``example`` is shown in errors."""
     return RankValue(value, example)
 
 
