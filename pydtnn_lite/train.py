@@ -3,7 +3,8 @@
 Every rank parses the same arguments and builds the same job. Set-up errors (bad
 flags, data, paths) are gathered from all ranks and reported once by rank 0 as one
 line, and every rank exits with status 2; an unexpected exception on any rank aborts
-the whole job (status 1) within seconds.
+the whole job (status 1) within seconds; divergence ends every rank with status 3 and
+Ctrl-C with status 130 (docs/runs.md).
 """
 from __future__ import annotations
 
@@ -118,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     system.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     system.add_argument("--seed", type=flags.SEED, default=0, help="seeds weights, shuffles and dropout")
     system.add_argument("--blas-threads", type=flags.integer(1, 4096), default=None,
-                        help="BLAS threads per rank (default: the node's cores divided by its ranks)")
+                        help="BLAS threads per rank (default: OPENBLAS_NUM_THREADS or OMP_NUM_THREADS when set, "
+                             "else the node's cores divided by its ranks)")
     system.add_argument("--partition", type=flags.weights(), default=None, metavar="W,W,...",
                         help="fixed shares of the global batch, one weight per rank (e.g. 1,3 gives rank 1 three "
                              "times rank 0's samples); default equal")
