@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
+from pydtnn_lite import flags
 from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.data import partition
@@ -33,26 +34,26 @@ PROGRAM = "pydtnn_lite.predict"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[0])
+    parser = flags.Parser(prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="vgg11")
     parser.add_argument("--dataset", default="cifar10", choices=sorted(DATASET_SHAPES),
                         help="the image shape to predict for")
-    parser.add_argument("--batch-size", type=int, default=128, help="global batch (all ranks together)")
-    parser.add_argument("--procs", type=int, default=None, help="ranks (default: the preset's nodes)")
+    parser.add_argument("--batch-size", type=flags.COUNT, default=128, help="global batch (all ranks together)")
+    parser.add_argument("--procs", type=flags.COUNT, default=None, help="ranks (default: the preset's nodes)")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    parser.add_argument("--bucket-mb", type=float, default=4.0, help="gradient bucket size, MiB")
+    parser.add_argument("--bucket-mb", type=flags.BUCKET_MIB, default=4.0, help="gradient bucket size, MiB")
     parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
     parser.add_argument("--rank-calibrations", nargs="+", default=None, metavar="FILE",
                         help="a heterogeneous job: one calibration per rank (e.g. cpu.json gpu.json); predicts the "
                              "balanced shares and each rank's step")
     add_machine_arguments(parser)
     placement = parser.add_argument_group("placement and state, with --calibration (default: as calibrated)")
-    placement.add_argument("--ranks-per-node", type=int, default=None,
+    placement.add_argument("--ranks-per-node", type=flags.COUNT, default=None,
                            help="ranks on each node (default: every rank on one node)")
-    placement.add_argument("--cores-per-node", type=int, default=None,
+    placement.add_argument("--cores-per-node", type=flags.COUNT, default=None,
                            help="cores of a node (default: the calibration's)")
-    placement.add_argument("--threads", type=int, default=None,
+    placement.add_argument("--threads", type=flags.COUNT, default=None,
                            help="BLAS threads per rank (default: a node's cores divided by its ranks, as training "
                                 "does)")
     placement.add_argument("--probe", action="store_true",
@@ -67,9 +68,6 @@ def placed(machine: CalibratedMachine, args: argparse.Namespace, procs: int) -> 
     per_node = args.ranks_per_node or procs
     cores = args.cores_per_node or calibrated.cores_per_node
     threads = args.threads or max(1, cores // per_node)
-    for flag, value in (("--ranks-per-node", per_node), ("--cores-per-node", cores), ("--threads", threads)):
-        if value < 1:
-            raise UserError(f"{flag} must be at least 1, got {value}")
     if per_node > procs:
         raise UserError(f"--ranks-per-node {per_node} is more than the job's {procs} ranks: lower it or raise --procs")
     now = None
@@ -165,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         machine, machine_name, nodes = machine_from_arguments(args, 8 if args.dtype == "float64" else 4)
         procs = args.procs or nodes
-        if procs < 1 or args.batch_size < procs:
+        if args.batch_size < procs:
             raise UserError(f"--batch-size {args.batch_size} must be at least --procs {procs} (one sample per rank)")
         if isinstance(machine, CalibratedMachine):
             machine = placed(machine, args, procs)

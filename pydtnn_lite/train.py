@@ -3,7 +3,8 @@
 Every rank parses the same arguments and builds the same job. Set-up errors (bad
 flags, data, paths) are gathered from all ranks and reported once by rank 0 as one
 line, and every rank exits with status 2; an unexpected exception on any rank aborts
-the whole job (status 1) within seconds.
+the whole job (status 1) within seconds; divergence ends every rank with status 3 and
+Ctrl-C with status 130 (docs/runs.md).
 """
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ from typing import TypeVar
 
 import numpy as np
 
+from pydtnn_lite import flags
 from pydtnn_lite.backend import Backend, make_backend
 from pydtnn_lite.comm import Communicator, make_communicator
 from pydtnn_lite.comm.strategy import STRATEGIES, connect
-from pydtnn_lite.data import Dataset, dataset_names, open_dataset, partition
+from pydtnn_lite.data import Dataset, check_test_matches_train, dataset_names, open_dataset, partition
 from pydtnn_lite.errors import TrainingError, UserError
+from pydtnn_lite.interruption import end_interrupted
 from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, Optimizer
@@ -32,8 +35,12 @@ from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
 from pydtnn_lite.perfmodel.modelling.drift import MachineState
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
 from pydtnn_lite.perfmodel.modelling.trace_validation import validate_trace
+from pydtnn_lite.resume import resume
 from pydtnn_lite.run_config import RunConfig
+from pydtnn_lite.run_outputs import open_outputs
+from pydtnn_lite.run_record import agree_on_job, flag_values
 from pydtnn_lite.runtime import (
+    blas_threads_origin,
     default_blas_threads,
     install_job_abort,
     keep_freed_memory,
@@ -49,10 +56,10 @@ from pydtnn_lite.training import (
     Trainer,
     TrainerSettings,
     build_trainer,
-    load_checkpoint,
     save_checkpoint,
 )
 from pydtnn_lite.training.balance import LoadBalancer
+from pydtnn_lite.training.checkpoint import check_finite_weights, read_npz
 
 PROGRAM = "pydtnn_lite.train"
 SETUP_ERROR_EXIT = 2
@@ -61,7 +68,7 @@ T = TypeVar("T")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = flags.Parser(
         prog=f"python -m {PROGRAM}",
         description="Data-parallel CNN training on NumPy (CPU) or CuPy (GPU); run it under "
                     "mpirun for several ranks. --batch-size is the GLOBAL batch, shared by the ranks.",
@@ -72,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dataset", default="synthetic", metavar="NAME",
                        help=f"data set, one of: {', '.join(dataset_names())}")
     model.add_argument("--data-dir", default=None, help="directory of file-based data sets")
-    model.add_argument("--random-crop", type=int, default=0, metavar="PAD",
+    model.add_argument("--random-crop", type=flags.integer(0, 1024), default=0, metavar="PAD",
                        help="augment training images: pad PAD pixels of zeros on each side, then crop a random "
                             "window of the original size (0: off)")
     model.add_argument("--random-flip", action="store_true",
@@ -80,25 +87,25 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--summary", action="store_true", help="print the model's layers and FLOPs, then exit")
 
     schedule = parser.add_argument_group("batches and schedule")
-    schedule.add_argument("--batch-size", type=int, default=64, help="global batch size (all ranks together)")
-    schedule.add_argument("--local-batch-size", type=int, default=None,
+    schedule.add_argument("--batch-size", type=flags.COUNT, default=64, help="global batch size (all ranks together)")
+    schedule.add_argument("--local-batch-size", type=flags.COUNT, default=None,
                           help="per-rank batch instead: the global batch becomes this times the ranks")
-    schedule.add_argument("--epochs", type=int, default=1)
-    schedule.add_argument("--steps-per-epoch", type=int, default=None,
+    schedule.add_argument("--epochs", type=flags.COUNT, default=1)
+    schedule.add_argument("--steps-per-epoch", type=flags.COUNT, default=None,
                           help="stop each epoch after this many steps (default: the whole training split)")
-    schedule.add_argument("--eval-steps", type=int, default=None,
+    schedule.add_argument("--eval-steps", type=flags.OPTIONAL_COUNT, default=None,
                           help="validation batches after each epoch (default: the whole test split; 0: none)")
 
     optim = parser.add_argument_group("optimizer")
     optim.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
-    optim.add_argument("--lr", type=float, default=0.003, help="base learning rate")
-    optim.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (0: plain SGD)")
+    optim.add_argument("--lr", type=flags.real(0.0, 1e6, above=True), default=0.003, help="base learning rate")
+    optim.add_argument("--momentum", type=flags.real(0.0, 1.0), default=0.9, help="SGD momentum (0: plain SGD)")
     optim.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
-    optim.add_argument("--weight-decay", type=float, default=0.0, help="L2 penalty")
-    optim.add_argument("--warmup-epochs", type=float, default=0.0, help="linear learning-rate warm-up")
-    optim.add_argument("--lr-decay-epochs", type=int, nargs="*", default=[],
+    optim.add_argument("--weight-decay", type=flags.real(0.0, 1.0), default=0.0, help="L2 penalty")
+    optim.add_argument("--warmup-epochs", type=flags.real(0.0, 1e6), default=0.0, help="linear learning-rate warm-up")
+    optim.add_argument("--lr-decay-epochs", type=flags.COUNT, nargs="*", default=[],
                        help="epochs at which the learning rate is multiplied by --lr-decay-factor")
-    optim.add_argument("--lr-decay-factor", type=float, default=0.1)
+    optim.add_argument("--lr-decay-factor", type=flags.real(0.0, 1.0, above=True), default=0.1)
 
     system = parser.add_argument_group("device and parallelism")
     system.add_argument("--device", default="cpu", metavar="DEVICE[,DEVICE...]",
@@ -110,33 +117,37 @@ def build_parser() -> argparse.ArgumentParser:
                              "gradients to a GPU rank, NCCL among GPU ranks); auto: mpi for CPU jobs, nccl for "
                              "GPU jobs, the faster of mpi and gpu-side for mixed jobs")
     system.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    system.add_argument("--seed", type=int, default=0, help="seeds weights, shuffles and dropout")
-    system.add_argument("--blas-threads", type=int, default=None,
-                        help="BLAS threads per rank (default: the node's cores divided by its ranks)")
-    system.add_argument("--partition", default=None, metavar="W,W,...",
+    system.add_argument("--seed", type=flags.SEED, default=0, help="seeds weights, shuffles and dropout")
+    system.add_argument("--blas-threads", type=flags.integer(1, 4096), default=None,
+                        help="BLAS threads per rank (default: OPENBLAS_NUM_THREADS or OMP_NUM_THREADS when set, "
+                             "else the node's cores divided by its ranks)")
+    system.add_argument("--partition", type=flags.weights(), default=None, metavar="W,W,...",
                         help="fixed shares of the global batch, one weight per rank (e.g. 1,3 gives rank 1 three "
                              "times rank 0's samples); default equal")
     system.add_argument("--balance", nargs="?", choices=("on", "off", "auto"), const="on", default="auto",
                         help="make the shares follow each rank's measured speed, re-weighted while training; "
                              "auto: on when the job mixes CPU and GPU ranks and --partition is not given")
-    system.add_argument("--balance-warmup", type=int, default=3, metavar="N",
+    system.add_argument("--balance-warmup", type=flags.COUNT, default=3, metavar="N",
                         help="steps measured before the first re-weighting (default 3)")
-    system.add_argument("--balance-every", type=int, default=10, metavar="N",
+    system.add_argument("--balance-every", type=flags.COUNT, default=10, metavar="N",
                         help="steps between re-weightings after the warm-up (default 10)")
-    system.add_argument("--bucket-mb", type=float, default=4.0, help="gradient Allreduce bucket size, MiB")
+    system.add_argument("--bucket-mb", type=flags.BUCKET_MIB, default=4.0, help="gradient Allreduce bucket size, MiB")
     system.add_argument("--no-overlap", action="store_true",
                         help="reduce gradients after backward instead of overlapping with it")
-    system.add_argument("--collective-timeout", type=float, default=300.0,
+    system.add_argument("--collective-timeout", type=flags.real(0.0, 1e6), default=300.0,
                         help="seconds a rank waits for the others at a step's end before reporting "
                              "the missing ranks and aborting (0: wait forever)")
 
     output = parser.add_argument_group("output")
     output.add_argument("--run-dir", default="runs", help="where the history file of each run goes")
     output.add_argument("--checkpoint-dir", default=None, help="write checkpoints here")
-    output.add_argument("--checkpoint-every", type=int, default=0,
+    output.add_argument("--checkpoint-every", type=flags.OPTIONAL_COUNT, default=0,
                         help="checkpoint every N steps (0: at the end of each epoch)")
     output.add_argument("--resume", nargs="?", const="", default=None, metavar="PATH",
                         help="continue from a checkpoint (default: the one in --checkpoint-dir)")
+    output.add_argument("--resume-override", action="append", default=[], metavar="FLAG[,FLAG...]",
+                        help="on --resume, continue with these training flags changed from the checkpoint's "
+                             "(e.g. lr,seed); any other difference is refused")
     output.add_argument("--load-weights", default=None, help="start from weights saved with --save-weights")
     output.add_argument("--save-weights", default=None, help="write the final weights to this .npz file")
     output.add_argument("--no-progress", action="store_true", help="no progress bar, epoch lines only")
@@ -144,20 +155,23 @@ def build_parser() -> argparse.ArgumentParser:
     tracing = parser.add_argument_group("tracing (see docs/tracing.md)")
     tracing.add_argument("--trace", default=None, metavar="DIR",
                          help="record every kernel of every rank; write a Chrome trace, CSV records and a summary here")
-    tracing.add_argument("--trace-skip", type=int, default=1, metavar="N",
+    tracing.add_argument("--trace-skip", type=flags.OPTIONAL_COUNT, default=1, metavar="N",
                          help="warm-up: do not trace the first N training steps of the run (default 1)")
-    tracing.add_argument("--trace-steps", type=int, default=None, metavar="M",
+    tracing.add_argument("--trace-steps", type=flags.COUNT, default=None, metavar="M",
                          help="trace at most M training steps (default: all after the warm-up)")
     tracing.add_argument("--validate", default=None, metavar="CALIBRATION",
                          help="after the run, set the trace against the performance model of this calibration file "
                               "(python -m pydtnn_lite.calibrate); needs --trace")
 
     testing = parser.add_argument_group("fault injection (for testing the job's failure handling)")
-    testing.add_argument("--inject-failure", default=None, metavar="RANK:STEP",
+    testing.add_argument("--inject-failure", metavar="RANK:STEP",
+                         type=flags.rank_value(flags.OPTIONAL_COUNT, "1:3"), default=None,
                          help="raise an exception on rank RANK after global step STEP")
-    testing.add_argument("--inject-delay", default=None, metavar="RANK:MS",
+    testing.add_argument("--inject-delay", metavar="RANK:MS",
+                         type=flags.rank_value(flags.real(0.0, 1e6), "1:2.5"), default=None,
                          help="make rank RANK load each sample MS milliseconds slower (a slower rank, for --balance)")
-    testing.add_argument("--inject-stall", default=None, metavar="RANK:STEP",
+    testing.add_argument("--inject-stall", metavar="RANK:STEP",
+                         type=flags.rank_value(flags.OPTIONAL_COUNT, "1:3"), default=None,
                          help="make rank RANK hang (sleep) after global step STEP, to test --collective-timeout")
     return parser
 
@@ -173,6 +187,7 @@ class Job:
     test_data: Dataset | None
     history: History | None
     blas_threads: int
+    run_id: str
     reported_shares: list[int] | None = None
     communication: str = ""  # the communicator and the strategy it was chosen by
 
@@ -202,8 +217,9 @@ def configure(args: argparse.Namespace, comm: Communicator) -> tuple[RunConfig, 
     return config, make_backend(config.device, config.dtype, gpu_id=comm.local_rank)
 
 
-def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_devices: bool) -> Job:
-    """Build the model, data, optimizer and trainer of this rank; raise UserError on bad input.
+def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_devices: bool, run_id: str) -> Job:
+    """Build the model, data, optimizer and trainer of this rank, resumed or as the new run ``run_id``;
+    raise UserError on bad input. Rank 0 takes the run's output directories.
 
     No collective may run in here: a rank that fails early would leave the others waiting
     in it instead of in the agreement of :func:`collectively`.
@@ -212,6 +228,11 @@ def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_dev
     train_data = open_dataset(config.dataset, "train", config.data_dir, seed=config.seed)
     test_data = (None if config.eval_steps == 0
                  else open_dataset(config.dataset, "test", config.data_dir, seed=config.seed))
+    if test_data is not None:
+        check_test_matches_train(train_data, test_data)
+    if config.global_batch > len(train_data):
+        raise UserError(f"the global batch of {config.global_batch} is more than the {len(train_data)} training "
+                        f"samples of {config.dataset}: use --batch-size {len(train_data)} or less")
     try:
         network = create_model(config.model, train_data.input_shape, train_data.num_classes).build(backend,
                                                                                                    config.seed)
@@ -228,19 +249,20 @@ def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_dev
     trainer = build_trainer(network, config.faults.slowed(train_data, comm.rank), settings, comm=comm,
                             optimizer=optimizer, schedule=config.schedule, bucket_mb=config.bucket_mb,
                             overlap=config.overlap, balancer=balancer)
+    if config.load_weights:
+        try:
+            network.load_state_dict(read_npz(config.load_weights, "--load-weights"))
+        except ValueError as error:
+            raise UserError(f"cannot load --load-weights {config.load_weights}: {error}") from None
+    if config.resume is not None:
+        run_id = resume(config, trainer, optimizer).run_id or run_id
     history = None
     if comm.rank == 0:
         check_outputs(config)
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        history = History(os.path.join(config.run_dir, f"{config.model}-{config.dataset}-{stamp}", "history.jsonl"))
-    if config.load_weights:
-        try:
-            network.load(config.load_weights)
-        except (OSError, ValueError) as error:
-            raise UserError(f"cannot load --load-weights {config.load_weights}: {error}") from None
-    if config.resume is not None:
-        trainer.global_step, _ = load_checkpoint(config.resume, network, optimizer)
-    return Job(config, network, trainer, optimizer, test_data, history, blas_threads)
+        history, notes = open_outputs(config, run_id)
+        for note in notes:
+            print(note, flush=True)
+    return Job(config, network, trainer, optimizer, test_data, history, blas_threads, run_id)
 
 
 def collectively(comm: Communicator, action: Callable[[], T]) -> T:
@@ -269,7 +291,8 @@ def train(job: Job, comm: Communicator) -> StepResult:
     config, trainer, network = job.config, job.trainer, job.network
     shares = job.reported_shares = partition(config.global_batch, trainer.share_weights)
     say(comm, f"{network.name} on {config.dataset} {network.input_shape}: {network.param_count:,} parameters, "
-              f"{job.communication}, {job.blas_threads} BLAS threads per rank, device {network.backend.device}")
+              f"{job.communication}, {job.blas_threads} BLAS threads per rank (from "
+              f"{blas_threads_origin(config.blas_threads)}), device {network.backend.device}")
     say(comm, f"global batch {config.global_batch}, per-rank shares {shares}; {trainer.steps_per_epoch} steps per "
               f"epoch; augmentation: {trainer.augmentation.describe()}; gradients: {trainer.synchronizer.describe()}")
     start_epoch = trainer.global_step // trainer.steps_per_epoch
@@ -315,9 +338,12 @@ def train(job: Job, comm: Communicator) -> StepResult:
 def checkpoint(job: Job, comm: Communicator) -> None:
     """Rank 0 writes the weights, optimizer state and step to --checkpoint-dir."""
     config = job.config
-    if comm.rank == 0 and config.checkpoint_dir:
+    if not config.checkpoint_dir:
+        return
+    check_finite_weights(job.network, job.trainer.global_step, config.checkpoint_dir)  # every rank stops alike
+    if comm.rank == 0:
         save_checkpoint(config.checkpoint_dir, job.network, job.optimizer, job.trainer.global_step,
-                        {"model": config.model, "dataset": config.dataset, "global_batch": config.global_batch})
+                        {"run_id": job.run_id, "flags": flag_values(config), "epoch_sums": job.trainer.epoch_sums})
 
 
 def checkpoint_every(job: Job, comm: Communicator, global_step: int, result: StepResult) -> None:
@@ -342,7 +368,8 @@ def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str, state:
     """Gather the trace of every rank into ``trace``, with the description of the run: how
     its ranks sat and the machine's state when it started, which a validation reads."""
     config, trainer = job.config, job.trainer
-    meta = {"model": config.model, "dataset": config.dataset, "global_batch": config.global_batch,
+    meta = {"run_id": job.run_id, "model": config.model, "dataset": config.dataset,
+            "global_batch": config.global_batch,
             "shares": partition(config.global_batch, trainer.share_weights), "ranks": comm.size,
             "communicator": comm.describe(), "device": job.network.backend.device, "dtype": config.dtype,
             "blas_threads": job.blas_threads, "optimizer": config.optimizer, "bucket_mb": config.bucket_mb,
@@ -389,18 +416,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     comm = make_communicator(timeout=args.collective_timeout)
     install_job_abort(comm, PROGRAM)
     keep_freed_memory()
+    np.seterr(over="ignore", invalid="ignore")  # overflow as training diverges: the trainer reports it in one line
     if args.summary:
         return print_summary(args, comm)
     try:
         config, backend = collectively(comm, lambda: configure(args, comm))
+        run_id = agree_on_job(comm, config)
         bucket_elements = int(config.bucket_mb * (1 << 20)) // np.dtype(backend.dtype).itemsize
         comm, placement, strategy = connect(comm, backend, config.comm, bucket_elements, platform.node(),
                                             config.collective_timeout)
         mixed = bool(placement.cpu_ranks and placement.gpu_ranks)
-        job = collectively(comm, lambda: build_job(config, comm, backend, mixed))
+        job = collectively(comm, lambda: build_job(config, comm, backend, mixed, run_id))
     except UserError as error:  # every rank raises it: after agreeing in collectively(), or from the same placement
         say(comm, f"{PROGRAM}: error: {error}")
         return SETUP_ERROR_EXIT
+    except KeyboardInterrupt:
+        return end_interrupted(comm, PROGRAM, "during set-up")
     except Exception as error:  # e.g. NCCL failing to start on one rank
         report_and_abort(comm, PROGRAM, error)
     job.communication = strategy
@@ -418,6 +449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainingError as error:  # the loss is global, so every rank raises it at the same step
         say(comm, f"{PROGRAM}: error: {error}")
         return TRAINING_ERROR_EXIT
+    except KeyboardInterrupt:
+        return end_interrupted(comm, PROGRAM, f"at step {job.trainer.global_step}")
     except Exception as error:  # on this rank alone: the others would wait forever, so end the job
         report_and_abort(comm, PROGRAM, error)
     return 0

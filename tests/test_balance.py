@@ -69,10 +69,10 @@ def test_a_slower_rank_gets_a_smaller_share_and_the_weights_stay_exact(tmp_path)
 
 
 @pytest.mark.parametrize("flags,message", [
-    (("--partition", "1,2,3"), "--partition needs 2 non-negative weights"),
-    (("--partition", "1,x"), "--partition takes one number per rank"),
-    (("--inject-delay", "1"), "--inject-delay takes RANK:MS"),
-    (("--balance-every", "0"), "--balance-every must be at least 1"),
+    (("--partition", "1,2,3"), "--partition needs 2 weights (one per rank), got 3"),
+    (("--partition", "1,x"), "argument --partition: must be comma-separated numbers"),
+    (("--inject-delay", "1"), "argument --inject-delay: must be RANK:VALUE"),
+    (("--balance-every", "0"), "argument --balance-every: must be an integer at least 1, got '0'"),
 ])
 def test_bad_partition_flags(tmp_path, flags, message):
     assert_one_line_error(train_cli(2, *LENET, "--run-dir", str(tmp_path), *flags, cwd=str(tmp_path)), message)

@@ -275,7 +275,7 @@ def test_predicting_loads_no_trainer_tracer_or_mpi():
 @pytest.mark.parametrize("flags,message", [
     (("--batch-size", "4", "--procs", "8"), "at least --procs 8"),
     (("--model", "vgg99"), "unknown model 'vgg99'"),
-    (("--peak-flops", "-1"), "--peak-flops must be positive"),
+    (("--peak-flops", "-1"), "argument --peak-flops: must be a finite number above 0"),
 ])
 def test_predict_cli_bad_input(flags, message):
     result = run("pydtnn_lite.predict", *flags)

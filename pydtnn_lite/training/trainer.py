@@ -6,7 +6,6 @@ gradient of the full-batch mean loss, and every rank applies the identical updat
 """
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -14,11 +13,11 @@ from typing import Any
 
 from pydtnn_lite.comm import Communicator, GradientSynchronizer, SerialCommunicator, make_gradient_synchronizer
 from pydtnn_lite.data import Augmentation, Dataset, EpochSampler, local_rows
-from pydtnn_lite.errors import TrainingError
 from pydtnn_lite.layers import SoftmaxCrossEntropy, StepContext
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, LearningRateSchedule, Optimizer
 from pydtnn_lite.training.balance import LoadBalancer
+from pydtnn_lite.training.divergence import DivergenceGuard
 from pydtnn_lite.training.observer import DATA_LOAD, EVAL, H2D_COPY, NO_OBSERVER, TRAIN, TrainingObserver
 
 
@@ -95,6 +94,10 @@ class Trainer:
         self.rebalanced_at: int | None = None  # the global step after which the shares last changed
         self.backend = network.backend
         self.observer: TrainingObserver = NO_OBSERVER
+        self.divergence = DivergenceGuard(data.num_classes)
+        # Loss and correct predictions summed over the samples of the current epoch so far, and those samples:
+        # a checkpoint keeps them, so a resumed epoch reports the mean over all of its steps.
+        self.epoch_sums = [0.0, 0.0, 0.0]
 
     @property
     def comm(self) -> Communicator:
@@ -121,7 +124,7 @@ class Trainer:
         """Forward, backward, gradient Allreduce and update on this rank's ``batch``.
 
         Returns the global loss and accuracy; raises TrainingError, before updating any
-        weight, if the loss is not finite.
+        weight, if training diverged (see :class:`DivergenceGuard`).
         """
         self.observer.step_started(TRAIN, self.global_step, batch.samples)
         try:
@@ -141,10 +144,10 @@ class Trainer:
             grad_logits = self.loss.backward()
         self.network.backward(grad_logits, on_layer_done=self.synchronizer.layer_done)
         self.synchronizer.finish()
-        total_loss, total_correct = self.comm.allreduce_host([float(loss_sum), float(correct)])
-        if not math.isfinite(total_loss):
-            raise TrainingError(f"the loss became {total_loss} at step {self.global_step}: lower --lr "
-                                "(or add --warmup-epochs), and check the input data for NaN or inf")
+        # Every rank holds the same reduced gradient; summing each rank's sum spreads a NaN or inf to all.
+        total_loss, total_correct, gradient_sum = self.comm.allreduce_host(
+            [float(loss_sum), float(correct), float(self.network.flat_grads.sum())])
+        self.divergence.check(self.global_step, total_loss / batch.global_size, gradient_sum)
         self.optimizer.step(self.schedule(self.global_step, self.steps_per_epoch))
         self.global_step += 1
         return StepResult(total_loss / batch.global_size, total_correct / batch.global_size, batch.global_size,
@@ -173,23 +176,28 @@ class Trainer:
     # ----------------------------------------------------------------- epochs
     def train_epoch(self, epoch: int, callbacks: Sequence[StepCallback] = ()) -> StepResult:
         """Run the rest of ``epoch`` from the step ``global_step`` points at; call each of
-        ``callbacks`` after every step."""
-        loss = correct = samples = 0.0
+        ``callbacks`` after every step. Returns the loss and accuracy over the whole epoch (its
+        steps before a resume too, from :attr:`epoch_sums`) and the samples trained in this call."""
+        first = self.global_step % self.steps_per_epoch
+        if first == 0:
+            self.epoch_sums = [0.0, 0.0, 0.0]
+        sums, trained = self.epoch_sums, 0
         started = time.perf_counter()
-        for step in range(self.global_step % self.steps_per_epoch, self.steps_per_epoch):
+        for step in range(first, self.steps_per_epoch):
             step_started, blocked = time.perf_counter(), self.comm.blocked_seconds
             batch = self.load_step(epoch, step)
             result = self.train_step(batch)
             if self.balancer is not None:
                 busy = time.perf_counter() - step_started - (self.comm.blocked_seconds - blocked)
                 self._balance(self.balancer, batch.samples, busy)
-            loss += result.loss * batch.global_size
-            correct += result.accuracy * batch.global_size
-            samples += batch.global_size
+            sums[0] += result.loss * batch.global_size
+            sums[1] += result.accuracy * batch.global_size
+            sums[2] += batch.global_size
+            trained += batch.global_size
             for callback in callbacks:
                 callback(self.global_step, result)
-        samples = max(samples, 1)
-        return StepResult(loss / samples, correct / samples, int(samples), time.perf_counter() - started)
+        epoch_samples = max(sums[2], 1)
+        return StepResult(sums[0] / epoch_samples, sums[1] / epoch_samples, trained, time.perf_counter() - started)
 
     def _balance(self, balancer: LoadBalancer, samples: int, busy_seconds: float) -> None:
         """Share this rank's samples and busy time with all ranks; re-weight the shares when the balancer says so."""
