@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from pydtnn_lite.backend import make_backend
+from pydtnn_lite.cli import command_parser, parse_command_line
 from pydtnn_lite.comm import make_communicator
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.paths import check_writable_file
@@ -40,7 +41,7 @@ DEFAULT_OUT = "calibration.json"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[1],
+    parser = command_parser("pydtnn-calibrate", __doc__.split("\n\n")[1],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--out", default=None,
                         help=f"calibration file to write (default {DEFAULT_OUT}; with --refit or --allreduce-only, "
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="batch sizes of the probe networks")
     parser.add_argument("--repeats", type=int, default=None,
                         help="traced steps per probe, at least (default 3; 1 with --quick)")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--blas-threads", "--threads", type=int, default=None, dest="blas_threads",
                         help="BLAS threads per rank (default: the node's cores divided by its ranks)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
@@ -75,8 +76,8 @@ def settings_from(args: argparse.Namespace) -> CalibrationSettings:
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else CalibrationSettings.repeats)
     if repeats < 1:
         raise UserError(f"--repeats must be at least 1, got {repeats}")
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"--threads must be at least 1, got {args.threads}")
+    if args.blas_threads is not None and args.blas_threads < 1:
+        raise UserError(f"--blas-threads must be at least 1, got {args.blas_threads}")
     if args.quick:
         return CalibrationSettings(tuple(args.batch_sizes), repeats, 0.0, QUICK, QUICK_SIZES, 1, args.seed, False)
     return CalibrationSettings(batch_sizes=tuple(args.batch_sizes), repeats=repeats, seed=args.seed,
@@ -136,7 +137,7 @@ def report(calibration: Calibration) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     comm = make_communicator()
     install_job_abort(comm, PROGRAM)
     keep_freed_memory()
@@ -155,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if comm.rank == 0:
             print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return SETUP_ERROR_EXIT
-    threads = set_blas_threads(args.threads or default_blas_threads(comm))
+    threads = set_blas_threads(args.blas_threads or default_blas_threads(comm))
     log = (lambda line: print(line, flush=True)) if comm.rank == 0 else (lambda line: None)
     calibration: Calibration | None
     if args.allreduce_only and previous is not None:

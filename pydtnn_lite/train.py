@@ -20,6 +20,7 @@ from typing import TypeVar
 import numpy as np
 
 from pydtnn_lite.backend import Backend, make_backend
+from pydtnn_lite.cli import command_parser, parse_command_line
 from pydtnn_lite.comm import Communicator, make_communicator
 from pydtnn_lite.comm.strategy import STRATEGIES, connect
 from pydtnn_lite.data import Dataset, dataset_names, open_dataset, partition
@@ -61,11 +62,11 @@ T = TypeVar("T")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=f"python -m {PROGRAM}",
-        description="Data-parallel CNN training on NumPy (CPU) or CuPy (GPU); run it under "
-                    "mpirun for several ranks. --batch-size is the GLOBAL batch, shared by the ranks.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = command_parser(
+        "pydtnn-train",
+        "Data-parallel CNN training on NumPy (CPU) or CuPy (GPU); run it under "
+        "mpirun for several ranks. --batch-size is the GLOBAL batch, shared by the ranks.",
+        logs=True, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     model = parser.add_argument_group("model and data")
     model.add_argument("--model", default="vgg11", metavar="NAME",
                        help=f"network to train, one of: {', '.join(model_names())}")
@@ -385,7 +386,7 @@ def make_progress(comm: Communicator, config: RunConfig, epoch: int, trainer: Tr
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     comm = make_communicator(timeout=args.collective_timeout)
     install_job_abort(comm, PROGRAM)
     keep_freed_memory()
