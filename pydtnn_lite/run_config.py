@@ -53,6 +53,7 @@ class RunConfig:
     load_weights: str | None
     save_weights: str | None
     progress: bool
+    log_every: int  # steps between progress lines when stdout is not a terminal
     trace: str | None
     trace_skip: int
     trace_steps: int | None
@@ -87,6 +88,7 @@ class RunConfig:
             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
             resume=None if args.resume is None else args.resume or args.checkpoint_dir,
             load_weights=args.load_weights, save_weights=args.save_weights, progress=not args.no_progress,
+            log_every=args.log_every,
             trace=args.trace, trace_skip=args.trace_skip, trace_steps=args.trace_steps, validate=args.validate,
             faults=FaultInjection(parse_rank_step(args.inject_failure, "--inject-failure"),
                                   parse_rank_step(args.inject_stall, "--inject-stall"),
@@ -98,7 +100,8 @@ class RunConfig:
 
 
 COUNTS = {"epochs": 1, "steps_per_epoch": 1, "blas_threads": 1, "checkpoint_every": 0, "eval_steps": 0,
-          "trace_skip": 0, "trace_steps": 1, "balance_warmup": 1, "balance_every": 1}  # flag: its least value
+          "trace_skip": 0, "trace_steps": 1, "balance_warmup": 1, "balance_every": 1,
+          "log_every": 1}  # flag: its least value
 
 
 def check_counts(args: argparse.Namespace) -> None:

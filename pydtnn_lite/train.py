@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import os
 import platform
 import sys
@@ -25,6 +26,7 @@ from pydtnn_lite.comm import Communicator, make_communicator
 from pydtnn_lite.comm.strategy import STRATEGIES, connect
 from pydtnn_lite.data import Dataset, dataset_names, open_dataset, partition
 from pydtnn_lite.errors import TrainingError, UserError
+from pydtnn_lite.logs import LOGGER, setup_logging
 from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, Optimizer
@@ -33,6 +35,7 @@ from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
 from pydtnn_lite.perfmodel.modelling.drift import MachineState
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
 from pydtnn_lite.perfmodel.modelling.trace_validation import validate_trace
+from pydtnn_lite.progress import ProgressBar, StepLines, make_progress
 from pydtnn_lite.run_config import RunConfig
 from pydtnn_lite.runtime import (
     default_blas_threads,
@@ -140,7 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="continue from a checkpoint (default: the one in --checkpoint-dir)")
     output.add_argument("--load-weights", default=None, help="start from weights saved with --save-weights")
     output.add_argument("--save-weights", default=None, help="write the final weights to this .npz file")
-    output.add_argument("--no-progress", action="store_true", help="no progress bar, epoch lines only")
+    output.add_argument("--no-progress", action="store_true", help="no progress bar or step lines, epoch lines only")
+    output.add_argument("--log-every", type=int, default=50, metavar="N",
+                        help="when stdout is not a terminal: a line every N steps in place of the progress bar")
 
     tracing = parser.add_argument_group("tracing (see docs/tracing.md)")
     tracing.add_argument("--trace", default=None, metavar="DIR",
@@ -259,10 +264,10 @@ def collectively(comm: Communicator, action: Callable[[], T]) -> T:
     return result  # type: ignore[return-value]  # set whenever no rank failed
 
 
-def say(comm: Communicator, text: str) -> None:
-    """Print on rank 0 only."""
+def say(comm: Communicator, text: str, level: int = logging.INFO) -> None:
+    """Log on rank 0 only."""
     if comm.rank == 0:
-        print(text, flush=True)
+        LOGGER.log(level, text)
 
 
 def train(job: Job, comm: Communicator) -> StepResult:
@@ -284,7 +289,7 @@ def train(job: Job, comm: Communicator) -> StepResult:
     started = time.perf_counter()
     total_samples = 0
     for epoch in range(start_epoch, config.epochs):
-        bar = make_progress(comm, config, epoch, trainer)
+        bar = progress_of(comm, config, epoch, trainer)
         last = trainer.train_epoch(epoch, callbacks if bar is None else [bar.after_step, *callbacks])
         if bar is not None:
             bar.close()
@@ -361,33 +366,18 @@ def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str, state:
                              f"calibration {config.validate}"), flush=True)
 
 
-class ProgressBar:
-    """Rank 0's bar over one epoch's steps: loss, accuracy and images/s of the last step."""
-
-    def __init__(self, config: RunConfig, epoch: int, trainer: Trainer) -> None:
-        from tqdm import tqdm
-
-        done = trainer.global_step % trainer.steps_per_epoch
-        self.bar = tqdm(total=trainer.steps_per_epoch, initial=done, desc=f"epoch {epoch + 1}/{config.epochs}",
-                        unit="step", dynamic_ncols=True, file=sys.stderr)
-
-    def after_step(self, global_step: int, result: StepResult) -> None:
-        self.bar.update(1)
-        self.bar.set_postfix(loss=f"{result.loss:.4f}", acc=f"{result.accuracy:.1%}",
-                             img_s=f"{result.samples / max(result.seconds, 1e-9):.1f}")
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-def make_progress(comm: Communicator, config: RunConfig, epoch: int, trainer: Trainer) -> ProgressBar | None:
-    """A progress bar on rank 0 unless --no-progress; None elsewhere."""
-    return ProgressBar(config, epoch, trainer) if comm.rank == 0 and config.progress else None
+def progress_of(comm: Communicator, config: RunConfig, epoch: int, trainer: Trainer) -> ProgressBar | StepLines | None:
+    """Rank 0's progress bar or step lines unless --no-progress; None elsewhere."""
+    if comm.rank != 0 or not config.progress:
+        return None
+    return make_progress(f"epoch {epoch + 1}/{config.epochs}", trainer.steps_per_epoch,
+                         trainer.global_step % trainer.steps_per_epoch, config.log_every)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command_line(build_parser(), argv)
     comm = make_communicator(timeout=args.collective_timeout)
+    setup_logging(args.log_level, comm.rank, comm.size)
     install_job_abort(comm, PROGRAM)
     keep_freed_memory()
     if args.summary:
@@ -400,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mixed = bool(placement.cpu_ranks and placement.gpu_ranks)
         job = collectively(comm, lambda: build_job(config, comm, backend, mixed))
     except UserError as error:  # every rank raises it: after agreeing in collectively(), or from the same placement
-        say(comm, f"{PROGRAM}: error: {error}")
+        say(comm, f"{PROGRAM}: error: {error}", logging.ERROR)
         return SETUP_ERROR_EXIT
     except Exception as error:  # e.g. NCCL failing to start on one rank
         report_and_abort(comm, PROGRAM, error)
@@ -417,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tracer.detach()
             write_trace(job, comm, tracer, config.trace, state.mean_with(probe_machine_state(comm)))
     except TrainingError as error:  # the loss is global, so every rank raises it at the same step
-        say(comm, f"{PROGRAM}: error: {error}")
+        say(comm, f"{PROGRAM}: error: {error}", logging.ERROR)
         return TRAINING_ERROR_EXIT
     except Exception as error:  # on this rank alone: the others would wait forever, so end the job
         report_and_abort(comm, PROGRAM, error)
