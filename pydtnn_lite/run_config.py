@@ -25,6 +25,7 @@ class RunConfig:
     dataset: str
     data_dir: str | None
     augmentation: Augmentation
+    prefetch: int  # training batches read ahead on a background thread
     global_batch: int
     epochs: int
     steps_per_epoch: int | None
@@ -74,7 +75,7 @@ class RunConfig:
             raise UserError("--validate sets a trace against the model: add --trace DIR")
         return cls(
             model=args.model, dataset=args.dataset, data_dir=args.data_dir,
-            augmentation=Augmentation(args.random_crop, args.random_flip),
+            augmentation=Augmentation(args.random_crop, args.random_flip), prefetch=args.prefetch,
             global_batch=global_batch(args, ranks), epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
             eval_steps=args.eval_steps, optimizer=args.optimizer, momentum=args.momentum, nesterov=args.nesterov,
             weight_decay=args.weight_decay,
@@ -101,7 +102,7 @@ class RunConfig:
 
 COUNTS = {"epochs": 1, "steps_per_epoch": 1, "blas_threads": 1, "checkpoint_every": 0, "eval_steps": 0,
           "trace_skip": 0, "trace_steps": 1, "balance_warmup": 1, "balance_every": 1,
-          "log_every": 1}  # flag: its least value
+          "log_every": 1, "prefetch": 0}  # flag: its least value
 
 
 def check_counts(args: argparse.Namespace) -> None:

@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "window of the original size (0: off)")
     model.add_argument("--random-flip", action="store_true",
                        help="augment training images: flip each horizontally with probability 1/2")
+    model.add_argument("--prefetch", type=int, default=2, metavar="N",
+                       help="read, augment and copy up to N training batches ahead on a background thread while "
+                            "a step computes (0: inside the step); the batches are the same for any N")
     model.add_argument("--summary", action="store_true", help="print the model's layers and FLOPs, then exit")
 
     schedule = parser.add_argument_group("batches and schedule")
@@ -230,7 +233,7 @@ def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_dev
     balancer = (LoadBalancer(comm.size, config.balance_warmup, config.balance_every)
                 if config.balances(mixed_devices) else None)
     settings = TrainerSettings(config.global_batch, config.seed, config.steps_per_epoch, config.share_weights,
-                               config.augmentation)
+                               config.augmentation, config.prefetch)
     trainer = build_trainer(network, config.faults.slowed(train_data, comm.rank), settings, comm=comm,
                             optimizer=optimizer, schedule=config.schedule, bucket_mb=config.bucket_mb,
                             overlap=config.overlap, balancer=balancer)

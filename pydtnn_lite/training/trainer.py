@@ -6,14 +6,18 @@ gradient of the full-batch mean loss, and every rank applies the identical updat
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from pydtnn_lite.comm import Communicator, GradientSynchronizer, SerialCommunicator, make_gradient_synchronizer
 from pydtnn_lite.data import Augmentation, Dataset, EpochSampler, local_rows
+from pydtnn_lite.data.prefetch import Prefetcher
 from pydtnn_lite.errors import TrainingError
 from pydtnn_lite.layers import SoftmaxCrossEntropy, StepContext
 from pydtnn_lite.network import Network
@@ -57,7 +61,8 @@ class TrainerSettings:
 
     ``global_batch`` samples per step, all ranks together; ``share_weights`` set how it is
     split over ranks (equal by default); ``steps_per_epoch`` cuts epochs short (default:
-    the whole data set); ``augmentation`` applies to training batches only.
+    the whole data set); ``augmentation`` applies to training batches only; ``prefetch``
+    training batches are read ahead on a background thread (0: each inside its step).
     """
 
     global_batch: int
@@ -65,6 +70,7 @@ class TrainerSettings:
     steps_per_epoch: int | None = None
     share_weights: tuple[float, ...] | None = None
     augmentation: Augmentation = field(default_factory=Augmentation)
+    prefetch: int = 0
 
 
 StepCallback = Callable[[int, StepResult], None]  # called with (global step, its result) after each step
@@ -155,16 +161,45 @@ class Trainer:
 
         Loading is part of the training step that follows: the observer's step starts here.
         """
-        indices = self.sampler.batch(epoch, step)
-        rows = self.local_rows(len(indices))
-        mine = indices[rows]
+        mine, global_size, offset = self.rows_of_step(epoch, step)
         self.observer.step_started(TRAIN, self.global_step, len(mine))
         images, labels = self.observer.run(DATA_LOAD, self.data.load, mine)
-        # On the host, before the copy to the device. Choices follow the samples' data-set
-        # indices, not this rank's rows, so any split of the batch trains the same images.
         images = self.augmentation.apply(images, mine, self.seed, epoch)
         images, labels = self.observer.run(H2D_COPY, self.to_device, images, labels)
-        return Batch(images, labels, len(indices), rows.start)
+        return Batch(images, labels, global_size, offset)
+
+    def rows_of_step(self, epoch: int, step: int) -> tuple[np.ndarray, int, int]:
+        """The data-set indices of this rank's rows of step ``step`` of ``epoch``, the global
+        batch's size and the position of this rank's first row in it."""
+        indices = self.sampler.batch(epoch, step)
+        rows = self.local_rows(len(indices))
+        return indices[rows], len(indices), rows.start
+
+    def read_step(self, epoch: int, step: int) -> Batch:
+        """This rank's rows of step ``step`` of ``epoch``, read and augmented, on the host.
+
+        The prefetching thread calls this: it reads the shares and the data set, and
+        reports to no observer.
+        """
+        mine, global_size, offset = self.rows_of_step(epoch, step)
+        images, labels = self.data.load(mine)
+        # On the host, before the copy to the device. Choices follow the samples' data-set
+        # indices, not this rank's rows, so any split of the batch trains the same images.
+        return Batch(self.augmentation.apply(images, mine, self.seed, epoch), labels, global_size, offset)
+
+    def prefetched_step(self, batches: Prefetcher[Batch]) -> Batch:
+        """The next batch read ahead by ``batches``, on the device; waiting for it is part of the step."""
+        self.observer.step_started(TRAIN, self.global_step, 0)
+        read = next(batches)
+        self.observer.done_elsewhere(DATA_LOAD, read.started, read.finished)
+        host = read.item
+        images, labels = self.observer.run(H2D_COPY, self.to_device, host.images, host.labels)
+        return Batch(images, labels, host.global_size, host.offset)
+
+    def prefetcher(self, epoch: int, first_step: int) -> Prefetcher[Batch]:
+        """The batches of ``epoch`` from ``first_step`` on, read ``settings.prefetch`` steps ahead."""
+        return Prefetcher(functools.partial(self.read_step, epoch), range(first_step, self.steps_per_epoch),
+                          self.settings.prefetch)
 
     def to_device(self, images: Any, labels: Any) -> tuple[Any, Any]:
         """Copy a batch read on the host to the backend's device (queued; page-locked on a GPU)."""
@@ -176,18 +211,28 @@ class Trainer:
         ``callbacks`` after every step."""
         loss = correct = samples = 0.0
         started = time.perf_counter()
-        for step in range(self.global_step % self.steps_per_epoch, self.steps_per_epoch):
-            step_started, blocked = time.perf_counter(), self.comm.blocked_seconds
-            batch = self.load_step(epoch, step)
-            result = self.train_step(batch)
-            if self.balancer is not None:
-                busy = time.perf_counter() - step_started - (self.comm.blocked_seconds - blocked)
-                self._balance(self.balancer, batch.samples, busy)
-            loss += result.loss * batch.global_size
-            correct += result.accuracy * batch.global_size
-            samples += batch.global_size
-            for callback in callbacks:
-                callback(self.global_step, result)
+        first = self.global_step % self.steps_per_epoch
+        batches = self.prefetcher(epoch, first) if self.settings.prefetch else None
+        try:
+            for step in range(first, self.steps_per_epoch):
+                step_started, blocked = time.perf_counter(), self.comm.blocked_seconds
+                batch = self.load_step(epoch, step) if batches is None else self.prefetched_step(batches)
+                result = self.train_step(batch)
+                if self.balancer is not None:
+                    busy = time.perf_counter() - step_started - (self.comm.blocked_seconds - blocked)
+                    self._balance(self.balancer, batch.samples, busy)
+                    if batches is not None and self.rebalanced_at == self.global_step:
+                        # Batches read ahead were split by the old shares: read them again.
+                        batches.close()
+                        batches = self.prefetcher(epoch, step + 1)
+                loss += result.loss * batch.global_size
+                correct += result.accuracy * batch.global_size
+                samples += batch.global_size
+                for callback in callbacks:
+                    callback(self.global_step, result)
+        finally:
+            if batches is not None:
+                batches.close()
         samples = max(samples, 1)
         return StepResult(loss / samples, correct / samples, int(samples), time.perf_counter() - started)
 
