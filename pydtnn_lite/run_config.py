@@ -54,6 +54,7 @@ class RunConfig:
     load_weights: str | None
     save_weights: str | None
     progress: bool
+    tensorboard: bool  # TensorBoard event files in the run directory
     log_every: int  # steps between progress lines when stdout is not a terminal
     trace: str | None
     trace_skip: int
@@ -89,7 +90,7 @@ class RunConfig:
             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
             resume=None if args.resume is None else args.resume or args.checkpoint_dir,
             load_weights=args.load_weights, save_weights=args.save_weights, progress=not args.no_progress,
-            log_every=args.log_every,
+            log_every=args.log_every, tensorboard=args.tensorboard,
             trace=args.trace, trace_skip=args.trace_skip, trace_steps=args.trace_steps, validate=args.validate,
             faults=FaultInjection(parse_rank_step(args.inject_failure, "--inject-failure"),
                                   parse_rank_step(args.inject_stall, "--inject-stall"),

@@ -57,6 +57,7 @@ from pydtnn_lite.training import (
     save_checkpoint,
 )
 from pydtnn_lite.training.balance import LoadBalancer
+from pydtnn_lite.training.metrics import StepMetrics
 
 PROGRAM = "pydtnn_lite.train"
 SETUP_ERROR_EXIT = 2
@@ -139,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     output = parser.add_argument_group("output")
     output.add_argument("--run-dir", default="runs", help="where the history file of each run goes")
+    output.add_argument("--tensorboard", action="store_true",
+                        help="also write each step's figures as TensorBoard event files into the run directory "
+                             "(needs pip install 'pydtnn_lite[tensorboard]')")
     output.add_argument("--checkpoint-dir", default=None, help="write checkpoints here")
     output.add_argument("--checkpoint-every", type=int, default=0,
                         help="checkpoint every N steps (0: at the end of each epoch)")
@@ -183,6 +187,7 @@ class Job:
     history: History | None
     blas_threads: int
     reported_shares: list[int] | None = None
+    metrics: StepMetrics | None = None  # rank 0's metrics.csv (and TensorBoard events)
     communication: str = ""  # the communicator and the strategy it was chosen by
 
 
@@ -237,11 +242,12 @@ def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_dev
     trainer = build_trainer(network, config.faults.slowed(train_data, comm.rank), settings, comm=comm,
                             optimizer=optimizer, schedule=config.schedule, bucket_mb=config.bucket_mb,
                             overlap=config.overlap, balancer=balancer)
-    history = None
+    history, metrics = None, None
     if comm.rank == 0:
         check_outputs(config)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         history = History(os.path.join(config.run_dir, f"{config.model}-{config.dataset}-{stamp}", "history.jsonl"))
+        metrics = StepMetrics(os.path.dirname(history.path), config.tensorboard)
     if config.load_weights:
         try:
             network.load(config.load_weights)
@@ -249,7 +255,7 @@ def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_dev
             raise UserError(f"cannot load --load-weights {config.load_weights}: {error}") from None
     if config.resume is not None:
         trainer.global_step, _ = load_checkpoint(config.resume, network, optimizer)
-    return Job(config, network, trainer, optimizer, test_data, history, blas_threads)
+    return Job(config, network, trainer, optimizer, test_data, history, blas_threads, metrics=metrics)
 
 
 def collectively(comm: Communicator, action: Callable[[], T]) -> T:
@@ -288,6 +294,8 @@ def train(job: Job, comm: Communicator) -> StepResult:
                                      functools.partial(config.faults.after_step, comm.rank)]
     if config.checkpoint_dir and config.checkpoint_every:
         callbacks.insert(0, functools.partial(checkpoint_every, job, comm))
+    if job.metrics is not None:
+        callbacks.insert(0, functools.partial(record_metrics, job.metrics, trainer))
     last = StepResult(float("nan"), 0.0, 0)
     started = time.perf_counter()
     total_samples = 0
@@ -305,6 +313,8 @@ def train(job: Job, comm: Communicator) -> StepResult:
             line += f", validation loss {validation.loss:.4f}, accuracy {validation.accuracy:.2%}"
         line += f"; {rate:.1f} img/s ({rate / comm.size:.1f} per rank), {last.seconds:.2f} s"
         say(comm, line)
+        if job.metrics is not None and validation is not None:
+            job.metrics.validation(trainer.global_step, validation)
         if job.history is not None:
             job.history.append({"epoch": epoch + 1, "step": trainer.global_step, "loss": last.loss,
                                 "accuracy": last.accuracy, "seconds": last.seconds, "images_per_second": rate,
@@ -314,6 +324,8 @@ def train(job: Job, comm: Communicator) -> StepResult:
         if config.checkpoint_dir and not config.checkpoint_every:
             checkpoint(job, comm)
     elapsed = time.perf_counter() - started
+    if job.metrics is not None:
+        job.metrics.close()
     if config.save_weights and comm.rank == 0:
         network.save(config.save_weights)
     say(comm, f"done: {total_samples} samples in {elapsed:.2f} s = {total_samples / max(elapsed, 1e-9):.1f} img/s "
@@ -327,6 +339,13 @@ def checkpoint(job: Job, comm: Communicator) -> None:
     if comm.rank == 0 and config.checkpoint_dir:
         save_checkpoint(config.checkpoint_dir, job.network, job.optimizer, job.trainer.global_step,
                         {"model": config.model, "dataset": config.dataset, "global_batch": config.global_batch})
+
+
+def record_metrics(metrics: StepMetrics, trainer: Trainer, global_step: int, result: StepResult) -> None:
+    """The step callback that writes a step's figures to metrics.csv (and TensorBoard)."""
+    step = global_step - 1  # the step just taken, from 0, as the schedule counts
+    metrics.step(global_step, step // trainer.steps_per_epoch + 1, result,
+                 trainer.schedule(step, trainer.steps_per_epoch))
 
 
 def checkpoint_every(job: Job, comm: Communicator, global_step: int, result: StepResult) -> None:
