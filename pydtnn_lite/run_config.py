@@ -7,11 +7,13 @@ record, never the flags.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
 from pydtnn_lite.data import Augmentation
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.optim import LearningRateSchedule
+from pydtnn_lite.training.checkpoint import checkpoint_path
 from pydtnn_lite.training.faults import FaultInjection
 
 DEVICES = ("cpu", "gpu", "auto")
@@ -70,8 +72,6 @@ class RunConfig:
         """
         check_counts(args)
         share_weights = parse_partition(args.partition, ranks)
-        if args.resume == "" and not args.checkpoint_dir:
-            raise UserError("--resume without a path needs --checkpoint-dir")
         if args.validate and not args.trace:
             raise UserError("--validate sets a trace against the model: add --trace DIR")
         return cls(
@@ -88,7 +88,7 @@ class RunConfig:
             balance_warmup=args.balance_warmup, balance_every=args.balance_every, bucket_mb=args.bucket_mb,
             overlap=not args.no_overlap, collective_timeout=args.collective_timeout, run_dir=args.run_dir,
             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-            resume=None if args.resume is None else args.resume or args.checkpoint_dir,
+            resume=resume_from(args.resume, args.checkpoint_dir),
             load_weights=args.load_weights, save_weights=args.save_weights, progress=not args.no_progress,
             log_every=args.log_every, tensorboard=args.tensorboard,
             trace=args.trace, trace_skip=args.trace_skip, trace_steps=args.trace_steps, validate=args.validate,
@@ -114,6 +114,18 @@ def check_counts(args: argparse.Namespace) -> None:
             raise UserError(f"--{flag.replace('_', '-')} must be at least {minimum}, got {value}")
     if args.bucket_mb <= 0:
         raise UserError(f"--bucket-mb must be positive, got {args.bucket_mb}")
+
+
+def resume_from(resume: str | None, checkpoint_dir: str | None) -> str | None:
+    """The checkpoint --resume continues from: its PATH; --checkpoint-dir's without one; with 'auto',
+    --checkpoint-dir's when one is there, else none (a fresh start: the first run of a requeued job)."""
+    if resume not in ("", "auto"):
+        return resume
+    if not checkpoint_dir:
+        raise UserError(f"--resume {'without a path' if resume == '' else 'auto'} needs --checkpoint-dir")
+    if resume == "auto" and not os.path.isfile(checkpoint_path(checkpoint_dir)):
+        return None
+    return checkpoint_dir
 
 
 def global_batch(args: argparse.Namespace, ranks: int) -> int:

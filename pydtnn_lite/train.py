@@ -58,6 +58,7 @@ from pydtnn_lite.training import (
 )
 from pydtnn_lite.training.balance import LoadBalancer
 from pydtnn_lite.training.metrics import StepMetrics
+from pydtnn_lite.training.stopping import REQUEUE_EXIT, SignalStop, StopRequested
 
 PROGRAM = "pydtnn_lite.train"
 SETUP_ERROR_EXIT = 2
@@ -147,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--checkpoint-every", type=int, default=0,
                         help="checkpoint every N steps (0: at the end of each epoch)")
     output.add_argument("--resume", nargs="?", const="", default=None, metavar="PATH",
-                        help="continue from a checkpoint (default: the one in --checkpoint-dir)")
+                        help="continue from a checkpoint (default: the one in --checkpoint-dir); auto: from "
+                             "--checkpoint-dir's when one is there, else start fresh (one script for the first run "
+                             "and every requeue)")
     output.add_argument("--load-weights", default=None, help="start from weights saved with --save-weights")
     output.add_argument("--save-weights", default=None, help="write the final weights to this .npz file")
     output.add_argument("--no-progress", action="store_true", help="no progress bar or step lines, epoch lines only")
@@ -188,6 +191,7 @@ class Job:
     blas_threads: int
     reported_shares: list[int] | None = None
     metrics: StepMetrics | None = None  # rank 0's metrics.csv (and TensorBoard events)
+    stop: SignalStop | None = None  # ends the run after a step when SIGTERM or SIGUSR1 came
     communication: str = ""  # the communicator and the strategy it was chosen by
 
 
@@ -296,6 +300,8 @@ def train(job: Job, comm: Communicator) -> StepResult:
         callbacks.insert(0, functools.partial(checkpoint_every, job, comm))
     if job.metrics is not None:
         callbacks.insert(0, functools.partial(record_metrics, job.metrics, trainer))
+    if job.stop is not None:
+        callbacks.append(job.stop.after_step)
     last = StepResult(float("nan"), 0.0, 0)
     started = time.perf_counter()
     total_samples = 0
@@ -400,6 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command_line(build_parser(), argv)
     comm = make_communicator(timeout=args.collective_timeout)
     setup_logging(args.log_level, comm.rank, comm.size)
+    stop = SignalStop(comm)
     install_job_abort(comm, PROGRAM)
     keep_freed_memory()
     if args.summary:
@@ -416,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return SETUP_ERROR_EXIT
     except Exception as error:  # e.g. NCCL failing to start on one rank
         report_and_abort(comm, PROGRAM, error)
-    job.communication = strategy
+    job.communication, job.stop = strategy, stop
     # Rank 0's weights are everyone's, whatever a rank's RNG, weight file or checkpoint gave.
     comm.broadcast(job.network.flat_params)
     try:
@@ -428,12 +435,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         if tracer is not None and config.trace and state is not None:
             tracer.detach()
             write_trace(job, comm, tracer, config.trace, state.mean_with(probe_machine_state(comm)))
+    except StopRequested as request:  # every rank agreed on it after the same step
+        return stop_for_requeue(job, comm, request)
     except TrainingError as error:  # the loss is global, so every rank raises it at the same step
         say(comm, f"{PROGRAM}: error: {error}", logging.ERROR)
         return TRAINING_ERROR_EXIT
     except Exception as error:  # on this rank alone: the others would wait forever, so end the job
         report_and_abort(comm, PROGRAM, error)
     return 0
+
+
+def stop_for_requeue(job: Job, comm: Communicator, request: StopRequested) -> int:
+    """Checkpoint the step every rank has finished and return the status that asks for a requeue."""
+    if job.metrics is not None:
+        job.metrics.close()
+    checkpoint(job, comm)
+    comm.barrier()  # the checkpoint is on disk before any rank exits
+    saved = (f"checkpoint of step {request.global_step} in {job.config.checkpoint_dir}"
+             if job.config.checkpoint_dir else "no checkpoint (no --checkpoint-dir)")
+    say(comm, f"{request}: {saved}; exiting with status {REQUEUE_EXIT} for the scheduler to requeue the job "
+              "(--resume auto continues it)", logging.WARNING)
+    return REQUEUE_EXIT
 
 
 def print_summary(args: argparse.Namespace, comm: Communicator) -> int:
