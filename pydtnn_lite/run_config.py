@@ -52,8 +52,10 @@ class RunConfig:
     run_dir: str
     checkpoint_dir: str | None
     checkpoint_every: int  # steps between checkpoints (0: at the end of each epoch)
+    keep_checkpoints: int  # the last K stay on disk (and the best by validation accuracy)
     resume: str | None  # the checkpoint to continue from
     load_weights: str | None
+    evaluate_only: bool  # evaluate the loaded weights, train nothing
     save_weights: str | None
     progress: bool
     tensorboard: bool  # TensorBoard event files in the run directory
@@ -74,6 +76,8 @@ class RunConfig:
         share_weights = parse_partition(args.partition, ranks)
         if args.validate and not args.trace:
             raise UserError("--validate sets a trace against the model: add --trace DIR")
+        resume = resume_from(args.resume, args.checkpoint_dir)
+        check_evaluate_only(args, resume)
         return cls(
             model=args.model, dataset=args.dataset, data_dir=args.data_dir,
             augmentation=Augmentation(args.random_crop, args.random_flip), prefetch=args.prefetch,
@@ -88,7 +92,8 @@ class RunConfig:
             balance_warmup=args.balance_warmup, balance_every=args.balance_every, bucket_mb=args.bucket_mb,
             overlap=not args.no_overlap, collective_timeout=args.collective_timeout, run_dir=args.run_dir,
             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-            resume=resume_from(args.resume, args.checkpoint_dir),
+            keep_checkpoints=args.keep_checkpoints,
+            resume=resume, evaluate_only=args.evaluate_only,
             load_weights=args.load_weights, save_weights=args.save_weights, progress=not args.no_progress,
             log_every=args.log_every, tensorboard=args.tensorboard,
             trace=args.trace, trace_skip=args.trace_skip, trace_steps=args.trace_steps, validate=args.validate,
@@ -103,7 +108,7 @@ class RunConfig:
 
 COUNTS = {"epochs": 1, "steps_per_epoch": 1, "blas_threads": 1, "checkpoint_every": 0, "eval_steps": 0,
           "trace_skip": 0, "trace_steps": 1, "balance_warmup": 1, "balance_every": 1,
-          "log_every": 1, "prefetch": 0}  # flag: its least value
+          "log_every": 1, "prefetch": 0, "keep_checkpoints": 1}  # flag: its least value
 
 
 def check_counts(args: argparse.Namespace) -> None:
@@ -126,6 +131,17 @@ def resume_from(resume: str | None, checkpoint_dir: str | None) -> str | None:
     if resume == "auto" and not os.path.isfile(checkpoint_path(checkpoint_dir)):
         return None
     return checkpoint_dir
+
+
+def check_evaluate_only(args: argparse.Namespace, resume: str | None) -> None:
+    """--evaluate-only needs weights to evaluate and a test split to evaluate them on."""
+    if not args.evaluate_only:
+        return
+    if not args.load_weights and resume is None:
+        found = f": there is no checkpoint in {args.checkpoint_dir}" if args.resume == "auto" else ""
+        raise UserError(f"--evaluate-only evaluates loaded weights: add --load-weights FILE or --resume{found}")
+    if args.eval_steps == 0:
+        raise UserError("--evaluate-only with --eval-steps 0 evaluates nothing: drop --eval-steps 0")
 
 
 def global_batch(args: argparse.Namespace, ranks: int) -> int:

@@ -58,6 +58,7 @@ from pydtnn_lite.training import (
 )
 from pydtnn_lite.training.balance import LoadBalancer
 from pydtnn_lite.training.metrics import StepMetrics
+from pydtnn_lite.training.retention import retain
 from pydtnn_lite.training.stopping import REQUEUE_EXIT, SignalStop, StopRequested
 
 PROGRAM = "pydtnn_lite.train"
@@ -86,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--prefetch", type=int, default=2, metavar="N",
                        help="read, augment and copy up to N training batches ahead on a background thread while "
                             "a step computes (0: inside the step); the batches are the same for any N")
+    model.add_argument("--evaluate-only", action="store_true",
+                       help="evaluate the weights of --load-weights or --resume on the test split, then exit")
     model.add_argument("--summary", action="store_true", help="print the model's layers and FLOPs, then exit")
 
     schedule = parser.add_argument_group("batches and schedule")
@@ -147,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--checkpoint-dir", default=None, help="write checkpoints here")
     output.add_argument("--checkpoint-every", type=int, default=0,
                         help="checkpoint every N steps (0: at the end of each epoch)")
+    output.add_argument("--keep-checkpoints", type=int, default=1, metavar="K",
+                        help="keep the last K checkpoints as checkpoint-step<N>.npz beside checkpoint.npz (the "
+                             "newest); the best by validation accuracy stays as checkpoint-best.npz")
     output.add_argument("--resume", nargs="?", const="", default=None, metavar="PATH",
                         help="continue from a checkpoint (default: the one in --checkpoint-dir); auto: from "
                              "--checkpoint-dir's when one is there, else start fresh (one script for the first run "
@@ -328,7 +334,7 @@ def train(job: Job, comm: Communicator) -> StepResult:
                                 "validation_accuracy": validation.accuracy if validation else None,
                                 "ranks": comm.size, "global_batch": config.global_batch})
         if config.checkpoint_dir and not config.checkpoint_every:
-            checkpoint(job, comm)
+            checkpoint(job, comm, validation.accuracy if validation else None)
     elapsed = time.perf_counter() - started
     if job.metrics is not None:
         job.metrics.close()
@@ -339,12 +345,16 @@ def train(job: Job, comm: Communicator) -> StepResult:
     return last
 
 
-def checkpoint(job: Job, comm: Communicator) -> None:
-    """Rank 0 writes the weights, optimizer state and step to --checkpoint-dir."""
+def checkpoint(job: Job, comm: Communicator, validation_accuracy: float | None = None) -> None:
+    """Rank 0 writes the weights, optimizer state and step to --checkpoint-dir, and keeps the last
+    --keep-checkpoints and the best by ``validation_accuracy`` (when an evaluation just gave one)."""
     config = job.config
     if comm.rank == 0 and config.checkpoint_dir:
-        save_checkpoint(config.checkpoint_dir, job.network, job.optimizer, job.trainer.global_step,
-                        {"model": config.model, "dataset": config.dataset, "global_batch": config.global_batch})
+        step = job.trainer.global_step
+        written = save_checkpoint(config.checkpoint_dir, job.network, job.optimizer, step,
+                                  {"model": config.model, "dataset": config.dataset,
+                                   "global_batch": config.global_batch, "validation_accuracy": validation_accuracy})
+        retain(config.checkpoint_dir, written, step, config.keep_checkpoints, validation_accuracy)
 
 
 def record_metrics(metrics: StepMetrics, trainer: Trainer, global_step: int, result: StepResult) -> None:
@@ -430,6 +440,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The machine's state as the traced run starts and ends: a validation corrects for its drift since
         # calibrating.
         state = probe_machine_state(comm) if config.trace else None
+        if config.evaluate_only:
+            evaluate_only(job, comm)
+            return 0
         tracer = Tracer(job.trainer, config.trace_skip, config.trace_steps).attach() if config.trace else None
         train(job, comm)
         if tracer is not None and config.trace and state is not None:
@@ -443,6 +456,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # on this rank alone: the others would wait forever, so end the job
         report_and_abort(comm, PROGRAM, error)
     return 0
+
+
+def evaluate_only(job: Job, comm: Communicator) -> StepResult:
+    """--evaluate-only: the loaded weights' loss and accuracy on the test split."""
+    config, trainer = job.config, job.trainer
+    source = f"--load-weights {config.load_weights}" if config.load_weights else f"checkpoint {config.resume}"
+    assert job.test_data is not None  # RunConfig refuses --evaluate-only with --eval-steps 0
+    result = trainer.evaluate(job.test_data, config.global_batch, config.eval_steps)
+    say(comm, f"evaluation of {source} (step {trainer.global_step}) on {result.samples} test samples: "
+              f"loss {result.loss:.4f}, accuracy {result.accuracy:.2%}")
+    if job.history is not None:
+        job.history.append({"evaluate_only": source, "step": trainer.global_step, "validation_loss": result.loss,
+                            "validation_accuracy": result.accuracy, "ranks": comm.size,
+                            "global_batch": config.global_batch})
+    return result
 
 
 def stop_for_requeue(job: Job, comm: Communicator, request: StopRequested) -> int:
