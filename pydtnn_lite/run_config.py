@@ -29,6 +29,7 @@ class RunConfig:
     augmentation: Augmentation
     prefetch: int  # training batches read ahead on a background thread
     global_batch: int
+    accumulate: int  # micro-batches of global_batch summed into each update
     epochs: int
     steps_per_epoch: int | None
     eval_steps: int | None  # validation batches after each epoch (None: the whole test split; 0: none)
@@ -81,7 +82,8 @@ class RunConfig:
         return cls(
             model=args.model, dataset=args.dataset, data_dir=args.data_dir,
             augmentation=Augmentation(args.random_crop, args.random_flip), prefetch=args.prefetch,
-            global_batch=global_batch(args, ranks), epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
+            global_batch=global_batch(args, ranks), accumulate=args.accumulate, epochs=args.epochs,
+            steps_per_epoch=args.steps_per_epoch,
             eval_steps=args.eval_steps, optimizer=args.optimizer, momentum=args.momentum, nesterov=args.nesterov,
             weight_decay=args.weight_decay,
             schedule=LearningRateSchedule(args.lr, args.warmup_epochs, tuple(args.lr_decay_epochs),
@@ -108,7 +110,8 @@ class RunConfig:
 
 COUNTS = {"epochs": 1, "steps_per_epoch": 1, "blas_threads": 1, "checkpoint_every": 0, "eval_steps": 0,
           "trace_skip": 0, "trace_steps": 1, "balance_warmup": 1, "balance_every": 1,
-          "log_every": 1, "prefetch": 0, "keep_checkpoints": 1}  # flag: its least value
+          "log_every": 1, "prefetch": 0, "keep_checkpoints": 1,
+          "accumulate": 1}  # flag: its least value
 
 
 def check_counts(args: argparse.Namespace) -> None:

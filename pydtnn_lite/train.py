@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     schedule.add_argument("--batch-size", type=int, default=64, help="global batch size (all ranks together)")
     schedule.add_argument("--local-batch-size", type=int, default=None,
                           help="per-rank batch instead: the global batch becomes this times the ranks")
+    schedule.add_argument("--accumulate", type=int, default=1, metavar="K",
+                          help="sum the gradients of K batches of --batch-size before each update: the same update "
+                               "as a batch K times larger (batch-norm statistics excepted), in the memory of one")
     schedule.add_argument("--epochs", type=int, default=1)
     schedule.add_argument("--steps-per-epoch", type=int, default=None,
                           help="stop each epoch after this many steps (default: the whole training split)")
@@ -248,7 +251,7 @@ def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_dev
     balancer = (LoadBalancer(comm.size, config.balance_warmup, config.balance_every)
                 if config.balances(mixed_devices) else None)
     settings = TrainerSettings(config.global_batch, config.seed, config.steps_per_epoch, config.share_weights,
-                               config.augmentation, config.prefetch)
+                               config.augmentation, config.prefetch, config.accumulate)
     trainer = build_trainer(network, config.faults.slowed(train_data, comm.rank), settings, comm=comm,
                             optimizer=optimizer, schedule=config.schedule, bucket_mb=config.bucket_mb,
                             overlap=config.overlap, balancer=balancer)
@@ -295,7 +298,10 @@ def train(job: Job, comm: Communicator) -> StepResult:
     shares = job.reported_shares = partition(config.global_batch, trainer.share_weights)
     say(comm, f"{network.name} on {config.dataset} {network.input_shape}: {network.param_count:,} parameters, "
               f"{job.communication}, {job.blas_threads} BLAS threads per rank, device {network.backend.device}")
-    say(comm, f"global batch {config.global_batch}, per-rank shares {shares}; {trainer.steps_per_epoch} steps per "
+    batch = (f"global batch {config.global_batch}" if config.accumulate == 1 else
+             f"global batch {config.global_batch} x {config.accumulate} accumulated = "
+             f"{config.global_batch * config.accumulate} per update")
+    say(comm, f"{batch}, per-rank shares {shares}; {trainer.steps_per_epoch} steps per "
               f"epoch; augmentation: {trainer.augmentation.describe()}; gradients: {trainer.synchronizer.describe()}")
     start_epoch = trainer.global_step // trainer.steps_per_epoch
     if trainer.global_step:

@@ -41,13 +41,27 @@ class Batch:
     """This rank's rows of one global batch, on the backend's device.
 
     ``global_size`` is the whole global batch (all ranks) and ``offset`` the position of
-    this rank's first row in it: layers that draw per sample (dropout) need both.
+    this rank's first row in it: layers that draw per sample (dropout) need both. A batch
+    of a step that accumulates gradients holds the rank's rows of each micro-batch in
+    turn: ``parts`` gives each one's (rows of this rank, position of its first row in the
+    global batch); None is one part of all the rows at ``offset``.
     """
 
     images: Any
     labels: Any
     global_size: int
     offset: int
+    parts: tuple[tuple[int, int], ...] | None = None
+
+    def micro_batches(self) -> list[tuple[Any, Any, int]]:
+        """(images, labels, offset in the global batch) of each micro-batch."""
+        if self.parts is None:
+            return [(self.images, self.labels, self.offset)]
+        pieces, first = [], 0
+        for rows, offset in self.parts:
+            pieces.append((self.images[first:first + rows], self.labels[first:first + rows], offset))
+            first += rows
+        return pieces
 
     @property
     def samples(self) -> int:
@@ -62,7 +76,10 @@ class TrainerSettings:
     ``global_batch`` samples per step, all ranks together; ``share_weights`` set how it is
     split over ranks (equal by default); ``steps_per_epoch`` cuts epochs short (default:
     the whole data set); ``augmentation`` applies to training batches only; ``prefetch``
-    training batches are read ahead on a background thread (0: each inside its step).
+    training batches are read ahead on a background thread (0: each inside its step);
+    ``accumulate`` micro-batches of ``global_batch`` samples make one step, whose
+    gradients are summed before one Allreduce and one update, as a batch ``accumulate``
+    times larger would (batch-norm statistics excepted: they are the micro-batch's).
     """
 
     global_batch: int
@@ -71,6 +88,7 @@ class TrainerSettings:
     share_weights: tuple[float, ...] | None = None
     augmentation: Augmentation = field(default_factory=Augmentation)
     prefetch: int = 0
+    accumulate: int = 1
 
 
 StepCallback = Callable[[int, StepResult], None]  # called with (global step, its result) after each step
@@ -92,7 +110,7 @@ class Trainer:
         self.network, self.optimizer, self.schedule = network, optimizer, schedule
         self.synchronizer, self.data, self.settings = synchronizer, data, settings
         self.loss = SoftmaxCrossEntropy()
-        self.sampler = EpochSampler(len(data), settings.global_batch, seed=settings.seed)
+        self.sampler = EpochSampler(len(data), settings.global_batch * settings.accumulate, seed=settings.seed)
         self.steps_per_epoch = min(settings.steps_per_epoch or self.sampler.steps_per_epoch,
                                    self.sampler.steps_per_epoch)
         self.share_weights = list(settings.share_weights or [1.0] * self.comm.size)
@@ -137,17 +155,31 @@ class Trainer:
 
     def _train_step(self, batch: Batch) -> StepResult:
         started = time.perf_counter()
-        ctx = StepContext(training=True, global_batch=batch.global_size, sample_offset=batch.offset,
-                          step=self.global_step, seed=self.seed, sum_across_ranks=self._sum_across_ranks)
         scope, loss_index = self.network.scope, self.network.loss_index
-        logits = self.network.forward(batch.images, ctx)
-        with scope(loss_index, "FP"):
-            loss_sum, correct = self.loss.forward(logits, batch.labels, ctx)
-        with scope(loss_index, "BP"):
-            grad_logits = self.loss.backward()
-        self.network.backward(grad_logits, on_layer_done=self.synchronizer.layer_done)
+        micro_batches = batch.micro_batches()
+        # One micro-batch overlaps its Allreduce with backward; several sum their gradients
+        # first (backward overwrites them), then reduce them all at once.
+        on_layer_done = self.synchronizer.layer_done if len(micro_batches) == 1 else None
+        loss_sum = correct = 0.0
+        summed: Any = None
+        for images, labels, offset in micro_batches:
+            ctx = StepContext(training=True, global_batch=batch.global_size, sample_offset=offset,
+                              step=self.global_step, seed=self.seed, sum_across_ranks=self._sum_across_ranks)
+            logits = self.network.forward(images, ctx)
+            with scope(loss_index, "FP"):
+                part_loss, part_correct = self.loss.forward(logits, labels, ctx)
+            with scope(loss_index, "BP"):
+                grad_logits = self.loss.backward()
+            self.network.backward(grad_logits, on_layer_done=on_layer_done)
+            loss_sum, correct = loss_sum + float(part_loss), correct + float(part_correct)
+            if on_layer_done is None and summed is None:
+                summed = self.network.flat_grads.copy()
+            elif on_layer_done is None:
+                summed += self.network.flat_grads
+        if summed is not None:
+            self.network.flat_grads[...] = summed
         self.synchronizer.finish()
-        total_loss, total_correct = self.comm.allreduce_host([float(loss_sum), float(correct)])
+        total_loss, total_correct = self.comm.allreduce_host([loss_sum, correct])
         if not math.isfinite(total_loss):
             raise TrainingError(f"the loss became {total_loss} at step {self.global_step}: lower --lr "
                                 "(or add --warmup-epochs), and check the input data for NaN or inf")
@@ -161,19 +193,27 @@ class Trainer:
 
         Loading is part of the training step that follows: the observer's step starts here.
         """
-        mine, global_size, offset = self.rows_of_step(epoch, step)
+        mine, shape = self.rows_of_step(epoch, step)
         self.observer.step_started(TRAIN, self.global_step, len(mine))
         images, labels = self.observer.run(DATA_LOAD, self.data.load, mine)
         images = self.augmentation.apply(images, mine, self.seed, epoch)
         images, labels = self.observer.run(H2D_COPY, self.to_device, images, labels)
-        return Batch(images, labels, global_size, offset)
+        return Batch(images, labels, *shape)
 
-    def rows_of_step(self, epoch: int, step: int) -> tuple[np.ndarray, int, int]:
-        """The data-set indices of this rank's rows of step ``step`` of ``epoch``, the global
-        batch's size and the position of this rank's first row in it."""
+    def rows_of_step(self, epoch: int, step: int) -> tuple[np.ndarray, tuple[int, int, tuple | None]]:
+        """The data-set indices of this rank's rows of step ``step`` of ``epoch``, and the
+        global size, offset and micro-batch parts of its :class:`Batch`."""
         indices = self.sampler.batch(epoch, step)
-        rows = self.local_rows(len(indices))
-        return indices[rows], len(indices), rows.start
+        if self.settings.accumulate == 1:
+            rows = self.local_rows(len(indices))
+            return indices[rows], (len(indices), rows.start, None)
+        size = self.settings.global_batch
+        pieces, parts = [], []
+        for start in range(0, len(indices), size):
+            rows = self.local_rows(len(indices[start:start + size]))
+            pieces.append(indices[start + rows.start:start + rows.stop])
+            parts.append((rows.stop - rows.start, start + rows.start))
+        return np.concatenate(pieces), (len(indices), parts[0][1], tuple(parts))
 
     def read_step(self, epoch: int, step: int) -> Batch:
         """This rank's rows of step ``step`` of ``epoch``, read and augmented, on the host.
@@ -181,11 +221,11 @@ class Trainer:
         The prefetching thread calls this: it reads the shares and the data set, and
         reports to no observer.
         """
-        mine, global_size, offset = self.rows_of_step(epoch, step)
+        mine, shape = self.rows_of_step(epoch, step)
         images, labels = self.data.load(mine)
         # On the host, before the copy to the device. Choices follow the samples' data-set
         # indices, not this rank's rows, so any split of the batch trains the same images.
-        return Batch(self.augmentation.apply(images, mine, self.seed, epoch), labels, global_size, offset)
+        return Batch(self.augmentation.apply(images, mine, self.seed, epoch), labels, *shape)
 
     def prefetched_step(self, batches: Prefetcher[Batch]) -> Batch:
         """The next batch read ahead by ``batches``, on the device; waiting for it is part of the step."""
@@ -194,7 +234,7 @@ class Trainer:
         self.observer.done_elsewhere(DATA_LOAD, read.started, read.finished)
         host = read.item
         images, labels = self.observer.run(H2D_COPY, self.to_device, host.images, host.labels)
-        return Batch(images, labels, host.global_size, host.offset)
+        return Batch(images, labels, host.global_size, host.offset, host.parts)
 
     def prefetcher(self, epoch: int, first_step: int) -> Prefetcher[Batch]:
         """The batches of ``epoch`` from ``first_step`` on, read ``settings.prefetch`` steps ahead."""
