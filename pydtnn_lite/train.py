@@ -57,6 +57,7 @@ from pydtnn_lite.training import (
     save_checkpoint,
 )
 from pydtnn_lite.training.balance import LoadBalancer
+from pydtnn_lite.training.evaluation import describe_evaluation, evaluation_steps
 from pydtnn_lite.training.metrics import StepMetrics
 from pydtnn_lite.training.retention import retain
 from pydtnn_lite.training.stopping import REQUEUE_EXIT, SignalStop, StopRequested
@@ -102,7 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     schedule.add_argument("--steps-per-epoch", type=int, default=None,
                           help="stop each epoch after this many steps (default: the whole training split)")
     schedule.add_argument("--eval-steps", type=int, default=None,
-                          help="validation batches after each epoch (default: the whole test split; 0: none)")
+                          help="validation batches after each epoch (default: the share of the test split that an "
+                               "epoch trains of the training split, so all of it unless --steps-per-epoch cuts "
+                               "epochs short; 0: none)")
 
     optim = parser.add_argument_group("optimizer")
     optim.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
@@ -301,8 +304,13 @@ def train(job: Job, comm: Communicator) -> StepResult:
     batch = (f"global batch {config.global_batch}" if config.accumulate == 1 else
              f"global batch {config.global_batch} x {config.accumulate} accumulated = "
              f"{config.global_batch * config.accumulate} per update")
+    eval_steps, test_samples = 0, len(job.test_data) if job.test_data else 0
+    if job.test_data:
+        eval_steps = evaluation_steps(config.eval_steps, trainer.steps_per_epoch, trainer.sampler.steps_per_epoch,
+                                      test_samples, config.global_batch)
     say(comm, f"{batch}, per-rank shares {shares}; {trainer.steps_per_epoch} steps per "
-              f"epoch; augmentation: {trainer.augmentation.describe()}; gradients: {trainer.synchronizer.describe()}")
+              f"epoch; {describe_evaluation(eval_steps, test_samples, config.global_batch)}; "
+              f"augmentation: {trainer.augmentation.describe()}; gradients: {trainer.synchronizer.describe()}")
     start_epoch = trainer.global_step // trainer.steps_per_epoch
     if trainer.global_step:
         say(comm, f"resumed at step {trainer.global_step} (epoch {start_epoch + 1})")
@@ -316,15 +324,15 @@ def train(job: Job, comm: Communicator) -> StepResult:
         callbacks.append(job.stop.after_step)
     last = StepResult(float("nan"), 0.0, 0)
     started = time.perf_counter()
-    total_samples = 0
+    total_samples, training_seconds = 0, 0.0
     for epoch in range(start_epoch, config.epochs):
         bar = progress_of(comm, config, epoch, trainer)
         last = trainer.train_epoch(epoch, callbacks if bar is None else [bar.after_step, *callbacks])
         if bar is not None:
             bar.close()
-        total_samples += last.samples
-        validation = (trainer.evaluate(job.test_data, config.global_batch, config.eval_steps)
-                      if job.test_data else None)
+        total_samples, training_seconds = total_samples + last.samples, training_seconds + last.seconds
+        validation = (trainer.evaluate(job.test_data, config.global_batch, eval_steps)
+                      if job.test_data and eval_steps else None)
         rate = last.samples / max(last.seconds, 1e-9)
         line = f"epoch {epoch + 1}/{config.epochs}: loss {last.loss:.4f}, accuracy {last.accuracy:.2%}"
         if validation is not None:
@@ -346,8 +354,9 @@ def train(job: Job, comm: Communicator) -> StepResult:
         job.metrics.close()
     if config.save_weights and comm.rank == 0:
         network.save(config.save_weights)
-    say(comm, f"done: {total_samples} samples in {elapsed:.2f} s = {total_samples / max(elapsed, 1e-9):.1f} img/s "
-              f"on {comm.size} rank(s); final training loss {last.loss:.4f}, accuracy {last.accuracy:.2%}")
+    say(comm, f"done: {total_samples} samples in {training_seconds:.2f} s of training = "
+              f"{total_samples / max(training_seconds, 1e-9):.1f} img/s on {comm.size} rank(s) ({elapsed:.2f} s with "
+              f"evaluation and checkpoints); final training loss {last.loss:.4f}, accuracy {last.accuracy:.2%}")
     return last
 
 
