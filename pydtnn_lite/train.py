@@ -242,14 +242,7 @@ def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_dev
     train_data = open_dataset(config.dataset, "train", config.data_dir, seed=config.seed)
     test_data = (None if config.eval_steps == 0
                  else open_dataset(config.dataset, "test", config.data_dir, seed=config.seed))
-    try:
-        network = create_model(config.model, train_data.input_shape, train_data.num_classes).build(backend,
-                                                                                                   config.seed)
-    except UserError:
-        raise
-    except ValueError as error:
-        raise UserError(f"{config.model} does not fit {config.dataset}'s {train_data.input_shape} images: "
-                        f"{error}") from None
+    network = build_network(config.model, train_data, backend, config.seed)
     optimizer = make_optimizer(config, network)
     balancer = (LoadBalancer(comm.size, config.balance_warmup, config.balance_every)
                 if config.balances(mixed_devices) else None)
@@ -272,6 +265,16 @@ def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_dev
     if config.resume is not None:
         trainer.global_step, _ = load_checkpoint(config.resume, network, optimizer)
     return Job(config, network, trainer, optimizer, test_data, history, blas_threads, metrics=metrics)
+
+
+def build_network(model: str, data: Dataset, backend: Backend, seed: int = 0) -> Network:
+    """``model`` built for ``data``'s images; UserError when it does not fit them."""
+    try:
+        return create_model(model, data.input_shape, data.num_classes).build(backend, seed)
+    except UserError:
+        raise
+    except ValueError as error:
+        raise UserError(f"{model} does not fit {data.name}'s {data.input_shape} images: {error}") from None
 
 
 def collectively(comm: Communicator, action: Callable[[], T]) -> T:
@@ -502,13 +505,13 @@ def stop_for_requeue(job: Job, comm: Communicator, request: StopRequested) -> in
 
 
 def print_summary(args: argparse.Namespace, comm: Communicator) -> int:
+    """--summary: rank 0 prints the model's layers and FLOPs; every rank exits 2 when it cannot be built."""
+    try:  # every rank builds it, so that every rank knows the exit status
+        network = build_network(args.model, open_dataset(args.dataset, "train", args.data_dir), make_backend())
+    except UserError as error:
+        say(comm, f"{PROGRAM}: error: {error}", logging.ERROR)
+        return SETUP_ERROR_EXIT
     if comm.rank == 0:
-        try:
-            data = open_dataset(args.dataset, "train", args.data_dir)
-            network = create_model(args.model, data.input_shape, data.num_classes).build(make_backend())
-        except UserError as error:
-            print(f"{PROGRAM}: error: {error}", file=sys.stderr)
-            return SETUP_ERROR_EXIT
         print(network.summary())
     return 0
 

@@ -84,3 +84,10 @@ def test_a_flag_has_one_name_in_every_command():
         assert "--blas-threads" in flags(module)
         assert parse_command_line(module.build_parser(), ["--threads", "3"]).blas_threads == 3  # the old name
     assert "--blas-threads" in flags(train) and "--threads" not in flags(train)
+
+
+def test_a_summary_of_a_model_that_does_not_fit_is_one_error_line_on_every_rank(tmp_path):
+    from mpi import assert_one_line_error, train_cli
+
+    result = train_cli(2, "--model", "vgg11", "--dataset", "digits", "--summary", cwd=str(tmp_path))
+    assert_one_line_error(result, "vgg11 does not fit digits's (8, 8, 1) images")
