@@ -38,6 +38,7 @@ class RunConfig:
     nesterov: bool
     weight_decay: float
     schedule: LearningRateSchedule
+    clip_grad_norm: float | None  # the gradient's largest global L2 norm (None: no clipping)
     device: str  # this rank's: cpu, gpu or auto
     comm: str  # the --comm strategy
     dtype: str
@@ -86,8 +87,7 @@ class RunConfig:
             steps_per_epoch=args.steps_per_epoch,
             eval_steps=args.eval_steps, optimizer=args.optimizer, momentum=args.momentum, nesterov=args.nesterov,
             weight_decay=args.weight_decay,
-            schedule=LearningRateSchedule(args.lr, args.warmup_epochs, tuple(args.lr_decay_epochs),
-                                          args.lr_decay_factor),
+            schedule=schedule_of(args), clip_grad_norm=args.clip_grad_norm,
             device=device_of_rank(args.device, rank, ranks), comm=args.comm, dtype=args.dtype, seed=args.seed,
             blas_threads=args.blas_threads, share_weights=share_weights,
             balance=args.balance,
@@ -134,6 +134,20 @@ def resume_from(resume: str | None, checkpoint_dir: str | None) -> str | None:
     if resume == "auto" and not os.path.isfile(checkpoint_path(checkpoint_dir)):
         return None
     return checkpoint_dir
+
+
+def schedule_of(args: argparse.Namespace) -> LearningRateSchedule:
+    """The learning-rate schedule the --lr... flags describe, and a valid --clip-grad-norm."""
+    if args.lr_schedule == "cosine" and args.lr_decay_epochs:
+        raise UserError("--lr-decay-epochs steps the learning rate down, --lr-schedule cosine lowers it smoothly: "
+                        "give one of them")
+    if args.lr_schedule == "cosine" and args.lr > 0 and not 0 <= args.min_lr < args.lr:
+        raise UserError(f"--min-lr must be at least 0 and below --lr ({args.lr}), got {args.min_lr}")
+    if args.clip_grad_norm is not None and args.clip_grad_norm <= 0:
+        raise UserError(f"--clip-grad-norm must be positive, got {args.clip_grad_norm}")
+    return LearningRateSchedule(args.lr, args.warmup_epochs, tuple(args.lr_decay_epochs), args.lr_decay_factor,
+                                cosine_epochs=args.epochs if args.lr_schedule == "cosine" else None,
+                                min_lr=args.min_lr)
 
 
 def check_evaluate_only(args: argparse.Namespace, resume: str | None) -> None:

@@ -117,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     optim.add_argument("--lr-decay-epochs", type=int, nargs="*", default=[],
                        help="epochs at which the learning rate is multiplied by --lr-decay-factor")
     optim.add_argument("--lr-decay-factor", type=float, default=0.1)
+    optim.add_argument("--lr-schedule", choices=("step", "cosine"), default="step",
+                       help="after the warm-up: step (multiply by --lr-decay-factor at --lr-decay-epochs) or cosine "
+                            "(half a cosine from --lr down to --min-lr at the end of the last epoch)")
+    optim.add_argument("--min-lr", type=float, default=0.0, help="the learning rate cosine decay ends at")
+    optim.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX",
+                       help="scale the gradient (summed over the ranks) down to this global L2 norm when larger")
 
     system = parser.add_argument_group("device and parallelism")
     system.add_argument("--device", default="cpu", metavar="DEVICE[,DEVICE...]",
@@ -247,7 +253,7 @@ def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_dev
     balancer = (LoadBalancer(comm.size, config.balance_warmup, config.balance_every)
                 if config.balances(mixed_devices) else None)
     settings = TrainerSettings(config.global_batch, config.seed, config.steps_per_epoch, config.share_weights,
-                               config.augmentation, config.prefetch, config.accumulate)
+                               config.augmentation, config.prefetch, config.accumulate, config.clip_grad_norm)
     trainer = build_trainer(network, config.faults.slowed(train_data, comm.rank), settings, comm=comm,
                             optimizer=optimizer, schedule=config.schedule, bucket_mb=config.bucket_mb,
                             overlap=config.overlap, balancer=balancer)

@@ -21,7 +21,7 @@ from pydtnn_lite.data.prefetch import Prefetcher
 from pydtnn_lite.errors import TrainingError
 from pydtnn_lite.layers import SoftmaxCrossEntropy, StepContext
 from pydtnn_lite.network import Network
-from pydtnn_lite.optim import SGD, LearningRateSchedule, Optimizer
+from pydtnn_lite.optim import SGD, LearningRateSchedule, Optimizer, clip_by_global_norm
 from pydtnn_lite.training.balance import LoadBalancer
 from pydtnn_lite.training.observer import DATA_LOAD, EVAL, H2D_COPY, NO_OBSERVER, TRAIN, TrainingObserver
 
@@ -79,7 +79,8 @@ class TrainerSettings:
     training batches are read ahead on a background thread (0: each inside its step);
     ``accumulate`` micro-batches of ``global_batch`` samples make one step, whose
     gradients are summed before one Allreduce and one update, as a batch ``accumulate``
-    times larger would (batch-norm statistics excepted: they are the micro-batch's).
+    times larger would (batch-norm statistics excepted: they are the micro-batch's);
+    ``clip_grad_norm`` scales the summed gradient down to that global L2 norm when larger.
     """
 
     global_batch: int
@@ -89,6 +90,7 @@ class TrainerSettings:
     augmentation: Augmentation = field(default_factory=Augmentation)
     prefetch: int = 0
     accumulate: int = 1
+    clip_grad_norm: float | None = None
 
 
 StepCallback = Callable[[int, StepResult], None]  # called with (global step, its result) after each step
@@ -117,6 +119,7 @@ class Trainer:
         self.global_step = 0
         self.balancer = balancer
         self.rebalanced_at: int | None = None  # the global step after which the shares last changed
+        self.gradient_norm = math.nan  # the last step's before clipping (with clip_grad_norm)
         self.backend = network.backend
         self.observer: TrainingObserver = NO_OBSERVER
 
@@ -183,6 +186,8 @@ class Trainer:
         if not math.isfinite(total_loss):
             raise TrainingError(f"the loss became {total_loss} at step {self.global_step}: lower --lr "
                                 "(or add --warmup-epochs), and check the input data for NaN or inf")
+        if self.settings.clip_grad_norm is not None:
+            self.gradient_norm = clip_by_global_norm(self.network.flat_grads, self.settings.clip_grad_norm)
         self.optimizer.step(self.schedule(self.global_step, self.steps_per_epoch))
         self.global_step += 1
         return StepResult(total_loss / batch.global_size, total_correct / batch.global_size, batch.global_size,
