@@ -1,14 +1,15 @@
 """The time a training step waits for its batch, read inside the step and read ahead on a thread.
 
-    python benchmarks/prefetch.py [--model alexnet] [--batch-size 64] [--threads 2] [--steps 20] [--rounds 3]
+    python benchmarks/prefetch.py [--model lenet] [--batch-size 64] [--threads 2] [--steps 20] [--rounds 3]
 
 Writes a synthetic CIFAR-10 set in the binary layout (5 training files of 10,000 records,
 50,000 in all, and a test file) to a temporary directory and trains on it with random crop
 and flip, as a CIFAR-10 run reads from disk, once with ``--prefetch 0`` (each batch read,
 decoded and augmented inside its step) and once with ``--prefetch 2``. It prints per
-variant the median over rounds of the mean step time and of the step's visible data time
-(from the step's start until its batch is on the device), and their ratios to the
-in-step variant measured in the same run.
+variant the median over rounds of the mean step time and of the median visible data time
+of a step (from the step's start until its batch is on the device; the first step of an
+epoch, whose batch nothing read ahead, is the mean's outlier and the median's not), and
+their ratios to the in-step variant measured in the same run.
 """
 from __future__ import annotations
 
@@ -31,15 +32,14 @@ from pydtnn_lite.training import Trainer, TrainerSettings, build_trainer
 
 from common import interleave, model_parser
 
-RECORDS_PER_FILE = 10_000
 DEPTHS = {"in the step (--prefetch 0)": 0, "read ahead (--prefetch 2)": 2}
 
 
-def write_cifar10(directory: str, seed: int = 0) -> None:
+def write_cifar10(directory: str, records_per_file: int = 10_000, seed: int = 0) -> None:
     """Random CIFAR-10 binary batch files: a label byte 0..9, then 3,072 pixel bytes, per record."""
     rng = np.random.default_rng(seed)
     for file in FILES["train"] + FILES["test"]:
-        records = rng.integers(0, 256, size=(RECORDS_PER_FILE, RECORD), dtype=np.uint8)
+        records = rng.integers(0, 256, size=(records_per_file, RECORD), dtype=np.uint8)
         records[:, 0] %= 10
         records.tofile(os.path.join(directory, file))
 
@@ -63,14 +63,16 @@ def waiting_for_batches(trainer: Trainer) -> list[float]:
 
 def main() -> None:
     parser = model_parser(__doc__)
-    parser.set_defaults(model="alexnet")
+    parser.set_defaults(model="lenet")
     parser.add_argument("--steps", type=int, default=20, help="training steps per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--records-per-file", type=int, default=10_000,
+                        help="records in each of the 5 training files and the test file (CIFAR-10's: 10,000)")
     args = parser.parse_args()
     keep_freed_memory()
     set_blas_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="cifar10-binary-") as directory:
-        write_cifar10(directory)
+        write_cifar10(directory, args.records_per_file)
         data = open_dataset("cifar10", "train", directory)
         print(f"{args.model}, batch {args.batch_size}, {args.threads} BLAS threads; {len(data):,} CIFAR-10 binary "
               f"records in {directory}, random crop 4 and flip; {args.steps} steps per round, {args.rounds} rounds")
@@ -87,7 +89,7 @@ def main() -> None:
             def run() -> dict[str, float]:
                 waits.clear()
                 result = trainer.train_epoch(next(epochs))
-                return {f"{name} step": result.seconds / args.steps, f"{name} data": statistics.mean(waits)}
+                return {f"{name} step": result.seconds / args.steps, f"{name} data": statistics.median(waits)}
             return run
 
         samples = interleave([variant(name, depth) for name, depth in DEPTHS.items()], args.rounds)

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--random-flip", action="store_true",
                        help="augment training images: flip each horizontally with probability 1/2")
     model.add_argument("--prefetch", type=int, default=2, metavar="N",
-                       help="read, augment and copy up to N training batches ahead on a background thread while "
+                       help="read and augment up to N training batches ahead on a background thread while "
                             "a step computes (0: inside the step); the batches are the same for any N")
     model.add_argument("--evaluate-only", action="store_true",
                        help="evaluate the weights of --load-weights or --resume on the test split, then exit")
