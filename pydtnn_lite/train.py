@@ -461,12 +461,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Rank 0's weights are everyone's, whatever a rank's RNG, weight file or checkpoint gave.
     comm.broadcast(job.network.flat_params)
     try:
-        # The machine's state as the traced run starts and ends: a validation corrects for its drift since
-        # calibrating.
-        state = probe_machine_state(comm) if config.trace else None
         if config.evaluate_only:
             evaluate_only(job, comm)
             return 0
+        # The machine's state as the traced run starts and ends: a validation corrects for its drift since
+        # calibrating.
+        state = probe_machine_state(comm) if config.trace else None
         tracer = Tracer(job.trainer, config.trace_skip, config.trace_steps).attach() if config.trace else None
         train(job, comm)
         if tracer is not None and config.trace and state is not None:
