@@ -320,6 +320,8 @@ def train(job: Job, comm: Communicator) -> StepResult:
     say(comm, f"{batch}, per-rank shares {shares}; {trainer.steps_per_epoch} steps per "
               f"epoch; {describe_evaluation(eval_steps, test_samples, config.global_batch)}; "
               f"augmentation: {trainer.augmentation.describe()}; gradients: {trainer.synchronizer.describe()}")
+    LOGGER.debug(f"this rank: device {network.backend.device}, {shares[comm.rank]} of each batch's samples, "
+                 f"{job.blas_threads} BLAS threads, {config.prefetch} batch(es) read ahead")
     start_epoch = trainer.global_step // trainer.steps_per_epoch
     if trainer.global_step:
         say(comm, f"resumed at step {trainer.global_step} (epoch {start_epoch + 1})")

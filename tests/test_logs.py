@@ -8,7 +8,7 @@ from pydtnn_lite.logs import setup_logging
 from pydtnn_lite.progress import ProgressBar, StepLines, make_progress
 from pydtnn_lite.training import StepResult
 
-from mpi import run
+from mpi import run, train_cli
 
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "
 
@@ -47,3 +47,15 @@ def test_a_job_writing_to_a_file_logs_plain_lines_with_time_and_rank(tmp_path):
     assert "\r" not in result.stdout + result.stderr
     steps = re.findall(STAMP + r"\[rank 0/2\] epoch 1/1 step (\d)/4", result.stdout)
     assert steps == ["2", "4"]
+    assert "this rank:" not in result.stdout  # a debug line
+
+
+def test_debug_lines_come_from_every_rank(tmp_path):
+    result = train_cli(2, "--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--steps-per-epoch", "1",
+                       "--eval-steps", "0", "--run-dir", str(tmp_path), "--log-level", "debug")
+    assert result.returncode == 0, result.stderr[-2000:]
+    for rank in (0, 1):
+        assert f"[rank {rank}/2] this rank: device cpu, 8 of each batch's samples" in result.stdout
+    quiet = train_cli(2, "--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--steps-per-epoch", "1",
+                      "--eval-steps", "0", "--run-dir", str(tmp_path), "--log-level", "warning")
+    assert quiet.returncode == 0 and "epoch 1/1" not in quiet.stdout
