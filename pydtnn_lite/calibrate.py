@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from pydtnn_lite import flags
 from pydtnn_lite.backend import make_backend
+from pydtnn_lite.cli import command_parser, parse_command_line
 from pydtnn_lite.comm import make_communicator
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.paths import check_writable_file
@@ -41,7 +42,7 @@ DEFAULT_OUT = "calibration.json"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = flags.Parser(prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[1],
+    parser = command_parser("pydtnn-calibrate", __doc__.split("\n\n")[1],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--out", default=None,
                         help=f"calibration file to write (default {DEFAULT_OUT}; with --refit or --allreduce-only, "
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="batch sizes of the probe networks")
     parser.add_argument("--repeats", type=flags.COUNT, default=None,
                         help="traced steps per probe, at least (default 3; 1 with --quick)")
-    parser.add_argument("--threads", type=flags.COUNT, default=None,
+    parser.add_argument("--blas-threads", "--threads", type=flags.COUNT, default=None, dest="blas_threads",
                         help="BLAS threads per rank (default: the node's cores divided by its ranks)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
@@ -131,7 +132,7 @@ def report(calibration: Calibration) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     comm = make_communicator()
     install_job_abort(comm, PROGRAM)
     keep_freed_memory()
@@ -146,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_allreduce_ranks(previous, comm.size)
         backend = make_backend(args.device, args.dtype)
         check_writable_file(out, "--out")
-        threads = set_blas_threads(args.threads or default_blas_threads(comm))
+        threads = set_blas_threads(args.blas_threads or default_blas_threads(comm))
     except (UserError, OSError, ValueError) as error:
         if comm.rank == 0:
             print(f"{PROGRAM}: error: {error}", file=sys.stderr)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from pydtnn_lite import flags
+from pydtnn_lite.cli import command_parser, parse_command_line
 from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.data import partition
@@ -34,7 +35,7 @@ PROGRAM = "pydtnn_lite.predict"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = flags.Parser(prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[0])
+    parser = command_parser("pydtnn-predict", __doc__.split("\n\n")[0])
     parser.add_argument("--model", default="vgg11")
     parser.add_argument("--dataset", default="cifar10", choices=sorted(DATASET_SHAPES),
                         help="the image shape to predict for")
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="ranks on each node (default: every rank on one node)")
     placement.add_argument("--cores-per-node", type=flags.COUNT, default=None,
                            help="cores of a node (default: the calibration's)")
-    placement.add_argument("--threads", type=flags.COUNT, default=None,
+    placement.add_argument("--blas-threads", "--threads", type=flags.COUNT, default=None, dest="blas_threads",
                            help="BLAS threads per rank (default: a node's cores divided by its ranks, as training "
                                 "does)")
     placement.add_argument("--probe", action="store_true",
@@ -67,7 +68,7 @@ def placed(machine: CalibratedMachine, args: argparse.Namespace, procs: int) -> 
     calibrated = machine.calibration.placement
     per_node = args.ranks_per_node or procs
     cores = args.cores_per_node or calibrated.cores_per_node
-    threads = args.threads or max(1, cores // per_node)
+    threads = args.blas_threads or max(1, cores // per_node)
     if per_node > procs:
         raise UserError(f"--ranks-per-node {per_node} is more than the job's {procs} ranks: lower it or raise --procs")
     now = None
@@ -151,7 +152,7 @@ def heterogeneous_text(result: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     if args.rank_calibrations:
         try:
             result = heterogeneous_prediction(args)
@@ -169,8 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             machine = placed(machine, args, procs)
             machine_name += f"; {machine.placement.describe()}" + (f"; drift {machine.drift.describe()}"
                                                                    if args.probe else "")
-        elif args.probe or args.ranks_per_node or args.cores_per_node or args.threads:
-            raise UserError("--probe, --ranks-per-node, --cores-per-node and --threads need --calibration FILE")
+        elif args.probe or args.ranks_per_node or args.cores_per_node or args.blas_threads:
+            raise UserError("--probe, --ranks-per-node, --cores-per-node and --blas-threads need --calibration FILE")
         network, optimizer = build_workload(args.model, args.dataset, args.dtype, args.optimizer)
         local_batch = max(partition(args.batch_size, [1.0] * procs))
         prediction = predict_step(network, optimizer, local_batch, procs, machine, args.bucket_mb,

@@ -3,13 +3,15 @@
 Every rank parses the same arguments and builds the same job. Set-up errors (bad
 flags, data, paths) are gathered from all ranks and reported once by rank 0 as one
 line, and every rank exits with status 2; an unexpected exception on any rank aborts
-the whole job (status 1) within seconds; divergence ends every rank with status 3 and
-Ctrl-C with status 130 (docs/runs.md).
+the whole job (status 1) within seconds; divergence ends every rank with status 3,
+SIGTERM or SIGUSR1 with a checkpoint and status 75 (to be requeued), and Ctrl-C with
+status 130 (docs/runs.md).
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import os
 import platform
 import sys
@@ -22,11 +24,13 @@ import numpy as np
 
 from pydtnn_lite import flags
 from pydtnn_lite.backend import Backend, make_backend
+from pydtnn_lite.cli import command_parser, parse_command_line
 from pydtnn_lite.comm import Communicator, make_communicator
 from pydtnn_lite.comm.strategy import STRATEGIES, connect
 from pydtnn_lite.data import Dataset, check_test_matches_train, dataset_names, open_dataset, partition
 from pydtnn_lite.errors import TrainingError, UserError
 from pydtnn_lite.interruption import end_interrupted
+from pydtnn_lite.logs import LOGGER, setup_logging
 from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, Optimizer
@@ -35,6 +39,7 @@ from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
 from pydtnn_lite.perfmodel.modelling.drift import MachineState
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
 from pydtnn_lite.perfmodel.modelling.trace_validation import validate_trace
+from pydtnn_lite.progress import ProgressBar, StepLines, make_progress
 from pydtnn_lite.resume import resume
 from pydtnn_lite.run_config import RunConfig
 from pydtnn_lite.run_outputs import open_outputs
@@ -60,6 +65,10 @@ from pydtnn_lite.training import (
 )
 from pydtnn_lite.training.balance import LoadBalancer
 from pydtnn_lite.training.checkpoint import check_finite_weights, read_npz
+from pydtnn_lite.training.evaluation import describe_evaluation, evaluation_steps
+from pydtnn_lite.training.metrics import StepMetrics
+from pydtnn_lite.training.retention import retain
+from pydtnn_lite.training.stopping import REQUEUE_EXIT, SignalStop, StopRequested
 
 PROGRAM = "pydtnn_lite.train"
 SETUP_ERROR_EXIT = 2
@@ -68,11 +77,11 @@ T = TypeVar("T")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = flags.Parser(
-        prog=f"python -m {PROGRAM}",
-        description="Data-parallel CNN training on NumPy (CPU) or CuPy (GPU); run it under "
-                    "mpirun for several ranks. --batch-size is the GLOBAL batch, shared by the ranks.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = command_parser(
+        "pydtnn-train",
+        "Data-parallel CNN training on NumPy (CPU) or CuPy (GPU); run it under "
+        "mpirun for several ranks. --batch-size is the GLOBAL batch, shared by the ranks.",
+        logs=True, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     model = parser.add_argument_group("model and data")
     model.add_argument("--model", default="vgg11", metavar="NAME",
                        help=f"network to train, one of: {', '.join(model_names())}")
@@ -84,17 +93,27 @@ def build_parser() -> argparse.ArgumentParser:
                             "window of the original size (0: off)")
     model.add_argument("--random-flip", action="store_true",
                        help="augment training images: flip each horizontally with probability 1/2")
+    model.add_argument("--prefetch", type=flags.integer(0, 1024), default=2, metavar="N",
+                       help="read and augment up to N training batches ahead on a background thread while "
+                            "a step computes (0: inside the step); the batches are the same for any N")
+    model.add_argument("--evaluate-only", action="store_true",
+                       help="evaluate the weights of --load-weights or --resume on the test split, then exit")
     model.add_argument("--summary", action="store_true", help="print the model's layers and FLOPs, then exit")
 
     schedule = parser.add_argument_group("batches and schedule")
     schedule.add_argument("--batch-size", type=flags.COUNT, default=64, help="global batch size (all ranks together)")
     schedule.add_argument("--local-batch-size", type=flags.COUNT, default=None,
                           help="per-rank batch instead: the global batch becomes this times the ranks")
+    schedule.add_argument("--accumulate", type=flags.COUNT, default=1, metavar="K",
+                          help="sum the gradients of K batches of --batch-size before each update: the same update "
+                               "as a batch K times larger (batch-norm statistics excepted), in the memory of one")
     schedule.add_argument("--epochs", type=flags.COUNT, default=1)
     schedule.add_argument("--steps-per-epoch", type=flags.COUNT, default=None,
                           help="stop each epoch after this many steps (default: the whole training split)")
     schedule.add_argument("--eval-steps", type=flags.OPTIONAL_COUNT, default=None,
-                          help="validation batches after each epoch (default: the whole test split; 0: none)")
+                          help="validation batches after each epoch (default: the share of the test split that an "
+                               "epoch trains of the training split, so all of it unless --steps-per-epoch cuts "
+                               "epochs short; 0: none)")
 
     optim = parser.add_argument_group("optimizer")
     optim.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
@@ -106,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     optim.add_argument("--lr-decay-epochs", type=flags.COUNT, nargs="*", default=[],
                        help="epochs at which the learning rate is multiplied by --lr-decay-factor")
     optim.add_argument("--lr-decay-factor", type=flags.real(0.0, 1.0, above=True), default=0.1)
+    optim.add_argument("--lr-schedule", choices=("step", "cosine"), default="step",
+                       help="after the warm-up: step (multiply by --lr-decay-factor at --lr-decay-epochs) or cosine "
+                            "(half a cosine from --lr down to --min-lr at the end of the last epoch)")
+    optim.add_argument("--min-lr", type=flags.real(0.0, 1e6), default=0.0,
+                       help="the learning rate cosine decay ends at")
+    optim.add_argument("--clip-grad-norm", type=flags.real(0.0, 1e12, above=True), default=None, metavar="MAX",
+                       help="scale the gradient (summed over the ranks) down to this global L2 norm when larger")
 
     system = parser.add_argument_group("device and parallelism")
     system.add_argument("--device", default="cpu", metavar="DEVICE[,DEVICE...]",
@@ -140,17 +166,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     output = parser.add_argument_group("output")
     output.add_argument("--run-dir", default="runs", help="where the history file of each run goes")
+    output.add_argument("--tensorboard", action="store_true",
+                        help="also write each step's figures as TensorBoard event files into the run directory "
+                             "(needs pip install 'pydtnn_lite[tensorboard]')")
     output.add_argument("--checkpoint-dir", default=None, help="write checkpoints here")
     output.add_argument("--checkpoint-every", type=flags.OPTIONAL_COUNT, default=0,
                         help="checkpoint every N steps (0: at the end of each epoch)")
+    output.add_argument("--keep-checkpoints", type=flags.COUNT, default=1, metavar="K",
+                        help="keep the last K checkpoints as checkpoint-step<N>.npz beside checkpoint.npz (the "
+                             "newest); the best by validation accuracy stays as checkpoint-best.npz")
     output.add_argument("--resume", nargs="?", const="", default=None, metavar="PATH",
-                        help="continue from a checkpoint (default: the one in --checkpoint-dir)")
+                        help="continue from a checkpoint (default: the one in --checkpoint-dir); auto: from "
+                             "--checkpoint-dir's when one is there, else start fresh (one script for the first run "
+                             "and every requeue)")
     output.add_argument("--resume-override", action="append", default=[], metavar="FLAG[,FLAG...]",
                         help="on --resume, continue with these training flags changed from the checkpoint's "
                              "(e.g. lr,seed); any other difference is refused")
     output.add_argument("--load-weights", default=None, help="start from weights saved with --save-weights")
     output.add_argument("--save-weights", default=None, help="write the final weights to this .npz file")
-    output.add_argument("--no-progress", action="store_true", help="no progress bar, epoch lines only")
+    output.add_argument("--no-progress", action="store_true", help="no progress bar or step lines, epoch lines only")
+    output.add_argument("--log-every", type=flags.COUNT, default=50, metavar="N",
+                        help="when stdout is not a terminal: a line every N steps in place of the progress bar")
 
     tracing = parser.add_argument_group("tracing (see docs/tracing.md)")
     tracing.add_argument("--trace", default=None, metavar="DIR",
@@ -189,6 +225,8 @@ class Job:
     blas_threads: int
     run_id: str
     reported_shares: list[int] | None = None
+    metrics: StepMetrics | None = None  # rank 0's metrics.csv (and TensorBoard events)
+    stop: SignalStop | None = None  # ends the run after a step when SIGTERM or SIGUSR1 came
     communication: str = ""  # the communicator and the strategy it was chosen by
 
 
@@ -233,19 +271,12 @@ def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_dev
     if config.global_batch > len(train_data):
         raise UserError(f"the global batch of {config.global_batch} is more than the {len(train_data)} training "
                         f"samples of {config.dataset}: use --batch-size {len(train_data)} or less")
-    try:
-        network = create_model(config.model, train_data.input_shape, train_data.num_classes).build(backend,
-                                                                                                   config.seed)
-    except UserError:
-        raise
-    except ValueError as error:
-        raise UserError(f"{config.model} does not fit {config.dataset}'s {train_data.input_shape} images: "
-                        f"{error}") from None
+    network = build_network(config.model, train_data, backend, config.seed)
     optimizer = make_optimizer(config, network)
     balancer = (LoadBalancer(comm.size, config.balance_warmup, config.balance_every)
                 if config.balances(mixed_devices) else None)
     settings = TrainerSettings(config.global_batch, config.seed, config.steps_per_epoch, config.share_weights,
-                               config.augmentation)
+                               config.augmentation, config.prefetch, config.accumulate, config.clip_grad_norm)
     trainer = build_trainer(network, config.faults.slowed(train_data, comm.rank), settings, comm=comm,
                             optimizer=optimizer, schedule=config.schedule, bucket_mb=config.bucket_mb,
                             overlap=config.overlap, balancer=balancer)
@@ -256,13 +287,24 @@ def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_dev
             raise UserError(f"cannot load --load-weights {config.load_weights}: {error}") from None
     if config.resume is not None:
         run_id = resume(config, trainer, optimizer).run_id or run_id
-    history = None
+    history, metrics = None, None
     if comm.rank == 0:
         check_outputs(config)
         history, notes = open_outputs(config, run_id)
         for note in notes:
-            print(note, flush=True)
-    return Job(config, network, trainer, optimizer, test_data, history, blas_threads, run_id)
+            LOGGER.info(note)
+        metrics = StepMetrics(os.path.dirname(history.path), config.tensorboard, run_id)
+    return Job(config, network, trainer, optimizer, test_data, history, blas_threads, run_id, metrics=metrics)
+
+
+def build_network(model: str, data: Dataset, backend: Backend, seed: int = 0) -> Network:
+    """``model`` built for ``data``'s images; UserError when it does not fit them."""
+    try:
+        return create_model(model, data.input_shape, data.num_classes).build(backend, seed)
+    except UserError:
+        raise
+    except ValueError as error:
+        raise UserError(f"{model} does not fit {data.name}'s {data.input_shape} images: {error}") from None
 
 
 def collectively(comm: Communicator, action: Callable[[], T]) -> T:
@@ -280,10 +322,10 @@ def collectively(comm: Communicator, action: Callable[[], T]) -> T:
     return result  # type: ignore[return-value]  # set whenever no rank failed
 
 
-def say(comm: Communicator, text: str) -> None:
-    """Print on rank 0 only."""
+def say(comm: Communicator, text: str, level: int = logging.INFO) -> None:
+    """Log on rank 0 only."""
     if comm.rank == 0:
-        print(text, flush=True)
+        LOGGER.log(level, text)
 
 
 def train(job: Job, comm: Communicator) -> StepResult:
@@ -293,8 +335,18 @@ def train(job: Job, comm: Communicator) -> StepResult:
     say(comm, f"{network.name} on {config.dataset} {network.input_shape}: {network.param_count:,} parameters, "
               f"{job.communication}, {job.blas_threads} BLAS threads per rank (from "
               f"{blas_threads_origin(config.blas_threads)}), device {network.backend.device}")
-    say(comm, f"global batch {config.global_batch}, per-rank shares {shares}; {trainer.steps_per_epoch} steps per "
-              f"epoch; augmentation: {trainer.augmentation.describe()}; gradients: {trainer.synchronizer.describe()}")
+    batch = (f"global batch {config.global_batch}" if config.accumulate == 1 else
+             f"global batch {config.global_batch} x {config.accumulate} accumulated = "
+             f"{config.global_batch * config.accumulate} per update")
+    eval_steps, test_samples = 0, len(job.test_data) if job.test_data else 0
+    if job.test_data:
+        eval_steps = evaluation_steps(config.eval_steps, trainer.steps_per_epoch, trainer.sampler.steps_per_epoch,
+                                      test_samples, config.global_batch)
+    say(comm, f"{batch}, per-rank shares {shares}; {trainer.steps_per_epoch} steps per "
+              f"epoch; {describe_evaluation(eval_steps, test_samples, config.global_batch)}; "
+              f"augmentation: {trainer.augmentation.describe()}; gradients: {trainer.synchronizer.describe()}")
+    LOGGER.debug(f"this rank: device {network.backend.device}, {shares[comm.rank]} of each batch's samples, "
+                 f"{job.blas_threads} BLAS threads, {config.prefetch} batch(es) read ahead")
     start_epoch = trainer.global_step // trainer.steps_per_epoch
     if trainer.global_step:
         say(comm, f"resumed at step {trainer.global_step} (epoch {start_epoch + 1})")
@@ -302,23 +354,29 @@ def train(job: Job, comm: Communicator) -> StepResult:
                                      functools.partial(config.faults.after_step, comm.rank)]
     if config.checkpoint_dir and config.checkpoint_every:
         callbacks.insert(0, functools.partial(checkpoint_every, job, comm))
+    if job.metrics is not None:
+        callbacks.insert(0, functools.partial(record_metrics, job.metrics, trainer))
+    if job.stop is not None:
+        callbacks.append(job.stop.after_step)
     last = StepResult(float("nan"), 0.0, 0)
     started = time.perf_counter()
-    total_samples = 0
+    total_samples, training_seconds = 0, 0.0
     for epoch in range(start_epoch, config.epochs):
-        bar = make_progress(comm, config, epoch, trainer)
+        bar = progress_of(comm, config, epoch, trainer)
         last = trainer.train_epoch(epoch, callbacks if bar is None else [bar.after_step, *callbacks])
         if bar is not None:
             bar.close()
-        total_samples += last.samples
-        validation = (trainer.evaluate(job.test_data, config.global_batch, config.eval_steps)
-                      if job.test_data else None)
+        total_samples, training_seconds = total_samples + last.samples, training_seconds + last.seconds
+        validation = (trainer.evaluate(job.test_data, config.global_batch, eval_steps)
+                      if job.test_data and eval_steps else None)
         rate = last.samples / max(last.seconds, 1e-9)
         line = f"epoch {epoch + 1}/{config.epochs}: loss {last.loss:.4f}, accuracy {last.accuracy:.2%}"
         if validation is not None:
             line += f", validation loss {validation.loss:.4f}, accuracy {validation.accuracy:.2%}"
         line += f"; {rate:.1f} img/s ({rate / comm.size:.1f} per rank), {last.seconds:.2f} s"
         say(comm, line)
+        if job.metrics is not None and validation is not None:
+            job.metrics.validation(trainer.global_step, validation)
         if job.history is not None:
             job.history.append({"epoch": epoch + 1, "step": trainer.global_step, "loss": last.loss,
                                 "accuracy": last.accuracy, "seconds": last.seconds, "images_per_second": rate,
@@ -326,24 +384,38 @@ def train(job: Job, comm: Communicator) -> StepResult:
                                 "validation_accuracy": validation.accuracy if validation else None,
                                 "ranks": comm.size, "global_batch": config.global_batch})
         if config.checkpoint_dir and not config.checkpoint_every:
-            checkpoint(job, comm)
+            checkpoint(job, comm, validation.accuracy if validation else None)
     elapsed = time.perf_counter() - started
+    if job.metrics is not None:
+        job.metrics.close()
     if config.save_weights and comm.rank == 0:
         network.save(config.save_weights)
-    say(comm, f"done: {total_samples} samples in {elapsed:.2f} s = {total_samples / max(elapsed, 1e-9):.1f} img/s "
-              f"on {comm.size} rank(s); final training loss {last.loss:.4f}, accuracy {last.accuracy:.2%}")
+    say(comm, f"done: {total_samples} samples in {training_seconds:.2f} s of training = "
+              f"{total_samples / max(training_seconds, 1e-9):.1f} img/s on {comm.size} rank(s) ({elapsed:.2f} s with "
+              f"evaluation and checkpoints); final training loss {last.loss:.4f}, accuracy {last.accuracy:.2%}")
     return last
 
 
-def checkpoint(job: Job, comm: Communicator) -> None:
-    """Rank 0 writes the weights, optimizer state and step to --checkpoint-dir."""
+def checkpoint(job: Job, comm: Communicator, validation_accuracy: float | None = None) -> None:
+    """Rank 0 writes the weights, optimizer state and step to --checkpoint-dir, and keeps the last
+    --keep-checkpoints and the best by ``validation_accuracy`` (when an evaluation just gave one)."""
     config = job.config
     if not config.checkpoint_dir:
         return
     check_finite_weights(job.network, job.trainer.global_step, config.checkpoint_dir)  # every rank stops alike
     if comm.rank == 0:
-        save_checkpoint(config.checkpoint_dir, job.network, job.optimizer, job.trainer.global_step,
-                        {"run_id": job.run_id, "flags": flag_values(config), "epoch_sums": job.trainer.epoch_sums})
+        step = job.trainer.global_step
+        written = save_checkpoint(config.checkpoint_dir, job.network, job.optimizer, step,
+                                  {"run_id": job.run_id, "flags": flag_values(config),
+                                   "epoch_sums": job.trainer.epoch_sums, "validation_accuracy": validation_accuracy})
+        retain(config.checkpoint_dir, written, step, config.keep_checkpoints, validation_accuracy)
+
+
+def record_metrics(metrics: StepMetrics, trainer: Trainer, global_step: int, result: StepResult) -> None:
+    """The step callback that writes a step's figures to metrics.csv (and TensorBoard)."""
+    step = global_step - 1  # the step just taken, from 0, as the schedule counts
+    metrics.step(global_step, step // trainer.steps_per_epoch + 1, result,
+                 trainer.schedule(step, trainer.steps_per_epoch))
 
 
 def checkpoint_every(job: Job, comm: Communicator, global_step: int, result: StepResult) -> None:
@@ -387,33 +459,19 @@ def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str, state:
                              f"calibration {config.validate}"), flush=True)
 
 
-class ProgressBar:
-    """Rank 0's bar over one epoch's steps: loss, accuracy and images/s of the last step."""
-
-    def __init__(self, config: RunConfig, epoch: int, trainer: Trainer) -> None:
-        from tqdm import tqdm
-
-        done = trainer.global_step % trainer.steps_per_epoch
-        self.bar = tqdm(total=trainer.steps_per_epoch, initial=done, desc=f"epoch {epoch + 1}/{config.epochs}",
-                        unit="step", dynamic_ncols=True, file=sys.stderr)
-
-    def after_step(self, global_step: int, result: StepResult) -> None:
-        self.bar.update(1)
-        self.bar.set_postfix(loss=f"{result.loss:.4f}", acc=f"{result.accuracy:.1%}",
-                             img_s=f"{result.samples / max(result.seconds, 1e-9):.1f}")
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-def make_progress(comm: Communicator, config: RunConfig, epoch: int, trainer: Trainer) -> ProgressBar | None:
-    """A progress bar on rank 0 unless --no-progress; None elsewhere."""
-    return ProgressBar(config, epoch, trainer) if comm.rank == 0 and config.progress else None
+def progress_of(comm: Communicator, config: RunConfig, epoch: int, trainer: Trainer) -> ProgressBar | StepLines | None:
+    """Rank 0's progress bar or step lines unless --no-progress; None elsewhere."""
+    if comm.rank != 0 or not config.progress:
+        return None
+    return make_progress(f"epoch {epoch + 1}/{config.epochs}", trainer.steps_per_epoch,
+                         trainer.global_step % trainer.steps_per_epoch, config.log_every)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     comm = make_communicator(timeout=args.collective_timeout)
+    setup_logging(args.log_level, comm.rank, comm.size)
+    stop = SignalStop(comm)
     install_job_abort(comm, PROGRAM)
     keep_freed_memory()
     np.seterr(over="ignore", invalid="ignore")  # overflow as training diverges: the trainer reports it in one line
@@ -428,16 +486,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         mixed = bool(placement.cpu_ranks and placement.gpu_ranks)
         job = collectively(comm, lambda: build_job(config, comm, backend, mixed, run_id))
     except UserError as error:  # every rank raises it: after agreeing in collectively(), or from the same placement
-        say(comm, f"{PROGRAM}: error: {error}")
+        say(comm, f"{PROGRAM}: error: {error}", logging.ERROR)
         return SETUP_ERROR_EXIT
     except KeyboardInterrupt:
         return end_interrupted(comm, PROGRAM, "during set-up")
     except Exception as error:  # e.g. NCCL failing to start on one rank
         report_and_abort(comm, PROGRAM, error)
-    job.communication = strategy
+    job.communication, job.stop = strategy, stop
     # Rank 0's weights are everyone's, whatever a rank's RNG, weight file or checkpoint gave.
     comm.broadcast(job.network.flat_params)
     try:
+        if config.evaluate_only:
+            evaluate_only(job, comm)
+            return 0
         # The machine's state as the traced run starts and ends: a validation corrects for its drift since
         # calibrating.
         state = probe_machine_state(comm) if config.trace else None
@@ -446,8 +507,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if tracer is not None and config.trace and state is not None:
             tracer.detach()
             write_trace(job, comm, tracer, config.trace, state.mean_with(probe_machine_state(comm)))
+    except StopRequested as request:  # every rank agreed on it after the same step
+        return stop_for_requeue(job, comm, request)
     except TrainingError as error:  # the loss is global, so every rank raises it at the same step
-        say(comm, f"{PROGRAM}: error: {error}")
+        say(comm, f"{PROGRAM}: error: {error}", logging.ERROR)
         return TRAINING_ERROR_EXIT
     except KeyboardInterrupt:
         return end_interrupted(comm, PROGRAM, f"at step {job.trainer.global_step}")
@@ -456,14 +519,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def evaluate_only(job: Job, comm: Communicator) -> StepResult:
+    """--evaluate-only: the loaded weights' loss and accuracy on the test split."""
+    config, trainer = job.config, job.trainer
+    source = f"--load-weights {config.load_weights}" if config.load_weights else f"checkpoint {config.resume}"
+    assert job.test_data is not None  # RunConfig refuses --evaluate-only with --eval-steps 0
+    result = trainer.evaluate(job.test_data, config.global_batch, config.eval_steps)
+    say(comm, f"evaluation of {source} (step {trainer.global_step}) on {result.samples} test samples: "
+              f"loss {result.loss:.4f}, accuracy {result.accuracy:.2%}")
+    if job.history is not None:
+        job.history.append({"evaluate_only": source, "step": trainer.global_step, "validation_loss": result.loss,
+                            "validation_accuracy": result.accuracy, "ranks": comm.size,
+                            "global_batch": config.global_batch})
+    return result
+
+
+def stop_for_requeue(job: Job, comm: Communicator, request: StopRequested) -> int:
+    """Checkpoint the step every rank has finished and return the status that asks for a requeue."""
+    if job.metrics is not None:
+        job.metrics.close()
+    checkpoint(job, comm)
+    comm.barrier()  # the checkpoint is on disk before any rank exits
+    saved = (f"checkpoint of step {request.global_step} in {job.config.checkpoint_dir}"
+             if job.config.checkpoint_dir else "no checkpoint (no --checkpoint-dir)")
+    say(comm, f"{request}: {saved}; exiting with status {REQUEUE_EXIT} for the scheduler to requeue the job "
+              "(--resume auto continues it)", logging.WARNING)
+    return REQUEUE_EXIT
+
+
 def print_summary(args: argparse.Namespace, comm: Communicator) -> int:
+    """--summary: rank 0 prints the model's layers and FLOPs; every rank exits 2 when it cannot be built."""
+    try:  # every rank builds it, so that every rank knows the exit status
+        network = build_network(args.model, open_dataset(args.dataset, "train", args.data_dir), make_backend())
+    except UserError as error:
+        say(comm, f"{PROGRAM}: error: {error}", logging.ERROR)
+        return SETUP_ERROR_EXIT
     if comm.rank == 0:
-        try:
-            data = open_dataset(args.dataset, "train", args.data_dir)
-            network = create_model(args.model, data.input_shape, data.num_classes).build(make_backend())
-        except UserError as error:
-            print(f"{PROGRAM}: error: {error}", file=sys.stderr)
-            return SETUP_ERROR_EXIT
         print(network.summary())
     return 0
 

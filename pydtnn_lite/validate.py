@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pydtnn_lite import flags
+from pydtnn_lite.cli import command_parser, parse_command_line
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.machine_flags import add_machine_arguments, machine_from_arguments, names_a_machine
 from pydtnn_lite.perfmodel.modelling.trace_validation import check_trace, trace_calibration
@@ -26,7 +26,7 @@ PROGRAM = "pydtnn_lite.validate"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = flags.Parser(prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[0])
+    parser = command_parser("pydtnn-validate", __doc__.split("\n\n")[0])
     parser.add_argument("trace", help="a directory written by python -m pydtnn_lite.train --trace DIR")
     parser.add_argument("--out", default=None, help="where to write the report (default TRACE/validation)")
     parser.add_argument("--json", action="store_true",
@@ -50,7 +50,7 @@ def check_same_model(trace: str, records: list[KernelRecord], meta: dict) -> Non
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     try:
         loaded = load_trace(args.trace)
         check_same_model(args.trace, loaded[0], loaded[2])

@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 
 EVENTS_FILE, STEPS_FILE, META_FILE = "events.csv", "steps.csv", "meta.json"
 TRAIN, EVAL = "train", "eval"
-COMPUTE, COMMUNICATION = "compute", "communication"  # the two timelines of a rank
+COMPUTE, COMMUNICATION = "compute", "communication"  # the timelines of a rank's step
+DATA_THREAD = "data"  # the timeline of batches read ahead by the prefetching thread, outside the steps
 
 
 @dataclass

@@ -38,6 +38,13 @@ def check_finite_weights(network: Network, global_step: int, directory: str) -> 
     return weights
 
 
+def file_mode() -> int:
+    """The mode a new file gets under this process's umask (0644 under the usual 022)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def save_checkpoint(directory: str, network: Network, optimizer: Optimizer, global_step: int,
                     meta: dict[str, Any]) -> str:
     """Write ``directory/checkpoint.npz`` via a temporary file and a rename, so a crash never
@@ -56,6 +63,7 @@ def save_checkpoint(directory: str, network: Network, optimizer: Optimizer, glob
             np.savez(stream, allow_pickle=False, **arrays)
             stream.flush()
             os.fsync(stream.fileno())
+        os.chmod(temporary, file_mode())  # mkstemp's 0600 would hide it from the group
         os.replace(temporary, target)
     except BaseException:
         if os.path.exists(temporary):
