@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--bucket-mb", type=flags.BUCKET_MIB, default=4.0, help="gradient bucket size, MiB")
+    parser.add_argument("--prefetch", type=flags.integer(0, 1024), default=2, metavar="N",
+                        help="batches read ahead on a background thread, as train's --prefetch (0: read in the step)")
     parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
     parser.add_argument("--rank-calibrations", nargs="+", default=None, metavar="FILE",
                         help="a heterogeneous job: one calibration per rank (e.g. cpu.json gpu.json); predicts the "
@@ -83,13 +85,15 @@ def placed(machine: CalibratedMachine, args: argparse.Namespace, procs: int) -> 
 def prediction_json(prediction: StepPrediction, model: str, dataset: str, machine_name: str,
                     global_batch: int) -> dict:
     """One JSON object: the run and machine, the step (``step_seconds``: with overlap, as
-    training runs by default), the stages, the waits, every bucket and every kernel."""
+    training runs by default), the stages, the waits, what loading adds to the step (with
+    batches read ahead, less than the DATA stage), every bucket and every kernel."""
     return {"model": model, "dataset": dataset, "global_batch": global_batch, "procs": prediction.procs,
             "local_batch": prediction.batch, "machine": machine_name, "step_seconds": prediction.step_with_overlap,
             "step_seconds_with_overlap": prediction.step_with_overlap,
             "step_seconds_without_overlap": prediction.step_without_overlap,
             "stage_seconds": prediction.stage_seconds, "wait_seconds": prediction.wait_seconds,
             "synchronisations": prediction.synchronisations, "overhead_seconds": prediction.overhead_seconds,
+            "data_in_step_seconds": prediction.data_in_step_with_overlap,
             "buckets": [{"bytes": n, "seconds": s}
                         for n, s in zip(prediction.bucket_bytes, prediction.bucket_seconds, strict=True)],
             "kernels": [k.__dict__ for k in prediction.kernels]}
@@ -102,7 +106,8 @@ def prediction_text(prediction: StepPrediction, title: str, global_batch: int) -
     rule = table.split("\n")[1]  # the rule under the header closes the table too
     lines = [title, table, rule]
     lines.append("stages: " + ", ".join(f"{s} {prediction.stage_seconds[s] * 1e3:.3f} ms" for s in STAGES)
-                 + f"; outside the kernels {prediction.overhead_seconds * 1e3:.3f} ms")
+                 + f"; outside the kernels {prediction.overhead_seconds * 1e3:.3f} ms; loading in the step "
+                 f"{prediction.data_in_step_with_overlap * 1e3:.3f} ms")
     lines.append(f"{len(prediction.bucket_bytes)} gradient buckets, {sum(prediction.bucket_bytes) / 2**20:.1f} MiB, "
                  f"Allreduce {sum(prediction.bucket_seconds) * 1e3:.3f} ms")
     if prediction.synchronisations:
@@ -175,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         network, optimizer = build_workload(args.model, args.dataset, args.dtype, args.optimizer)
         local_batch = max(partition(args.batch_size, [1.0] * procs))
         prediction = predict_step(network, optimizer, local_batch, procs, machine, args.bucket_mb,
-                                  dataset=args.dataset)
+                                  dataset=args.dataset, prefetch=args.prefetch > 0)
     except UserError as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 2

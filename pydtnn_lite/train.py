@@ -445,7 +445,8 @@ def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str, state:
             "shares": partition(config.global_batch, trainer.share_weights), "ranks": comm.size,
             "communicator": comm.describe(), "device": job.network.backend.device, "dtype": config.dtype,
             "blas_threads": job.blas_threads, "optimizer": config.optimizer, "bucket_mb": config.bucket_mb,
-            "overlap": config.overlap, "trace_skip": config.trace_skip, "host": platform.node(),
+            "overlap": config.overlap, "prefetch": config.prefetch, "trace_skip": config.trace_skip,
+            "host": platform.node(),
             "processor": platform.processor() or platform.machine(), "numpy": np.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "ranks_per_node": max(comm.allgather_object(comm.local_size)),
             "cores_per_node": usable_cores(), "machine_state": state.to_dict()}

@@ -65,9 +65,11 @@ def validations_of(trace: str, loaded: tuple[list, list, dict], machines: Sequen
                                         meta.get("optimizer", "sgd"))
     procs, bucket_mb = int(meta["ranks"]), float(meta.get("bucket_mb", 4.0))
     dataset, overlap = meta["dataset"], bool(meta.get("overlap", True))
+    prefetch = int(meta.get("prefetch", 0)) > 0  # traces written before reading ahead existed read in the step
 
     def predictor(machine: Machine) -> Callable[[int], StepPrediction]:
-        return lambda batch: predict_step(network, optimizer, batch, procs, machine, bucket_mb, dataset=dataset)
+        return lambda batch: predict_step(network, optimizer, batch, procs, machine, bucket_mb, dataset=dataset,
+                                          prefetch=prefetch)
     return [validate(records, steps, overlap, predictor(machine)) for machine in machines]
 
 
