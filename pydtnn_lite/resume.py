@@ -14,6 +14,8 @@ from pydtnn_lite.training.checkpoint import checkpoint_path, read_checkpoint, re
 
 # What checkpoints written before the flags were recorded hold of them.
 LEGACY_FLAGS = {"model": "--model", "dataset": "--dataset", "global_batch": "--batch-size"}
+# What --evaluate-only needs to match: the network and its inputs; it trains nothing.
+EVALUATED_FLAGS = ("--model", "--dataset", "--dtype")
 
 
 @dataclass(frozen=True)
@@ -26,15 +28,18 @@ class Resumed:
 
 def resume(config: RunConfig, trainer: Trainer, optimizer: Optimizer) -> Resumed:
     """Load --resume's checkpoint into ``trainer``'s network and ``optimizer``, after checking that it
-    was written with this run's training flags and that the run has steps left; UserError if not."""
+    was written with this run's training flags and that the run has steps left (with
+    --evaluate-only, only that it holds the same network); UserError if not."""
     path = config.resume or ""
     path = checkpoint_path(path) if os.path.isdir(path) else path
     contents, global_step, meta = read_checkpoint(path)
     recorded = meta.get("flags") or {flag: meta[key] for key, flag in LEGACY_FLAGS.items() if key in meta}
+    if config.evaluate_only:
+        recorded = {flag: value for flag, value in recorded.items() if flag in EVALUATED_FLAGS}
     check_resumed_flags(path, recorded, config)
     restore_checkpoint(path, contents, trainer.network, optimizer)
     total_steps = config.epochs * trainer.steps_per_epoch
-    if global_step >= total_steps:
+    if global_step >= total_steps and not config.evaluate_only:
         finished = -(-global_step // trainer.steps_per_epoch)
         raise UserError(f"nothing to train: the run in {path} already finished at epoch {finished} (step "
                         f"{global_step}) and --epochs is {config.epochs}: raise --epochs to train it longer")

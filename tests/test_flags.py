@@ -60,7 +60,8 @@ def test_a_hostile_value_is_refused_in_one_line_or_lands_in_range(parser, needed
             assert exit_.code == 2
             lines = capsys.readouterr().err.splitlines()
             assert len(lines) == 1, lines
-            assert f"argument {flag}: must be" in lines[0] and repr(text) in lines[0]
+            names = "/".join(action.option_strings)  # argparse names a flag by all its spellings
+            assert f"argument {names}: must be" in lines[0] and repr(text) in lines[0]
             continue
         value = getattr(parsed, action.dest)
         for item in value if action.nargs in ("*", "+") else [value]:

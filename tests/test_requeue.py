@@ -46,7 +46,8 @@ def test_a_signal_checkpoints_every_rank_s_last_step_and_asks_for_a_requeue(tmp_
     assert "Traceback" not in err
     step = int(stopped.group(1))
     resumed = train_cli(2, *FLAGS, "--epochs", "1", "--steps-per-epoch", str(step + 2), "--checkpoint-dir",
-                        str(ckpt), "--resume", "auto", "--run-dir", str(tmp_path))
+                        str(ckpt), "--resume", "auto", "--resume-override", "steps-per-epoch", "--run-dir",
+                        str(tmp_path))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed at step {step}" in resumed.stdout
     assert checkpoint_step(ckpt) == step + 2

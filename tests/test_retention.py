@@ -24,6 +24,11 @@ def fake_checkpoint(directory, step: int, accuracy: float | None) -> str:
     return path
 
 
+def checkpoint_files(directory) -> list[str]:
+    """The checkpoint files of ``directory``, without the hidden lock files a run leaves beside them."""
+    return sorted(name for name in os.listdir(directory) if not name.startswith("."))
+
+
 def step_of(path) -> int:
     with np.load(path) as archive:
         return int(archive["meta/global_step"])
@@ -48,9 +53,9 @@ def test_a_job_keeps_its_checkpoints_readable_and_evaluates_them_alone(tmp_path)
     finally:
         os.umask(umask)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert sorted(os.listdir(ckpt)) == [BEST_NAME, "checkpoint-step00000006.npz", "checkpoint-step00000008.npz",
+    assert checkpoint_files(ckpt) == [BEST_NAME, "checkpoint-step00000006.npz", "checkpoint-step00000008.npz",
                                         "checkpoint.npz"]
-    assert all(stat.S_IMODE(os.stat(ckpt / name).st_mode) == 0o644 for name in os.listdir(ckpt))
+    assert all(stat.S_IMODE(os.stat(ckpt / name).st_mode) == 0o644 for name in checkpoint_files(ckpt))
     (history,) = runs.glob("*/history.jsonl")
     epochs = [json.loads(line) for line in history.read_text().splitlines()]
     accuracies = [epoch["validation_accuracy"] for epoch in epochs]
@@ -65,7 +70,7 @@ def test_a_job_keeps_its_checkpoints_readable_and_evaluates_them_alone(tmp_path)
     assert found, evaluated.stdout
     assert float(found.group(2)) == pytest.approx(100 * accuracies[-1], abs=0.01)
     assert "epoch" not in evaluated.stdout  # nothing trained
-    assert sorted(os.listdir(ckpt)) == [BEST_NAME, "checkpoint-step00000006.npz", "checkpoint-step00000008.npz",
+    assert checkpoint_files(ckpt) == [BEST_NAME, "checkpoint-step00000006.npz", "checkpoint-step00000008.npz",
                                         "checkpoint.npz"]
 
 

@@ -63,7 +63,7 @@ def test_two_ranks_clip_the_summed_gradient_as_one_process_does(tmp_path):
 @pytest.mark.parametrize("flags,message", [
     (("--lr-schedule", "cosine", "--lr-decay-epochs", "2"), "give one of them"),
     (("--lr-schedule", "cosine", "--min-lr", "1"), "--min-lr must be at least 0 and below --lr"),
-    (("--clip-grad-norm", "0"), "--clip-grad-norm must be positive"),
+    (("--clip-grad-norm", "0"), "--clip-grad-norm: must be a finite number above 0"),
 ])
 def test_bad_schedule_and_clipping_flags_give_one_line(tmp_path, flags, message):
     assert_one_line_error(train_cli(2, "--model", "lenet", "--dataset", "digits", "--run-dir", str(tmp_path), *flags),

@@ -209,7 +209,7 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
         stage[kernel.stage] += kernel.seconds
     prediction.stage_seconds = {name: stage[name] for name in STAGES}
     read_ahead = sum(k.seconds for k in data_kernels if k.kernel == DATA_LOAD) if prefetch else 0.0
-    data = stage[Stage.DATA] - read_ahead + machine.background_seconds(read_ahead)
+    data = stage[Stage.DATA] - read_ahead + (machine.background_seconds(read_ahead) if read_ahead else 0.0)
     compute = sum(stage[name] for name in COMPUTE_STAGES) + prediction.overhead_seconds
     exposed = (_exposed_bucket_seconds(network, kernels, buckets, bucket_seconds)
                if machine.overlaps_communication else sum(bucket_seconds))
