@@ -3,12 +3,13 @@
     python benchmarks/against_pytorch.py [--model vgg11] [--dataset synthetic] [--batch-size 128]
         [--device cpu|gpu] [--threads 2] [--steps 10] [--channels-last]
 
-The PyTorch network is translated layer by layer from this framework's (sequential
-models: vgg11, vgg16, alexnet, lenet, mlp), so both compute the same convolutions,
-poolings and products. Both run float32 SGD steps (forward, loss, backward, update) on a
-fixed batch of random images; PyTorch's TF32 is turned off, as CuPy's matmul does not
-use it. Prints each median step time and this framework's throughput as a fraction of
-PyTorch's. ``--dataset synthetic-imagenet`` gives ImageNet-shaped images.
+The PyTorch network is translated layer by layer from this framework's, its graph
+included (the residual adds of resnet18 and resnet50, the concatenations of
+densenet121), so both compute the same convolutions, poolings and products. Both run
+float32 SGD steps (forward, loss, backward, update) on a fixed batch of random images;
+PyTorch's TF32 is turned off, as CuPy's matmul does not use it. Prints each median step
+time and this framework's throughput as a fraction of PyTorch's.
+``--dataset synthetic-imagenet`` gives ImageNet-shaped images.
 """
 from __future__ import annotations
 
@@ -24,15 +25,14 @@ from common import interleave, make_trainer, model_parser, timed
 
 
 def torch_layers(network: Network) -> list:
-    """torch.nn modules computing ``network``'s layers (NCHW), in order."""
+    """torch.nn modules computing ``network``'s layers (NCHW), in order; None for the merges
+    (Add and Concat), which :class:`TorchGraph` computes itself."""
     from torch import nn
 
-    layers = []
+    layers: list = []
     for index, layer in enumerate(network.layers):
-        if network.inputs[index] != [index - 1 if index else network.INPUT]:
-            raise SystemExit(f"against_pytorch: {network.name} is not a sequential model: use vgg11, vgg16, "
-                             "alexnet, lenet or mlp")
-        source = network.layers[index - 1].output_shape if index else network.input_shape
+        sources = network.inputs[index]
+        source = network.layers[sources[0]].output_shape if sources[0] != network.INPUT else network.input_shape
         if layer.kind == "conv":
             layers.append(nn.Conv2d(source[-1], layer.filters, layer.kernel_size, layer.stride, layer.padding,
                                     bias=layer.use_bias))
@@ -40,15 +40,43 @@ def torch_layers(network: Network) -> list:
             layers.append(nn.Linear(source[-1], layer.units, bias=layer.use_bias))
         elif layer.kind == "maxpool":
             layers.append(nn.MaxPool2d(layer.pool_size, layer.stride, layer.padding))
-        elif layer.kind == "avgpool":
+        elif layer.kind in ("avgpool", "globalpool"):
             layers.append(nn.AvgPool2d(layer.pool_size, layer.stride, layer.padding))
         elif layer.kind == "bn":
             layers.append(nn.BatchNorm2d(source[-1]) if len(source) == 3 else nn.BatchNorm1d(source[-1]))
         elif layer.kind == "dropout":
             layers.append(nn.Dropout(layer.rate))
+        elif layer.kind in ("add", "concat"):
+            layers.append(None)
         else:
             layers.append({"relu": nn.ReLU, "flatten": nn.Flatten}[layer.kind]())
     return layers
+
+
+def torch_model(network: Network):
+    """A torch.nn.Module that runs ``network``'s graph: each layer on the outputs of the layers it
+    reads (the residual adds and the dense concatenations included)."""
+    import torch
+
+    class TorchGraph(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.steps = torch.nn.ModuleList(module or torch.nn.Identity() for module in torch_layers(network))
+
+        def forward(self, images):
+            outputs: list = []
+            for index, module in enumerate(self.steps):
+                inputs = [images if s == network.INPUT else outputs[s] for s in network.inputs[index]]
+                kind = network.layers[index].kind
+                if kind == "add":
+                    outputs.append(sum(inputs[1:], inputs[0]))
+                elif kind == "concat":
+                    outputs.append(torch.cat(inputs, dim=1))
+                else:
+                    outputs.append(module(inputs[0]))
+            return outputs[-1]
+
+    return TorchGraph()
 
 
 def torch_step(network: Network, batch: int, device: str, channels_last: bool):
@@ -58,7 +86,7 @@ def torch_step(network: Network, batch: int, device: str, channels_last: bool):
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.benchmark = True  # PyTorch at its best: cuDNN picks its fastest algorithms
     target = "cuda" if device == "gpu" else "cpu"
-    model = torch.nn.Sequential(*torch_layers(network)).to(target)
+    model = torch_model(network).to(target)
     height, width, channels = network.input_shape
     images = torch.randn(batch, channels, height, width, device=target)
     if channels_last:

@@ -89,11 +89,14 @@ def set_blas_threads(threads: None) -> None: ...
 
 
 def set_blas_threads(threads: int | None) -> int | None:
-    """Limit the BLAS of this process to ``threads`` (ranks sharing a node must not oversubscribe;
-    None: no limit) and return ``threads``."""
+    """Limit the BLAS and the host kernels of this process to ``threads`` (ranks sharing a node
+    must not oversubscribe; None: no limit) and return ``threads``."""
     from threadpoolctl import threadpool_limits
 
+    from pydtnn_lite.kernels import cpu
+
     threadpool_limits(limits=threads, user_api="blas")
+    cpu.set_threads(threads)
     return threads
 
 

@@ -1,10 +1,12 @@
 """P ranks train exactly as one rank with the same global batch (spawned mpiexec jobs)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
-from mpi import assert_same_weights, train_small
+from mpi import REPO, assert_same_weights, run, train_small
 
 
 @pytest.fixture(scope="module")
@@ -45,3 +47,20 @@ def test_a_rank_with_an_empty_share(single, tmp_path):
 def test_host_staged_and_two_level_reductions_equal_one_process(single, tmp_path, ranks, flags):
     """The reductions of GPU ranks (host-staged, hierarchical, gpu-side), run with MPI at every level."""
     assert_same_weights(single, train_small(tmp_path, ranks, *flags))
+
+
+def test_float32_batchnorm_far_from_zero_on_ranks_equals_one_process(tmp_path):
+    """Inputs near 1e4 shared 4/8/12 over 3 ranks: unit spread, and one process's outputs,
+    input gradients and running statistics, in both steps."""
+    program = os.path.join(REPO, "tests", "programs", "batchnorm_ranks.py")
+    results = {}
+    for ranks in (1, 3):
+        out = tmp_path / f"bn-{ranks}.npz"
+        result = run(ranks, [program, str(out)])
+        assert result.returncode == 0, result.stderr[-3000:]
+        with np.load(out) as archive:
+            results[ranks] = {name: archive[name] for name in archive.files}
+    for step_outputs in results[3]["outputs"]:
+        np.testing.assert_allclose(step_outputs.reshape(-1, 3).std(axis=0, dtype=np.float64), 1.0, atol=1e-3)
+    for name, expected in results[1].items():
+        np.testing.assert_allclose(results[3][name], expected, rtol=1e-4, atol=1e-4, err_msg=name)

@@ -25,7 +25,7 @@ import pytest
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend, gpu_available, make_backend
-from pydtnn_lite.kernels import conv, gpu, pooling
+from pydtnn_lite.kernels import conv, cpu, gpu, pooling
 from pydtnn_lite.layers import StepContext
 from pydtnn_lite.models import create_model
 
@@ -264,10 +264,10 @@ def test_entries_run_numpy_arrays_on_numpy_and_others_on_cuda(device: Device,
     assert launched == ["maxpool"]
     for a, b in zip(actual, expected, strict=True):
         assert_same(device.to_host(a), b)
-    generic = {**vars(conv), **vars(pooling)}
+    host = {**vars(pooling), **vars(cpu)}  # the host versions: Numba's where there is one
     for name in WINDOW_KERNELS:
         entry = getattr(kernels, name)
-        assert (entry.__name__, entry.__doc__) == (name, generic[name].__doc__)
+        assert (entry.__name__, entry.__doc__) == (name, host[name].__doc__)
 
 
 def test_the_kernels_reject_other_dtypes(device: Device) -> None:
@@ -291,7 +291,10 @@ def test_networks_on_the_cuda_kernels_compute_what_they_compute_on_numpy(
         device: Device, model: str, shape: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
     """Logits and parameter gradients: exactly NumPy's on the host build, where nothing else
     differs; within rounding on a GPU, where cuBLAS and CuPy's reductions do."""
-    expected = forward_backward(model, shape, make_backend("cpu", "float64"))
+    with monkeypatch.context() as reference:  # the NumPy window kernels, not the host's Numba ones
+        reference.setattr(kernels, "im2col", conv.im2col)
+        reference.setattr(kernels, "col2im", conv.col2im)
+        expected = forward_backward(model, shape, make_backend("cpu", "float64"))
     on_host = device.backend.xp is np
     if on_host:  # the entries would run NumPy arrays on the NumPy versions
         for name in WINDOW_KERNELS:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pydtnn_lite import kernels
+from pydtnn_lite.backend import make_backend
 from pydtnn_lite.layers import AvgPool2D, BatchNorm, Conv2D, Dense, MaxPool2D, SoftmaxCrossEntropy, StepContext
 
 from helpers import FLOAT64
@@ -84,6 +86,33 @@ def test_dense_and_batchnorm_match_formulas():
     evaluation = bn.forward(x, ctx=StepContext(training=False, global_batch=5))
     expected = (x - bn.buffers["running_mean"]) / np.sqrt(bn.buffers["running_var"] + 1e-5)
     np.testing.assert_allclose(evaluation, expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("offset", [1e3, 1e4])
+def test_float32_batchnorm_keeps_the_variance_of_inputs_far_from_zero(offset):
+    """E[x^2] - E[x]^2 in float32 cancels to 0 here; the output must still have unit spread, in
+    the first step (no shift: the running mean is 0) and the next (the running mean as shift)."""
+    x = (offset + np.random.default_rng(4).normal(size=(64, 8, 8, 4))).astype(np.float32)
+    bn = BatchNorm()
+    bn.build([(8, 8, 4)], make_backend("cpu", "float32"), np.random.default_rng(0))
+    for _ in range(2):
+        out = bn.forward(x, ctx=StepContext(training=True, global_batch=64))
+        assert out.dtype == np.float32
+        np.testing.assert_allclose(out.reshape(-1, 4).std(axis=0, dtype=np.float64), 1.0, atol=1e-3)
+        np.testing.assert_allclose(out.reshape(-1, 4).mean(axis=0, dtype=np.float64), 0.0, atol=1e-3)
+
+
+def test_batchnorm_sums_of_uneven_shares_give_the_whole_batch_statistics():
+    """Ranks add their sums about a shared shift: shares of 0, 3, 13 and 48 samples of float32 data
+    near 1e4 give the mean and variance of the whole batch (as one float64 process computes them)."""
+    x = (1e4 + np.random.default_rng(5).normal(size=(64, 3, 3, 2))).astype(np.float32)
+    shift = np.array([9990.0, 0.0])
+    sums = sum(kernels.batchnorm_sums(x[a:b], shift) for a, b in [(0, 0), (0, 3), (3, 16), (16, 64)])
+    rows = x.size // 2
+    offset = sums[0] / rows
+    reference = x.reshape(-1, 2).astype(np.float64)
+    np.testing.assert_allclose(shift + offset, reference.mean(axis=0), rtol=1e-14)
+    np.testing.assert_allclose(sums[1] / rows - offset ** 2, reference.var(axis=0), rtol=1e-7)
 
 
 def test_softmax_cross_entropy_is_stable_for_huge_logits():

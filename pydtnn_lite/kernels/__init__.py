@@ -6,9 +6,12 @@ point: :func:`instrument` wraps every entry (the tracer times them) from outside
 layers, without a line of layer code knowing. With tracing off the entries are the plain
 functions, so an untraced step pays nothing.
 
-The window kernels (im2col, col2im and the pooling kernels) also have CUDA versions, in
-:mod:`~pydtnn_lite.kernels.gpu`: their entries run the NumPy version on a NumPy array and
-the CUDA one on any other (a CuPy array), for the cost of one ``isinstance`` check.
+On the host, the memory-bound kernels (im2col, col2im, batch norm, ReLU, the residual
+add, the SGD update) are the Numba loops of :mod:`~pydtnn_lite.kernels.cpu`, which use
+every thread of the process; the NumPy versions they replace stay the reference. The
+window kernels (im2col, col2im and the pooling kernels) also have CUDA versions, in
+:mod:`~pydtnn_lite.kernels.gpu`. An entry picks its version by its first argument's
+array type, for the cost of one ``isinstance`` check.
 """
 from __future__ import annotations
 
@@ -19,41 +22,52 @@ from typing import Any
 
 import numpy as np
 
-from pydtnn_lite.kernels import conv, gpu, pooling
+from pydtnn_lite.kernels import cpu, elementwise, gpu, normalization, pooling, update
 from pydtnn_lite.kernels.blas import bias_add, bias_grad, gemm
-from pydtnn_lite.kernels.elementwise import add, concat, dropout_apply, dropout_mask, relu, relu_grad, split
+from pydtnn_lite.kernels.elementwise import concat, dropout_apply, dropout_mask, split
 from pydtnn_lite.kernels.loss import (
     softmax_cross_entropy,
     softmax_cross_entropy_grad,
     squared_error,
     squared_error_grad,
 )
-from pydtnn_lite.kernels.normalization import (
-    batchnorm_grad_input,
-    batchnorm_grad_sums,
-    batchnorm_inference,
-    batchnorm_normalize,
-    batchnorm_sums,
-)
-from pydtnn_lite.kernels.update import adam_update, sgd_update
+from pydtnn_lite.kernels.normalization import batchnorm_inference
+from pydtnn_lite.kernels.update import adam_update
 
 
-def _by_array_type(generic: Callable, cuda: Callable) -> Callable:
-    """A kernel that runs ``generic`` on a NumPy array and ``cuda`` on any other (a CuPy array),
-    by its first argument; it bears ``generic``'s name and docstring."""
+def _by_array_type(host: Callable, device: Callable) -> Callable:
+    """A kernel that runs ``host`` on a NumPy array and ``device`` on any other (a CuPy array),
+    by its first argument; it bears ``host``'s name and docstring."""
     def kernel(array: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(array, np.ndarray):
-            return generic(array, *args, **kwargs)
-        return cuda(array, *args, **kwargs)
-    return functools.update_wrapper(kernel, generic)
+            return host(array, *args, **kwargs)
+        return device(array, *args, **kwargs)
+    return functools.update_wrapper(kernel, host)
 
 
-im2col = _by_array_type(conv.im2col, gpu.im2col)
-col2im = _by_array_type(conv.col2im, gpu.col2im)
+def _by_first_array_type(host: Callable, device: Callable) -> Callable:
+    """:func:`_by_array_type` for kernels whose first argument is a sequence of arrays."""
+    def kernel(arrays: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(arrays[0], np.ndarray):
+            return host(arrays, *args, **kwargs)
+        return device(arrays, *args, **kwargs)
+    return functools.update_wrapper(kernel, host)
+
+
+im2col = _by_array_type(cpu.im2col, gpu.im2col)
+col2im = _by_array_type(cpu.col2im, gpu.col2im)
 maxpool = _by_array_type(pooling.maxpool, gpu.maxpool)
 maxpool_grad = _by_array_type(pooling.maxpool_grad, gpu.maxpool_grad)
 avgpool = _by_array_type(pooling.avgpool, gpu.avgpool)
 avgpool_grad = _by_array_type(pooling.avgpool_grad, gpu.avgpool_grad)
+relu = _by_array_type(cpu.relu, elementwise.relu)
+relu_grad = _by_array_type(cpu.relu_grad, elementwise.relu_grad)
+add = _by_first_array_type(cpu.add, elementwise.add)
+batchnorm_sums = _by_array_type(cpu.batchnorm_sums, normalization.batchnorm_sums)
+batchnorm_normalize = _by_array_type(cpu.batchnorm_normalize, normalization.batchnorm_normalize)
+batchnorm_grad_sums = _by_array_type(cpu.batchnorm_grad_sums, normalization.batchnorm_grad_sums)
+batchnorm_grad_input = _by_array_type(cpu.batchnorm_grad_input, normalization.batchnorm_grad_input)
+sgd_update = _by_array_type(cpu.sgd_update, update.sgd_update)
 
 __all__ = [
     "gemm", "bias_add", "bias_grad", "im2col", "col2im", "relu", "relu_grad",

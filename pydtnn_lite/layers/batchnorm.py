@@ -17,7 +17,9 @@ class BatchNorm(Layer):
 
     In training the statistics are those of the global batch (the local sums of every
     rank are added), so they, the gradients and the running statistics are identical on
-    every rank and equal to a single-process run. Running statistics follow PyTorch:
+    every rank and equal to a single-process run. The mean and variance are accumulated
+    in float64 about a shared shift, so float32 inputs far from zero keep their variance.
+    Running statistics follow PyTorch:
     ``running = (1 - momentum) * running + momentum * batch`` with the unbiased variance.
     """
 
@@ -42,12 +44,16 @@ class BatchNorm(Layer):
             return kernels.batchnorm_inference(x, gamma, beta, self.buffers["running_mean"],
                                                self.buffers["running_var"], self.eps)
         xp = array_module(x)
-        sums = ctx.sum_across_ranks(kernels.batchnorm_sums(x))
+        # Every rank holds the same running mean: a shift they share, close to the batch
+        # mean after the first steps, so the float64 sums below barely cancel.
+        shift = self.buffers["running_mean"].astype(xp.float64)
+        sums = ctx.sum_across_ranks(kernels.batchnorm_sums(x, shift))
         self.rows = ctx.global_batch * int(np.prod(x.shape[1:-1]))
-        mean = sums[0] / self.rows
-        var = xp.maximum(sums[1] / self.rows - mean * mean, 0.0)
-        self.inv_std = 1.0 / xp.sqrt(var + self.eps)
-        out, self.x_hat = kernels.batchnorm_normalize(x, mean, self.inv_std, gamma, beta)
+        offset = sums[0] / self.rows
+        mean = shift + offset
+        var = xp.maximum(sums[1] / self.rows - offset * offset, 0.0)
+        self.inv_std = (1.0 / xp.sqrt(var + self.eps)).astype(x.dtype)
+        out, self.x_hat = kernels.batchnorm_normalize(x, mean.astype(x.dtype), self.inv_std, gamma, beta)
         unbiased = var * (self.rows / max(self.rows - 1, 1))
         m = self.momentum
         self.buffers["running_mean"][...] = (1 - m) * self.buffers["running_mean"] + m * mean
@@ -76,12 +82,13 @@ class BatchNorm(Layer):
         s = self.itemsize
         shape = tuple(self.output_shape)
         dims = (batch,) + (1,) * (3 - len(shape)) + shape  # (batch, H, W, C); a vector is a 1x1 map
-        sums = 2 * shape[-1] * s
-        out = [KernelCost(Stage.FP, "batchnorm_sums", 2 * n, n * s, dims),
+        sums, grad_sums = 2 * shape[-1] * 8, 2 * shape[-1] * s  # the statistics are float64
+        # Two passes over the input: the mean, then the squared deviations.
+        out = [KernelCost(Stage.FP, "batchnorm_sums", 4 * n, 2 * n * s, dims),
                KernelCost(Stage.FP, ALLREDUCE, 0.0, sums, (sums,)),
                KernelCost(Stage.FP, "batchnorm_normalize", 4 * n, 3 * n * s, dims),
                KernelCost(Stage.BP, "batchnorm_grad_sums", 3 * n, 2 * n * s, dims)]
         if self.needs_input_grad:
-            out += [KernelCost(Stage.BP, ALLREDUCE, 0.0, sums, (sums,)),
+            out += [KernelCost(Stage.BP, ALLREDUCE, 0.0, grad_sums, (grad_sums,)),
                     KernelCost(Stage.BP, "batchnorm_grad_input", 5 * n, 3 * n * s, dims)]
         return out

@@ -50,16 +50,17 @@ class Mutation:
 
 GRADIENTS = "tests/test_gradients.py"
 DISTRIBUTED = "tests/test_distributed.py::test_ranks_equal_one_process"
+CPU_KERNELS = "tests/test_cpu_kernels.py"  # the Numba kernels against these NumPy references
 RESUME = "tests/test_cli.py::test_resumed_run_equals_uninterrupted_run"
 
 MUTATIONS = [
     # ---------------------------------------------------------------- layers and kernels
     Mutation("col2im-swaps-window-axes", "pydtnn_lite/kernels/conv.py",
              "+= patches[:, :, :, i, j, :]", "+= patches[:, :, :, j, i, :]",
-             (f"{GRADIENTS}::test_conv2d",)),
+             (f"{GRADIENTS}::test_conv2d", CPU_KERNELS)),
     Mutation("im2col-ignores-the-column-stride", "pydtnn_lite/kernels/conv.py",
              "(s0, s1 * stride, s2 * stride, s1, s2, s3)", "(s0, s1 * stride, s2, s1, s2, s3)",
-             ("tests/test_reference.py::test_conv_matches_direct_convolution",)),
+             ("tests/test_reference.py::test_conv_matches_direct_convolution", CPU_KERNELS)),
     Mutation("maxpool-grad-swaps-window-position", "pydtnn_lite/kernels/pooling.py",
              "_position(grad, k // kw, k % kw, stride, ho, wo)[...] += xp.where(argmax == k, grad_out, 0)",
              "_position(grad, k % kw, k // kw, stride, ho, wo)[...] += xp.where(argmax == k, grad_out, 0)",
@@ -72,7 +73,20 @@ MUTATIONS = [
              (f"{GRADIENTS}::test_avgpool",)),
     Mutation("batchnorm-grad-drops-the-variance-term", "pydtnn_lite/kernels/normalization.py",
              "(grad_out - mean_grad - x_hat * mean_grad_hat)", "(grad_out - mean_grad)",
-             (f"{GRADIENTS}::test_batchnorm_on_maps_and_vectors",)),
+             (f"{GRADIENTS}::test_batchnorm_on_maps_and_vectors", CPU_KERNELS)),
+    # The Numba host kernels, which the layers run on NumPy arrays.
+    Mutation("numba-col2im-overwrites-overlapping-windows", "pydtnn_lite/kernels/cpu.py",
+             "grad[image, y, z, ch] += cols[row, start + ch]", "grad[image, y, z, ch] = cols[row, start + ch]",
+             (f"{GRADIENTS}::test_conv2d",)),
+    Mutation("numba-batchnorm-sums-forget-the-shift", "pydtnn_lite/kernels/cpu.py",
+             "offset = mean - shift", "offset = mean",
+             ("tests/test_reference.py::test_float32_batchnorm_keeps_the_variance_of_inputs_far_from_zero",)),
+    Mutation("numba-relu-grad-ignores-the-activation", "pydtnn_lite/kernels/cpu.py",
+             "out[i] = grad[i] * (activated[i] > 0)", "out[i] = grad[i]",
+             (f"{GRADIENTS}::test_relu",)),
+    Mutation("numba-sgd-nesterov-is-plain-momentum", "pydtnn_lite/kernels/cpu.py",
+             "param[i] -= lr * (g + momentum * v if nesterov else v)", "param[i] -= lr * v",
+             ("tests/test_optimizers.py",)),
     Mutation("batchnorm-running-variance-biased", "pydtnn_lite/layers/batchnorm.py",
              "unbiased = var * (self.rows / max(self.rows - 1, 1))", "unbiased = var",
              ("tests/test_reference.py::test_dense_and_batchnorm_match_formulas",)),
@@ -85,11 +99,11 @@ MUTATIONS = [
     # ---------------------------------------------------------------- optimizers and schedule
     Mutation("sgd-nesterov-is-plain-momentum", "pydtnn_lite/kernels/update.py",
              "step = grad + momentum * velocity if nesterov else velocity", "step = velocity",
-             ("tests/test_optimizers.py",)),
+             ("tests/test_optimizers.py", CPU_KERNELS)),
     Mutation("sgd-weight-decay-sign", "pydtnn_lite/kernels/update.py",
              "grad = grad + weight_decay * param\n    if momentum:",
              "grad = grad - weight_decay * param\n    if momentum:",
-             ("tests/test_optimizers.py",)),
+             ("tests/test_optimizers.py", CPU_KERNELS)),
     Mutation("adam-bias-correction-without-sqrt", "pydtnn_lite/kernels/update.py",
              "(1.0 - beta2 ** step) ** 0.5", "(1.0 - beta2 ** step)",
              ("tests/test_optimizers.py",)),
@@ -120,7 +134,8 @@ MUTATIONS = [
              "loss, correct = loss * self.comm.size, correct * self.comm.size",
              (DISTRIBUTED,)),
     Mutation("batchnorm-statistics-of-the-local-batch", "pydtnn_lite/layers/batchnorm.py",
-             "sums = ctx.sum_across_ranks(kernels.batchnorm_sums(x))", "sums = kernels.batchnorm_sums(x) * 1",
+             "sums = ctx.sum_across_ranks(kernels.batchnorm_sums(x, shift))",
+             "sums = kernels.batchnorm_sums(x, shift) * 1",
              (DISTRIBUTED,)),
     Mutation("dropout-mask-ignores-the-rank-offset", "pydtnn_lite/kernels/elementwise.py",
              "uniform[offset:offset + x.shape[0]]", "uniform[:x.shape[0]]",

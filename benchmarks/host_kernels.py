@@ -1,0 +1,79 @@
+"""Training step time with the Numba host kernels against the NumPy versions they replace.
+
+    python benchmarks/host_kernels.py [--model resnet18] [--batch-size 64] [--threads 2] [--steps 10]
+
+One trainer, one fixed batch; the steps alternate between the kernel entries as shipped
+(Numba for im2col, col2im, batch norm, ReLU, add and the SGD update) and the same entries
+pointed at the NumPy functions, so a shared machine's load hits both alike. Prints each
+median step time, the time inside those kernels, and the speed-up.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pydtnn_lite import kernels
+from pydtnn_lite.comm import SerialCommunicator
+from pydtnn_lite.kernels import conv, elementwise, normalization, update
+from pydtnn_lite.runtime import set_blas_threads
+
+from common import interleave, make_trainer, model_parser, timed
+
+NUMPY_VERSIONS = {
+    "im2col": conv.im2col, "col2im": conv.col2im, "relu": elementwise.relu, "relu_grad": elementwise.relu_grad,
+    "add": elementwise.add, "batchnorm_sums": normalization.batchnorm_sums,
+    "batchnorm_normalize": normalization.batchnorm_normalize,
+    "batchnorm_grad_sums": normalization.batchnorm_grad_sums,
+    "batchnorm_grad_input": normalization.batchnorm_grad_input, "sgd_update": update.sgd_update,
+}
+
+
+def main() -> None:
+    parser = model_parser(__doc__)
+    parser.set_defaults(model="resnet18")
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args()
+    set_blas_threads(args.threads)
+    trainer = make_trainer(args.model, args.dataset, args.batch_size, SerialCommunicator())
+    batch = trainer.load_step(0, 0)
+    inside = [0.0]
+
+    def timing(kernel: Callable) -> Callable:
+        def timed_kernel(*call_args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return kernel(*call_args, **kwargs)
+            finally:
+                inside[0] += time.perf_counter() - started
+        return timed_kernel
+
+    def variant(name: str, pick: Callable[[str, Callable], Callable]) -> Callable[[], dict[str, float]]:
+        def run() -> dict[str, float]:
+            restore = kernels.instrument(lambda entry, kernel: timing(pick(entry, kernel))
+                                         if entry in NUMPY_VERSIONS else kernel)
+            inside[0] = 0.0
+            try:
+                step = timed(lambda: trainer.train_step(batch))
+            finally:
+                restore()
+            return {name: step, f"{name} kernels": inside[0]}
+        return run
+
+    samples = interleave([variant("numba", lambda entry, kernel: kernel),
+                          variant("numpy", lambda entry, kernel: NUMPY_VERSIONS[entry])],
+                         rounds=args.steps, warmup=2)
+    median = {name: float(np.median(values)) for name, values in samples.items()}
+    print(f"{args.model} on {args.dataset}, batch {args.batch_size}, {args.threads} threads "
+          f"(medians of {args.steps} steps each, interleaved)")
+    for name in ("numpy", "numba"):
+        print(f"{name:6s} kernels: step {median[name] * 1e3:.1f} ms, of which the replaced kernels "
+              f"{median[name + ' kernels'] * 1e3:.1f} ms")
+    print(f"speed-up: step {median['numpy'] / median['numba']:.2f}x, replaced kernels "
+          f"{median['numpy kernels'] / median['numba kernels']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

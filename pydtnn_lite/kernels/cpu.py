@@ -1,0 +1,261 @@
+"""The memory-bound kernels on the host, compiled by Numba and spread over the process's threads.
+
+NumPy runs each of these passes over memory on one core, and often as several passes
+(a temporary per operator). Here each kernel is one parallel loop that reads and writes
+each element once: on two cores the residual networks spend half their step in such
+passes. The NumPy versions (conv, elementwise, normalization, update) stay the reference
+that the tests compare these with; CuPy arrays never reach this module.
+
+The loops take their arrays flattened to one or two dimensions, so each function is
+compiled for few signatures (float32 and float64 of one layout), once: ``cache=True``
+keeps the machine code beside the source for the next process.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from pydtnn_lite.kernels import conv, elementwise, update
+
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    # Numba's own pool: its idle threads sleep, where OpenMP's spin and take the cores from
+    # the BLAS threads of the GEMM that comes next (measured 6-12 % on GEMM + ReLU here). It
+    # must not be entered from two threads at once: only the training thread runs kernels.
+    numba.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
+
+CHUNK_ROWS = 256  # rows per task of a per-channel reduction: enough work to be worth a thread
+
+
+def set_threads(threads: int | None) -> None:
+    """Run these kernels on ``threads`` threads (None: every core Numba sees)."""
+    available = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
+    numba.set_num_threads(available if threads is None else max(1, min(threads, available)))
+
+
+def _rows(array: Any) -> np.ndarray:
+    """``array`` (..., C) as a C-contiguous (rows, C) matrix (a view when it already is one)."""
+    return np.ascontiguousarray(array).reshape(-1, array.shape[-1])
+
+
+def _flat(array: Any) -> np.ndarray:
+    return np.ascontiguousarray(array).reshape(-1)
+
+
+# --------------------------------------------------------------------- batch norm
+@njit(parallel=True, cache=True)
+def _channel_sums(flat, centre):  # pragma: no cover (compiled)
+    """Per chunk of rows, the per-channel sums of ``flat - centre`` and of its square, in float64."""
+    rows, channels = flat.shape
+    chunks = (rows + CHUNK_ROWS - 1) // CHUNK_ROWS
+    partial = np.zeros((chunks, 2, channels))
+    for chunk in prange(chunks):
+        for row in range(chunk * CHUNK_ROWS, min(rows, (chunk + 1) * CHUNK_ROWS)):
+            for c in range(channels):
+                deviation = np.float64(flat[row, c]) - centre[c]
+                partial[chunk, 0, c] += deviation
+                partial[chunk, 1, c] += deviation * deviation
+    return partial.sum(axis=0)
+
+
+def batchnorm_sums(x: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """:func:`~pydtnn_lite.kernels.normalization.batchnorm_sums`: the same two passes (the mean,
+    then the squared deviations from it), each one parallel loop accumulating in float64."""
+    flat = _rows(x)
+    rows = flat.shape[0]
+    if rows == 0:
+        return np.zeros((2, flat.shape[1]))
+    mean = _channel_sums(flat, np.zeros(flat.shape[1]))[0] / rows
+    squares = _channel_sums(flat, mean)[1]
+    offset = mean - shift
+    return np.stack([rows * offset, squares + rows * offset * offset])
+
+
+@njit(parallel=True, cache=True)
+def _normalize(flat, mean, inv_std, gamma, beta, out, x_hat):  # pragma: no cover (compiled)
+    rows, channels = flat.shape
+    for row in prange(rows):
+        for c in range(channels):
+            normal = (flat[row, c] - mean[c]) * inv_std[c]
+            x_hat[row, c] = normal
+            out[row, c] = normal * gamma[c] + beta[c]
+
+
+def batchnorm_normalize(x: np.ndarray, mean: np.ndarray, inv_std: np.ndarray, gamma: np.ndarray,
+                        beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`~pydtnn_lite.kernels.normalization.batchnorm_normalize` in one pass writing both outputs."""
+    flat = _rows(x)
+    out, x_hat = np.empty_like(flat), np.empty_like(flat)
+    _normalize(flat, mean, inv_std, gamma, beta, out, x_hat)
+    return out.reshape(x.shape), x_hat.reshape(x.shape)
+
+
+@njit(parallel=True, cache=True)
+def _grad_sums(grad, x_hat):  # pragma: no cover (compiled)
+    rows, channels = grad.shape
+    chunks = (rows + CHUNK_ROWS - 1) // CHUNK_ROWS
+    partial = np.zeros((chunks, 2, channels))
+    for chunk in prange(chunks):
+        for row in range(chunk * CHUNK_ROWS, min(rows, (chunk + 1) * CHUNK_ROWS)):
+            for c in range(channels):
+                partial[chunk, 0, c] += grad[row, c]
+                partial[chunk, 1, c] += np.float64(grad[row, c]) * x_hat[row, c]
+    return partial.sum(axis=0)
+
+
+def batchnorm_grad_sums(grad_out: np.ndarray, x_hat: np.ndarray) -> np.ndarray:
+    """:func:`~pydtnn_lite.kernels.normalization.batchnorm_grad_sums` in one pass, summed in float64."""
+    return _grad_sums(_rows(grad_out), _rows(x_hat)).astype(grad_out.dtype)
+
+
+@njit(parallel=True, cache=True)
+def _grad_input(grad, x_hat, scale, mean_grad, mean_grad_hat, out):  # pragma: no cover (compiled)
+    rows, channels = grad.shape
+    for row in prange(rows):
+        for c in range(channels):
+            out[row, c] = scale[c] * (grad[row, c] - mean_grad[c] - x_hat[row, c] * mean_grad_hat[c])
+
+
+def batchnorm_grad_input(grad_out: np.ndarray, x_hat: np.ndarray, inv_std: np.ndarray, gamma: np.ndarray,
+                         grad_sums: np.ndarray, rows: int) -> np.ndarray:
+    """:func:`~pydtnn_lite.kernels.normalization.batchnorm_grad_input` in one pass."""
+    grad = _rows(grad_out)
+    dtype = grad.dtype
+    out = np.empty_like(grad)
+    _grad_input(grad, _rows(x_hat), (gamma * inv_std).astype(dtype), (grad_sums[0] / rows).astype(dtype),
+                (grad_sums[1] / rows).astype(dtype), out)
+    return out.reshape(grad_out.shape)
+
+
+# --------------------------------------------------------------------- element-wise
+@njit(parallel=True, cache=True)
+def _relu(flat, out):  # pragma: no cover (compiled)
+    for i in prange(flat.size):
+        out[i] = flat[i] if not flat[i] < 0 else 0  # NaN passes, as through np.maximum
+
+
+def relu(x: np.ndarray) -> np.ndarray:
+    """:func:`~pydtnn_lite.kernels.elementwise.relu`."""
+    out = np.empty(x.shape, dtype=x.dtype)
+    _relu(_flat(x), out.reshape(-1))
+    return out
+
+
+@njit(parallel=True, cache=True)
+def _relu_grad(grad, activated, out):  # pragma: no cover (compiled)
+    for i in prange(grad.size):
+        out[i] = grad[i] * (activated[i] > 0)  # NaN * 0 stays NaN, as in NumPy
+
+
+def relu_grad(grad_out: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """:func:`~pydtnn_lite.kernels.elementwise.relu_grad`."""
+    grad = np.empty(grad_out.shape, dtype=grad_out.dtype)
+    _relu_grad(_flat(grad_out), _flat(out), grad.reshape(-1))
+    return grad
+
+
+@njit(parallel=True, cache=True)
+def _add(first, second, out):  # pragma: no cover (compiled)
+    for i in prange(first.size):
+        out[i] = first[i] + second[i]
+
+
+def add(inputs: Sequence[np.ndarray]) -> np.ndarray:
+    """:func:`~pydtnn_lite.kernels.elementwise.add`: one pass per input after the second."""
+    if any(term.dtype != inputs[0].dtype for term in inputs):
+        return elementwise.add(inputs)
+    total = np.empty(inputs[0].shape, dtype=inputs[0].dtype)
+    flat_total = total.reshape(-1)
+    _add(_flat(inputs[0]), _flat(inputs[1]), flat_total)
+    for extra in inputs[2:]:
+        _add(flat_total, _flat(extra), flat_total)
+    return total
+
+
+# --------------------------------------------------------------------- im2col, col2im
+@njit(parallel=True, cache=True)
+def _im2col(x, kh, kw, stride, padding, ho, wo, cols):  # pragma: no cover (compiled)
+    n, h, w, c = x.shape
+    for image_row in prange(n * ho):
+        image, r = image_row // ho, image_row % ho
+        for q in range(wo):
+            row = image_row * wo + q
+            for i in range(kh):
+                y = r * stride + i - padding
+                for j in range(kw):
+                    z = q * stride + j - padding
+                    start = (i * kw + j) * c
+                    if 0 <= y < h and 0 <= z < w:
+                        for ch in range(c):
+                            cols[row, start + ch] = x[image, y, z, ch]
+                    else:
+                        for ch in range(c):
+                            cols[row, start + ch] = 0
+
+
+def im2col(x: np.ndarray, kh: int, kw: int, stride: int, padding: int) -> np.ndarray:
+    """:func:`~pydtnn_lite.kernels.conv.im2col`, padding included in the same pass."""
+    if kh == kw == 1 and padding == 0:
+        return conv.im2col(x, kh, kw, stride, padding)  # a view or a strided copy: nothing to gain
+    n, h, w, c = x.shape
+    ho, wo = conv.output_size(h, kh, stride, padding), conv.output_size(w, kw, stride, padding)
+    cols = np.empty((n * ho * wo, kh * kw * c), dtype=x.dtype)
+    _im2col(np.ascontiguousarray(x), kh, kw, stride, padding, ho, wo, cols)
+    return cols
+
+
+@njit(parallel=True, cache=True)
+def _col2im(cols, kh, kw, stride, padding, ho, wo, grad):  # pragma: no cover (compiled)
+    n, h, w, c = grad.shape
+    for image in prange(n):  # images never share an input element: no two threads add to one
+        grad[image] = 0
+        for r in range(ho):
+            for q in range(wo):
+                row = (image * ho + r) * wo + q
+                for i in range(kh):
+                    y = r * stride + i - padding
+                    if y < 0 or y >= h:
+                        continue
+                    for j in range(kw):
+                        z = q * stride + j - padding
+                        if z < 0 or z >= w:
+                            continue
+                        start = (i * kw + j) * c
+                        for ch in range(c):
+                            grad[image, y, z, ch] += cols[row, start + ch]
+
+
+def col2im(cols: np.ndarray, x_shape: tuple, kh: int, kw: int, stride: int, padding: int) -> np.ndarray:
+    """:func:`~pydtnn_lite.kernels.conv.col2im`, the padding never materialised."""
+    if kh == kw == 1 and padding == 0 and stride == 1:
+        return cols.reshape(x_shape)
+    n, h, w, c = x_shape
+    ho, wo = conv.output_size(h, kh, stride, padding), conv.output_size(w, kw, stride, padding)
+    grad = np.empty(x_shape, dtype=cols.dtype)
+    _col2im(np.ascontiguousarray(cols), kh, kw, stride, padding, ho, wo, grad)
+    return grad
+
+
+# --------------------------------------------------------------------- optimizer update
+@njit(parallel=True, cache=True)
+def _sgd(param, grad, velocity, lr, momentum, weight_decay, nesterov):  # pragma: no cover (compiled)
+    for i in prange(param.size):
+        g = grad[i] + weight_decay * param[i]
+        v = momentum * velocity[i] + g
+        velocity[i] = v
+        param[i] -= lr * (g + momentum * v if nesterov else v)
+
+
+def sgd_update(param: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float, momentum: float,
+               weight_decay: float, nesterov: bool) -> None:
+    """:func:`~pydtnn_lite.kernels.update.sgd_update` in one pass: each of the parameter, gradient
+    and velocity read once, the parameter and velocity written once."""
+    if velocity is None:  # plain SGD: one pass in NumPy already
+        update.sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov)
+        return
+    dtype = param.dtype.type
+    _sgd(param, grad, velocity, dtype(lr), dtype(momentum), dtype(weight_decay), nesterov)

@@ -1,0 +1,90 @@
+"""The Numba host kernels (kernels/cpu.py) against the NumPy reference kernels they replace."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pydtnn_lite import kernels
+from pydtnn_lite.kernels import conv, cpu, elementwise, normalization, update
+
+DTYPES = (np.float32, np.float64)
+TOLERANCE = {np.float32: 1e-5, np.float64: 1e-12}
+
+
+def normal(shape, dtype, seed=0, offset=0.0):
+    return (offset + np.random.default_rng(seed).normal(size=shape)).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,kernel,stride,padding", [
+    ((2, 7, 6, 3), 3, 1, 1), ((2, 9, 8, 3), 5, 2, 2), ((1, 8, 8, 2), 3, 2, 0), ((2, 6, 6, 4), 1, 2, 0)])
+def test_im2col_and_col2im_match_numpy(dtype, shape, kernel, stride, padding):
+    x = normal(shape, dtype)
+    cols = cpu.im2col(x, kernel, kernel, stride, padding)
+    np.testing.assert_array_equal(cols, conv.im2col(x, kernel, kernel, stride, padding))
+    grad_cols = normal(cols.shape, dtype, seed=1)
+    np.testing.assert_allclose(cpu.col2im(grad_cols, shape, kernel, kernel, stride, padding),
+                               conv.col2im(grad_cols, shape, kernel, kernel, stride, padding),
+                               rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_elementwise_kernels_match_numpy(dtype):
+    x, grad, third = (normal((3, 5, 4, 7), dtype, seed) for seed in range(3))
+    out = cpu.relu(x)
+    np.testing.assert_array_equal(out, elementwise.relu(x))
+    np.testing.assert_array_equal(cpu.relu_grad(grad, out), elementwise.relu_grad(grad, out))
+    np.testing.assert_array_equal(cpu.add([x, grad]), elementwise.add([x, grad]))
+    np.testing.assert_allclose(cpu.add([x, grad, third]), elementwise.add([x, grad, third]), rtol=1e-6)
+
+
+def test_relu_lets_nan_through_as_numpy_does():
+    """A NaN must reach the loss, where the trainer stops before updating a weight."""
+    x = np.array([np.nan, -1.0, 2.0], dtype=np.float32)
+    np.testing.assert_array_equal(cpu.relu(x), elementwise.relu(x))
+    grad = np.array([np.nan, np.nan, 1.0], dtype=np.float32)
+    np.testing.assert_array_equal(cpu.relu_grad(grad, x), elementwise.relu_grad(grad, x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(64, 5, 5, 3), (700, 6), (0, 4)])
+def test_batchnorm_kernels_match_numpy(dtype, shape):
+    """Map and vector inputs, more rows than one parallel chunk, and an empty share."""
+    channels = shape[-1]
+    x, grad = normal(shape, dtype, offset=1e3), normal(shape, dtype, seed=1)
+    shift = np.linspace(0.0, 999.0, channels)
+    np.testing.assert_allclose(cpu.batchnorm_sums(x, shift), normalization.batchnorm_sums(x, shift),
+                               rtol=1e-9, atol=1e-9)
+    mean, inv_std, gamma, beta = (normal(channels, dtype, seed) for seed in range(2, 6))
+    out, x_hat = cpu.batchnorm_normalize(x, mean, inv_std, gamma, beta)
+    expected_out, expected_hat = normalization.batchnorm_normalize(x, mean, inv_std, gamma, beta)
+    np.testing.assert_allclose(out, expected_out, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    np.testing.assert_allclose(x_hat, expected_hat, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    sums = cpu.batchnorm_grad_sums(grad, x_hat)
+    assert sums.dtype == dtype
+    np.testing.assert_allclose(sums, normalization.batchnorm_grad_sums(grad, x_hat), rtol=1e-4, atol=1e-3)
+    rows = max(1, x.size // channels)
+    np.testing.assert_allclose(cpu.batchnorm_grad_input(grad, x_hat, inv_std, gamma, sums, rows),
+                               normalization.batchnorm_grad_input(grad, x_hat, inv_std, gamma, sums, rows),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("momentum,weight_decay,nesterov", [(0.9, 0.0, False), (0.9, 1e-4, True), (0.0, 1e-4, False)])
+def test_sgd_update_matches_numpy(dtype, momentum, weight_decay, nesterov):
+    param, grad, velocity = (normal(1000, dtype, seed) for seed in range(3))
+    expected_param, expected_velocity = param.copy(), velocity.copy()
+    update.sgd_update(expected_param, grad, expected_velocity if momentum else None, 0.1, momentum,
+                      weight_decay, nesterov)
+    cpu.sgd_update(param, grad, velocity if momentum else None, 0.1, momentum, weight_decay, nesterov)
+    np.testing.assert_allclose(param, expected_param, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    np.testing.assert_allclose(velocity, expected_velocity, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+def test_host_arrays_take_the_numba_kernels():
+    """The kernel entries the layers call route NumPy arrays to these kernels."""
+    x = normal((2, 5, 5, 3), np.float32)
+    np.testing.assert_array_equal(kernels.im2col(x, 3, 3, 1, 1), cpu.im2col(x, 3, 3, 1, 1))
+    assert kernels.relu.__wrapped__ is cpu.relu
+    assert kernels.batchnorm_sums.__wrapped__ is cpu.batchnorm_sums
+    assert kernels.sgd_update.__wrapped__ is cpu.sgd_update
