@@ -21,6 +21,7 @@ import numpy as np
 
 from pydtnn_lite.backend import Backend, make_backend
 from pydtnn_lite.comm import Communicator, make_communicator
+from pydtnn_lite.comm.nodes import node_name
 from pydtnn_lite.comm.strategy import STRATEGIES, connect
 from pydtnn_lite.data import Dataset, dataset_names, open_dataset, partition
 from pydtnn_lite.errors import TrainingError, UserError
@@ -394,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config, backend = collectively(comm, lambda: configure(args, comm))
         bucket_elements = int(config.bucket_mb * (1 << 20)) // np.dtype(backend.dtype).itemsize
-        comm, placement, strategy = connect(comm, backend, config.comm, bucket_elements, platform.node(),
+        comm, placement, strategy = connect(comm, backend, config.comm, bucket_elements, node_name(),
                                             config.collective_timeout)
         mixed = bool(placement.cpu_ranks and placement.gpu_ranks)
         job = collectively(comm, lambda: build_job(config, comm, backend, mixed))
