@@ -22,7 +22,7 @@ import numpy as np
 from pydtnn_lite.backend import Backend, make_backend
 from pydtnn_lite.comm import Communicator, make_communicator
 from pydtnn_lite.comm.nodes import node_name
-from pydtnn_lite.comm.strategy import STRATEGIES, connect
+from pydtnn_lite.comm.strategy import STRATEGIES, Placement, connect
 from pydtnn_lite.data import Dataset, dataset_names, open_dataset, partition
 from pydtnn_lite.errors import TrainingError, UserError
 from pydtnn_lite.models import create_model, model_names
@@ -32,6 +32,7 @@ from pydtnn_lite.paths import check_writable, check_writable_file
 from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
 from pydtnn_lite.perfmodel.modelling.drift import MachineState
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
+from pydtnn_lite.perfmodel.modelling.network import model_choice
 from pydtnn_lite.perfmodel.modelling.trace_validation import validate_trace
 from pydtnn_lite.run_config import RunConfig
 from pydtnn_lite.runtime import (
@@ -189,6 +190,19 @@ def check_outputs(config: RunConfig) -> None:
         calibrated_machine(config.validate)
     if config.save_weights:
         check_writable_file(config.save_weights, "--save-weights")
+
+
+def model_preference(config: RunConfig, bucket_bytes: float) -> Callable[[Placement], str | None] | None:
+    """With a --validate calibration that timed Allreduce between nodes, the strategy its
+    model predicts faster for a bucket (``--comm auto`` on several nodes); else None."""
+    if not config.validate:
+        return None
+    machine = calibrated_machine(config.validate)
+    timings = machine.calibration.network
+    if timings is None or machine.allreduce is None:
+        return None
+    flat = machine.allreduce
+    return lambda placement: model_choice(flat, timings, bucket_bytes, placement.nodes)
 
 
 def make_optimizer(config: RunConfig, network: Network) -> Optimizer:
@@ -350,7 +364,8 @@ def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str, state:
             "overlap": config.overlap, "trace_skip": config.trace_skip, "host": platform.node(),
             "processor": platform.processor() or platform.machine(), "numpy": np.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "ranks_per_node": max(comm.allgather_object(comm.local_size)),
-            "cores_per_node": usable_cores(), "machine_state": state.to_dict()}
+            "cores_per_node": usable_cores(), "machine_state": state.to_dict(), "strategy": comm.name,
+            "nodes": len(set(comm.allgather_object(node_name())))}
     if config.validate:
         meta["calibration"] = os.path.abspath(config.validate)
     tracer.save(trace, meta)
@@ -396,7 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config, backend = collectively(comm, lambda: configure(args, comm))
         bucket_elements = int(config.bucket_mb * (1 << 20)) // np.dtype(backend.dtype).itemsize
         comm, placement, strategy = connect(comm, backend, config.comm, bucket_elements, node_name(),
-                                            config.collective_timeout)
+                                            config.collective_timeout,
+                                            model_preference(config, config.bucket_mb * (1 << 20)))
         mixed = bool(placement.cpu_ranks and placement.gpu_ranks)
         job = collectively(comm, lambda: build_job(config, comm, backend, mixed))
     except UserError as error:  # every rank raises it: after agreeing in collectively(), or from the same placement
