@@ -149,7 +149,8 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     reductions = allreduce_samples(mpi_of(comm), settings.allreduce_sizes) if comm.size > 1 else []
     if settings.beyond_job:
         reductions += samples_beyond(comm, usable_cores())
-    network = network_timings(mpi_of(comm), node_name(), settings.allreduce_sizes) if comm.size > 1 else None
+    network = (network_timings(mpi_of(comm), node_name(), settings.allreduce_sizes, reductions)
+               if comm.size > 1 else None)
     counts = sorted({ranks for ranks, _, _ in reductions})
     phase_done("allreduce", f"{len(reductions)} samples on {', '.join(map(str, counts))} ranks{_levels(network)}"
                if reductions else "skipped: one rank (run under mpiexec, or without --no-oversubscribed)")
@@ -205,7 +206,7 @@ def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tup
     started, load_before = time.perf_counter(), os.getloadavg()
     samples = allreduce_samples(mpi_of(comm), sizes) + (samples_beyond(comm, usable_cores()) if beyond_job else [])
     calibration.allreduce_samples = [(p, float(n), t) for p, n, t in samples]
-    calibration.network = network_timings(mpi_of(comm), node_name(), sizes)
+    calibration.network = network_timings(mpi_of(comm), node_name(), sizes, samples)
     calibration.settings["allreduce_sizes"] = list(sizes)
     calibration.settings["allreduce_remeasured"] = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

@@ -6,7 +6,7 @@ each node, then among one rank per node. The calibration times both levels as th
 hierarchical strategy runs them: Allreduce among the lowest rank of every node (the
 leaders), and Allreduce among the ranks of each node, every node at once (where a node
 has more than one rank). The job-wide samples of :mod:`allreduce_timing` serve the flat
-reduction.
+reduction; with one rank per node they are the inter-node samples too, and are not timed twice.
 """
 from __future__ import annotations
 
@@ -22,30 +22,33 @@ if TYPE_CHECKING:
     from pydtnn_lite.comm.mpi import MPICommunicator
 
 
-def network_timings(comm: MPICommunicator, node: str, sizes: Sequence[int]) -> NetworkTimings | None:
+def network_timings(comm: MPICommunicator, node: str, sizes: Sequence[int],
+                    job_samples: Sequence[tuple[int, float, float]]) -> NetworkTimings | None:
     """The inter-node and intra-node Allreduce of ``sizes`` bytes on the nodes of ``comm``'s
-    ranks (``node`` is this rank's node name); None when every rank is on one node or the
-    nodes hold different numbers of ranks. Collective; every rank gets the result."""
+    ranks (``node`` is this rank's node name; ``job_samples`` the (ranks, bytes, seconds)
+    already timed on the job's ranks); None when every rank is on one node or the nodes
+    hold different numbers of ranks. Collective; every rank gets the result."""
     names = comm.allgather_object(node)
     nodes = list(dict.fromkeys(names))
     per_node = {name: names.count(name) for name in nodes}
     if len(nodes) < 2 or len(set(per_node.values())) > 1:
         return None
     ranks_per_node = per_node[node]
+    if ranks_per_node == 1:
+        inter_node = tuple((float(n), t) for p, n, t in job_samples if p == comm.size and n in sizes)
+        return NetworkTimings(len(nodes), 1, emulated_link_gbit(), inter_node)
     leaders = comm.split(0 if names.index(node) == comm.rank else None, comm.rank)
     inter: list[float] = []
     if leaders is not None:
         inter = time_allreduce(leaders, sizes)
         leaders.free()
     wait_idly(comm)  # the other ranks wait without taking the leaders' cores
-    intra: list[float] = []
-    if ranks_per_node > 1:
-        local = comm.split(nodes.index(node), comm.rank)
-        assert local is not None
-        intra = time_allreduce(local, sizes)
-        local.free()
+    local = comm.split(nodes.index(node), comm.rank)
+    assert local is not None
+    intra = time_allreduce(local, sizes)
+    local.free()
     # Every node timed its own level at once; the step waits for the slowest.
-    slowest = [max(column) for column in zip(*comm.allgather_object(intra), strict=True)] if intra else []
+    slowest = [max(column) for column in zip(*comm.allgather_object(intra), strict=True)]
     inter = comm.broadcast_object(inter, root=0)
     return NetworkTimings(len(nodes), ranks_per_node, emulated_link_gbit(),
                           tuple(zip(map(float, sizes), inter, strict=True)),
