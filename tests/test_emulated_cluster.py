@@ -12,6 +12,9 @@ import time
 import numpy as np
 import pytest
 
+from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
+from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+
 from mpi import REPO, TRAIN_SMALL, assert_same_weights, train_small
 
 LAUNCHER = os.path.join(REPO, "launch", "emulated-cluster.sh")
@@ -143,3 +146,20 @@ def test_two_nodes_train_as_one_process(tmp_path):
     assert "summed in 2 group(s)" in result.stdout
     with np.load(out) as archive:
         assert_same_weights(single, {name: archive[name] for name in archive.files})
+
+
+@needs_emulation
+def test_calibration_times_allreduce_between_and_inside_the_emulated_nodes(tmp_path):
+    """calibrate --allreduce-only on 2 nodes x 2 ranks records the inter-node and the intra-node Allreduce."""
+    path = str(tmp_path / "calibration.json")
+    Calibration({"ranks": 4}, 1e11, 1e10, {}, [], allreduce_ranks=4).save(path)
+    result = cluster(2, 2, sys.executable, "-m", "pydtnn_lite.calibrate", "--allreduce-only", path, "--quick",
+                     timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    network = Calibration.load(path).network
+    assert network is not None and (network.nodes, network.ranks_per_node, network.link_gbit) == (2, 2, 5.0)
+    sizes = [float(n) for n in QUICK_SIZES]
+    assert [n for n, _ in network.inter_node] == sizes and [n for n, _ in network.intra_node] == sizes
+    assert all(seconds > 0 for _, seconds in network.inter_node + network.intra_node)
+    # Each node sends the 4 MiB at least once over its 5 Gbit/s link (tc lets a burst of 1 ms pass at once).
+    assert dict(network.inter_node)[4 << 20] > 0.8 * (4 << 20) * 8 / 5e9

@@ -8,12 +8,14 @@ import pytest
 from pydtnn_lite.comm.strategy import Placement, spans_nodes_in_groups
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel, Link
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine
 from pydtnn_lite.perfmodel.modelling.network import (
     NetworkTimings,
     TwoLevelAllreduce,
     model_choice,
     preferred_strategy,
 )
+from pydtnn_lite.perfmodel.modelling.trace_validation import run_machines
 
 SIZES = (1 << 10, 1 << 16, 1 << 20, 1 << 22)
 GBIT = 1e9 / 8  # bytes per second of one Gbit/s
@@ -85,3 +87,15 @@ def test_the_timings_survive_the_calibration_file_and_older_files_read_without_t
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(data, handle)
     assert Calibration.load(path).network is None
+
+
+def test_a_hierarchical_trace_is_validated_with_the_two_level_model():
+    calibration = Calibration({"ranks": 4, "ranks_per_node": 4, "usable_cores": 2}, 1e11, 1e10, {},
+                              [(4, float(n), 1e-3 + n / GBIT) for n in SIZES], allreduce_ranks=4, network=timings())
+    machine = CalibratedMachine(calibration, flat(1 / GBIT))
+    meta = {"ranks": 4, "ranks_per_node": 4, "cores_per_node": 2}
+    two_level = TwoLevelAllreduce.from_timings(timings()).seconds(1 << 20, 4)
+    for raw_or_corrected in run_machines(machine, dict(meta, strategy="hierarchical")):
+        assert raw_or_corrected.allreduce_seconds(1 << 20, 4) == pytest.approx(two_level)
+    for raw_or_corrected in run_machines(machine, dict(meta, strategy="mpi")):
+        assert raw_or_corrected.allreduce_seconds(1 << 20, 4) == pytest.approx(flat(1 / GBIT).seconds(1 << 20, 4))
