@@ -410,7 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config, backend = collectively(comm, lambda: configure(args, comm))
         bucket_elements = int(config.bucket_mb * (1 << 20)) // np.dtype(backend.dtype).itemsize
-        comm, placement, strategy = connect(comm, backend, config.comm, bucket_elements, node_name(),
+        world = comm  # MPI over all ranks, whatever strategy reduces the gradients
+        comm, placement, strategy = connect(world, backend, config.comm, bucket_elements, node_name(),
                                             config.collective_timeout,
                                             model_preference(config, config.bucket_mb * (1 << 20)))
         mixed = bool(placement.cpu_ranks and placement.gpu_ranks)
@@ -425,13 +426,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     comm.broadcast(job.network.flat_params)
     try:
         # The machine's state as the traced run starts and ends: a validation corrects for its drift since
-        # calibrating.
-        state = probe_machine_state(comm) if config.trace else None
+        # calibrating. Probed over MPI, as the calibration's (a two-level communicator's requests complete
+        # only when waited for, which the probe's idle wait never does).
+        state = probe_machine_state(world) if config.trace else None
         tracer = Tracer(job.trainer, config.trace_skip, config.trace_steps).attach() if config.trace else None
         train(job, comm)
         if tracer is not None and config.trace and state is not None:
             tracer.detach()
-            write_trace(job, comm, tracer, config.trace, state.mean_with(probe_machine_state(comm)))
+            write_trace(job, comm, tracer, config.trace, state.mean_with(probe_machine_state(world)))
     except TrainingError as error:  # the loss is global, so every rank raises it at the same step
         say(comm, f"{PROGRAM}: error: {error}")
         return TRAINING_ERROR_EXIT
