@@ -92,10 +92,12 @@ def test_the_timings_survive_the_calibration_file_and_older_files_read_without_t
 def test_a_hierarchical_trace_is_validated_with_the_two_level_model():
     calibration = Calibration({"ranks": 4, "ranks_per_node": 4, "usable_cores": 2}, 1e11, 1e10, {},
                               [(4, float(n), 1e-3 + n / GBIT) for n in SIZES], allreduce_ranks=4, network=timings())
-    machine = CalibratedMachine(calibration, flat(1 / GBIT))
+    machine = CalibratedMachine(calibration, flat(1 / GBIT), overlaps_communication=True)
     meta = {"ranks": 4, "ranks_per_node": 4, "cores_per_node": 2}
     two_level = TwoLevelAllreduce.from_timings(timings()).seconds(1 << 20, 4)
     for raw_or_corrected in run_machines(machine, dict(meta, strategy="hierarchical")):
         assert raw_or_corrected.allreduce_seconds(1 << 20, 4) == pytest.approx(two_level)
+        assert not raw_or_corrected.overlaps_communication  # its reductions run after backward
     for raw_or_corrected in run_machines(machine, dict(meta, strategy="mpi")):
         assert raw_or_corrected.allreduce_seconds(1 << 20, 4) == pytest.approx(flat(1 / GBIT).seconds(1 << 20, 4))
+        assert raw_or_corrected.overlaps_communication

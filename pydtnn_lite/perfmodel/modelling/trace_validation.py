@@ -53,7 +53,9 @@ def run_machines(machine: Machine, meta: dict) -> tuple[Machine, Machine]:
     raw, corrected = adjusted_machine(machine, placement), adjusted_machine(machine, placement, state)
     network = machine.calibration.network
     if meta.get("strategy") == "hierarchical" and network is not None:  # the drift stays the flat model's
-        two_level = dataclasses.replace(machine, allreduce=TwoLevelAllreduce.from_timings(network))
+        # Its reductions run when the synchronizer waits for them, after backward: nothing overlaps.
+        two_level = dataclasses.replace(machine, allreduce=TwoLevelAllreduce.from_timings(network),
+                                        overlaps_communication=False)
         raw, corrected = (dataclasses.replace(adjusted, base=two_level) for adjusted in (raw, corrected))
     return raw, corrected
 
