@@ -16,7 +16,9 @@ import math
 import sys
 from collections.abc import Sequence
 
+from pydtnn_lite import flags
 from pydtnn_lite.backend import make_backend
+from pydtnn_lite.cli import command_parser, parse_command_line
 from pydtnn_lite.comm import make_communicator
 from pydtnn_lite.comm.nodes import emulated_link_gbit
 from pydtnn_lite.errors import UserError
@@ -42,22 +44,22 @@ DEFAULT_OUT = "calibration.json"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[1],
+    parser = command_parser("pydtnn-calibrate", __doc__.split("\n\n")[1],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--out", default=None,
                         help=f"calibration file to write (default {DEFAULT_OUT}; with --refit or --allreduce-only, "
                              "the file read)")
     parser.add_argument("--quick", action="store_true",
                         help="a few probes, one step each, Allreduce up to 4 MiB: seconds, for a smoke test")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(CalibrationSettings.batch_sizes),
+    parser.add_argument("--batch-sizes", type=flags.COUNT, nargs="+", default=list(CalibrationSettings.batch_sizes),
                         help="batch sizes of the probe networks")
-    parser.add_argument("--repeats", type=int, default=None,
+    parser.add_argument("--repeats", type=flags.COUNT, default=None,
                         help="traced steps per probe, at least (default 3; 1 with --quick)")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--blas-threads", "--threads", type=flags.COUNT, default=None, dest="blas_threads",
                         help="BLAS threads per rank (default: the node's cores divided by its ranks)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the grid's sampling and the MLPs")
+    parser.add_argument("--seed", type=flags.SEED, default=0, help="seeds the grid's sampling and the MLPs")
     parser.add_argument("--no-oversubscribed", action="store_true",
                         help="time Allreduce on this job's ranks only, not (in child jobs) at every process count "
                              "up to four per core; --quick implies it")
@@ -71,14 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from(args: argparse.Namespace) -> CalibrationSettings:
-    """The measurement settings the flags ask for; UserError for impossible values."""
-    if any(batch < 1 for batch in args.batch_sizes):
-        raise UserError(f"--batch-sizes must be positive, got {args.batch_sizes}")
+    """The measurement settings the flags ask for (each in range, checked as it was parsed)."""
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else CalibrationSettings.repeats)
-    if repeats < 1:
-        raise UserError(f"--repeats must be at least 1, got {repeats}")
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"--threads must be at least 1, got {args.threads}")
     if args.quick:
         return CalibrationSettings(tuple(args.batch_sizes), repeats, 0.0, QUICK, QUICK_SIZES, 1, args.seed, False)
     return CalibrationSettings(batch_sizes=tuple(args.batch_sizes), repeats=repeats, seed=args.seed,
@@ -147,7 +143,7 @@ def report(calibration: Calibration) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     comm = make_communicator()
     install_job_abort(comm, PROGRAM)
     keep_freed_memory()
@@ -157,18 +153,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or source or DEFAULT_OUT
     try:
         settings = settings_from(args)
+        if emulated_link_gbit() is not None:  # child jobs would run outside the emulated nodes' placement
+            settings = dataclasses.replace(settings, beyond_job=False)
         previous = Calibration.load(source) if source else None
         if args.allreduce_only and previous is not None:
             check_allreduce_ranks(previous, comm.size)
         backend = make_backend(args.device, args.dtype)
         check_writable_file(out, "--out")
+        threads = set_blas_threads(args.blas_threads or default_blas_threads(comm))
     except (UserError, OSError, ValueError) as error:
         if comm.rank == 0:
             print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return SETUP_ERROR_EXIT
-    if emulated_link_gbit() is not None:  # child jobs would run outside the emulated nodes' placement
-        settings = dataclasses.replace(settings, beyond_job=False)
-    threads = set_blas_threads(args.threads or default_blas_threads(comm))
     log = (lambda line: print(line, flush=True)) if comm.rank == 0 else (lambda line: None)
     calibration: Calibration | None
     if args.allreduce_only and previous is not None:

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
+from pydtnn_lite import flags
+from pydtnn_lite.cli import command_parser, parse_command_line
 from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.data import partition
@@ -33,26 +35,28 @@ PROGRAM = "pydtnn_lite.predict"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[0])
+    parser = command_parser("pydtnn-predict", __doc__.split("\n\n")[0])
     parser.add_argument("--model", default="vgg11")
     parser.add_argument("--dataset", default="cifar10", choices=sorted(DATASET_SHAPES),
                         help="the image shape to predict for")
-    parser.add_argument("--batch-size", type=int, default=128, help="global batch (all ranks together)")
-    parser.add_argument("--procs", type=int, default=None, help="ranks (default: the preset's nodes)")
+    parser.add_argument("--batch-size", type=flags.COUNT, default=128, help="global batch (all ranks together)")
+    parser.add_argument("--procs", type=flags.COUNT, default=None, help="ranks (default: the preset's nodes)")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    parser.add_argument("--bucket-mb", type=float, default=4.0, help="gradient bucket size, MiB")
+    parser.add_argument("--bucket-mb", type=flags.BUCKET_MIB, default=4.0, help="gradient bucket size, MiB")
+    parser.add_argument("--prefetch", type=flags.integer(0, 1024), default=2, metavar="N",
+                        help="batches read ahead on a background thread, as train's --prefetch (0: read in the step)")
     parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
     parser.add_argument("--rank-calibrations", nargs="+", default=None, metavar="FILE",
                         help="a heterogeneous job: one calibration per rank (e.g. cpu.json gpu.json); predicts the "
                              "balanced shares and each rank's step")
     add_machine_arguments(parser)
     placement = parser.add_argument_group("placement and state, with --calibration (default: as calibrated)")
-    placement.add_argument("--ranks-per-node", type=int, default=None,
+    placement.add_argument("--ranks-per-node", type=flags.COUNT, default=None,
                            help="ranks on each node (default: every rank on one node)")
-    placement.add_argument("--cores-per-node", type=int, default=None,
+    placement.add_argument("--cores-per-node", type=flags.COUNT, default=None,
                            help="cores of a node (default: the calibration's)")
-    placement.add_argument("--threads", type=int, default=None,
+    placement.add_argument("--blas-threads", "--threads", type=flags.COUNT, default=None, dest="blas_threads",
                            help="BLAS threads per rank (default: a node's cores divided by its ranks, as training "
                                 "does)")
     placement.add_argument("--probe", action="store_true",
@@ -66,10 +70,7 @@ def placed(machine: CalibratedMachine, args: argparse.Namespace, procs: int) -> 
     calibrated = machine.calibration.placement
     per_node = args.ranks_per_node or procs
     cores = args.cores_per_node or calibrated.cores_per_node
-    threads = args.threads or max(1, cores // per_node)
-    for flag, value in (("--ranks-per-node", per_node), ("--cores-per-node", cores), ("--threads", threads)):
-        if value < 1:
-            raise UserError(f"{flag} must be at least 1, got {value}")
+    threads = args.blas_threads or max(1, cores // per_node)
     if per_node > procs:
         raise UserError(f"--ranks-per-node {per_node} is more than the job's {procs} ranks: lower it or raise --procs")
     now = None
@@ -84,13 +85,15 @@ def placed(machine: CalibratedMachine, args: argparse.Namespace, procs: int) -> 
 def prediction_json(prediction: StepPrediction, model: str, dataset: str, machine_name: str,
                     global_batch: int) -> dict:
     """One JSON object: the run and machine, the step (``step_seconds``: with overlap, as
-    training runs by default), the stages, the waits, every bucket and every kernel."""
+    training runs by default), the stages, the waits, what loading adds to the step (with
+    batches read ahead, less than the DATA stage), every bucket and every kernel."""
     return {"model": model, "dataset": dataset, "global_batch": global_batch, "procs": prediction.procs,
             "local_batch": prediction.batch, "machine": machine_name, "step_seconds": prediction.step_with_overlap,
             "step_seconds_with_overlap": prediction.step_with_overlap,
             "step_seconds_without_overlap": prediction.step_without_overlap,
             "stage_seconds": prediction.stage_seconds, "wait_seconds": prediction.wait_seconds,
             "synchronisations": prediction.synchronisations, "overhead_seconds": prediction.overhead_seconds,
+            "data_in_step_seconds": prediction.data_in_step_with_overlap,
             "buckets": [{"bytes": n, "seconds": s}
                         for n, s in zip(prediction.bucket_bytes, prediction.bucket_seconds, strict=True)],
             "kernels": [k.__dict__ for k in prediction.kernels]}
@@ -103,7 +106,8 @@ def prediction_text(prediction: StepPrediction, title: str, global_batch: int) -
     rule = table.split("\n")[1]  # the rule under the header closes the table too
     lines = [title, table, rule]
     lines.append("stages: " + ", ".join(f"{s} {prediction.stage_seconds[s] * 1e3:.3f} ms" for s in STAGES)
-                 + f"; outside the kernels {prediction.overhead_seconds * 1e3:.3f} ms")
+                 + f"; outside the kernels {prediction.overhead_seconds * 1e3:.3f} ms; loading in the step "
+                 f"{prediction.data_in_step_with_overlap * 1e3:.3f} ms")
     lines.append(f"{len(prediction.bucket_bytes)} gradient buckets, {sum(prediction.bucket_bytes) / 2**20:.1f} MiB, "
                  f"Allreduce {sum(prediction.bucket_seconds) * 1e3:.3f} ms")
     if prediction.synchronisations:
@@ -153,7 +157,7 @@ def heterogeneous_text(result: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     if args.rank_calibrations:
         try:
             result = heterogeneous_prediction(args)
@@ -165,18 +169,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         machine, machine_name, nodes = machine_from_arguments(args, 8 if args.dtype == "float64" else 4)
         procs = args.procs or nodes
-        if procs < 1 or args.batch_size < procs:
+        if args.batch_size < procs:
             raise UserError(f"--batch-size {args.batch_size} must be at least --procs {procs} (one sample per rank)")
         if isinstance(machine, CalibratedMachine):
             machine = placed(machine, args, procs)
             machine_name += f"; {machine.placement.describe()}" + (f"; drift {machine.drift.describe()}"
                                                                    if args.probe else "")
-        elif args.probe or args.ranks_per_node or args.cores_per_node or args.threads:
-            raise UserError("--probe, --ranks-per-node, --cores-per-node and --threads need --calibration FILE")
+        elif args.probe or args.ranks_per_node or args.cores_per_node or args.blas_threads:
+            raise UserError("--probe, --ranks-per-node, --cores-per-node and --blas-threads need --calibration FILE")
         network, optimizer = build_workload(args.model, args.dataset, args.dtype, args.optimizer)
         local_batch = max(partition(args.batch_size, [1.0] * procs))
         prediction = predict_step(network, optimizer, local_batch, procs, machine, args.bucket_mb,
-                                  dataset=args.dataset)
+                                  dataset=args.dataset, prefetch=args.prefetch > 0)
     except UserError as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ from pydtnn_lite.errors import UserError
 ABORT_GRACE_SECONDS = 0.3
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
 MMAP_THRESHOLD_BYTES = 1 << 30
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")  # the first set wins
 TRIM_THRESHOLD_BYTES = (1 << 31) - 1
 
 
@@ -44,9 +45,39 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def environment_blas_threads() -> tuple[int, str] | None:
+    """The BLAS threads the environment asks for, and the variable that says so (None when unset).
+
+    UserError for a value that is not a positive integer. OMP_NUM_THREADS may list one count
+    per nesting level; its first is the BLAS's.
+    """
+    for variable in BLAS_THREAD_VARIABLES:
+        text = os.environ.get(variable, "").strip()
+        if not text:
+            continue
+        first = text.split(",")[0].strip()
+        if not first.isdigit() or int(first) < 1:
+            raise UserError(f"{variable}={text} is not a positive number of threads: set it to 1 or more, "
+                            "or unset it")
+        return int(first), variable
+    return None
+
+
 def default_blas_threads(comm: Communicator) -> int:
-    """Cores of the node divided among this job's ranks on it (at least one each)."""
+    """BLAS threads of a rank without --blas-threads: what OPENBLAS_NUM_THREADS or OMP_NUM_THREADS
+    says when set, else the node's cores divided among this job's ranks on it (at least one each)."""
+    from_environment = environment_blas_threads()
+    if from_environment is not None:
+        return from_environment[0]
     return max(1, usable_cores() // comm.local_size)
+
+
+def blas_threads_origin(flag_value: int | None) -> str:
+    """Where a rank's BLAS thread count came from, for the start line."""
+    if flag_value is not None:
+        return "--blas-threads"
+    from_environment = environment_blas_threads()
+    return from_environment[1] if from_environment is not None else "the node's cores over its ranks"
 
 
 @overload

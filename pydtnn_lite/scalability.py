@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from pydtnn_lite.cli import command_parser, parse_command_line
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.clusters import PRESETS
 from pydtnn_lite.perfmodel.modelling.scalability import BASELINE_BATCH, SWEEPS, Point, study
@@ -24,7 +25,7 @@ PROGRAM = "pydtnn_lite.scalability"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[0])
+    parser = command_parser("pydtnn-scalability", __doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["vgg16", "resnet50", "densenet121"])
     parser.add_argument("--datasets", nargs="+", default=["cifar10", "imagenet"])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="ampere", help="baseline cluster")
@@ -63,7 +64,7 @@ def plot(points: list[Point], dataset: str, path: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     try:
         points = study(args.models, args.datasets, PRESETS[args.preset])
         os.makedirs(args.out, exist_ok=True)

@@ -9,30 +9,28 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from pydtnn_lite import flags
+from pydtnn_lite.cli import command_parser, parse_command_line
 from pydtnn_lite.tracing import load_trace, report
 
 PROGRAM = "pydtnn_lite.trace"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[0])
+    parser = command_parser("pydtnn-trace", __doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     summarize = commands.add_parser("summarize", help="print the per-stage, per-layer, kernel and rank tables")
     summarize.add_argument("directory", help="a directory written by python -m pydtnn_lite.train --trace DIR")
-    summarize.add_argument("--top", type=int, default=12, help="how many kernels to list (default 12)")
+    summarize.add_argument("--top", type=flags.COUNT, default=12, help="how many kernels to list (default 12)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     try:
         kernels, steps, meta = load_trace(args.directory)
     except (OSError, ValueError) as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
-        return 2
-    if not steps:
-        print(f"{PROGRAM}: error: {args.directory} holds no traced training step: lower --trace-skip "
-              "or train more steps", file=sys.stderr)
         return 2
     print(report(kernels, steps, meta, top=args.top))
     return 0

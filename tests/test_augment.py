@@ -112,7 +112,7 @@ def test_two_ranks_train_what_one_rank_trains(tmp_path):
 
 
 @pytest.mark.parametrize("flags,message", [
-    (("--random-crop", "-1"), "--random-crop must be at least 0, got -1"),
+    (("--random-crop", "-1"), "argument --random-crop: must be an integer from 0 to 1024, got '-1'"),
     (("--random-crop", "9", "--random-flip"), "use at most 8"),
 ])
 def test_bad_padding_gives_one_line_error(tmp_path, flags, message):

@@ -119,3 +119,13 @@ def test_allreduce_benchmark_prints_both_models_on_two_ranks():
     for line in ("interpolate, the file's samples: in:", "interpolate, this run's samples: out:",
                  "fit, the file's samples: in:", "fit, this run's samples: out:"):
         assert result.stdout.count(line) == 1, result.stdout  # rank 0 alone prints
+
+
+def test_the_prefetch_benchmark_reads_a_cifar10_binary_set_both_ways():
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "prefetch.py"), "--model", "lenet",
+                             "--batch-size", "16", "--steps", "3", "--rounds", "1", "--records-per-file", "64",
+                             "--threads", "1"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "320 CIFAR-10 binary records" in result.stdout
+    for label in ("in the step (--prefetch 0): step", "read ahead (--prefetch 2): step"):
+        assert result.stdout.count(label) == 1, result.stdout

@@ -29,7 +29,11 @@ def load(path):
     (("--dataset", "cifar10"), "pass --data-dir"),
     (("--dataset", "cifar10", "--data-dir", "/nonexistent"), "/nonexistent"),
     (("--batch-size", "1"), "smaller than the 2 ranks"),
-    (("--batch-size", "0"), "smaller than the 2 ranks"),
+    (("--batch-size", "0"), "argument --batch-size: must be an integer at least 1, got '0'"),
+    (("--lr", "nan"), "argument --lr: must be a finite number above 0"),
+    (("--partition", "nan,1"), "argument --partition: must be"),
+    (("--collective-timeout", "-5"), "argument --collective-timeout: must be a finite number from 0"),
+    (("--batch-size", "5000"), "the global batch of 5000 is more than the 1437 training samples of digits"),
     (("--model", "vgg11", "--dataset", "digits"), "does not fit digits"),
     (("--resume",), "--resume without a path needs --checkpoint-dir"),
     (("--validate", "calibration.json"), "add --trace DIR"),
@@ -50,7 +54,7 @@ def test_nan_loss_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path):
                        "--run-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     before = load(ckpt / "checkpoint.npz")
-    result = train_cli(2, *QUICK, "--steps-per-epoch", "3", "--epochs", "4", "--lr", "1e30",
+    result = train_cli(2, *QUICK, "--steps-per-epoch", "3", "--epochs", "4", "--lr", "1e4", "--resume-override", "lr",
                        "--checkpoint-dir", str(ckpt), "--resume", "--run-dir", str(tmp_path))
     assert result.returncode == 3
     assert "the loss became" in result.stdout and "lower --lr" in result.stdout

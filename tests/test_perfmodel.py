@@ -141,18 +141,22 @@ def test_roofline_bounds():
 class ConstantMachine:
     """Every kernel ``kernel`` seconds, every Allreduce ``reduce`` seconds, a wait of
     ``wait`` times the work since the last synchronisation, ``outside`` seconds outside
-    the kernels per kernel call and ``load`` seconds per sample loaded (hand-checkable steps)."""
+    the kernels per kernel call, ``load`` seconds per sample loaded and ``background`` the
+    share of reading ahead that the step waits for (hand-checkable steps)."""
 
     def __init__(self, kernel: float, reduce: float, overlaps_communication: bool = True, wait: float = 0.0,
-                 outside: float = 0.0, load: float = 0.0) -> None:
+                 outside: float = 0.0, load: float = 0.0, background: float = 1.0) -> None:
         self.kernel, self.reduce, self.overlaps_communication = kernel, reduce, overlaps_communication
-        self.wait, self.outside, self.load = wait, outside, load
+        self.wait, self.outside, self.load, self.background = wait, outside, load, background
 
     def overhead_seconds(self, calls: int) -> float:
         return self.outside * calls
 
     def data_load_seconds(self, dataset: str, samples: int) -> float:
         return self.load * samples
+
+    def background_seconds(self, seconds: float) -> float:
+        return self.background * seconds
 
     def sync_wait_seconds(self, segment: float, procs: int) -> float:
         return self.wait * segment if procs > 1 else 0.0
@@ -197,6 +201,25 @@ def test_the_step_adds_the_batch_s_loading_and_the_time_outside_the_kernels():
     assert full.overhead_seconds == pytest.approx(1e-5 * calls)
     assert full.stage_seconds["DATA"] == pytest.approx(16 * 2e-4 + 1e-3)  # loading, then the copy to the device
     assert full.step_with_overlap == pytest.approx(bare.step_with_overlap + 1e-5 * calls + 16 * 2e-4 + 1e-3)
+
+
+def test_a_batch_read_ahead_costs_the_step_only_what_it_takes_from_its_cores_or_the_wait_for_it():
+    network, optimizer = build_workload("lenet", "synthetic")
+    bare = predict_step(network, optimizer, 16, 1, ConstantMachine(1e-3, 0.0))
+    load, copy = 16 * 2e-4, 1e-3
+
+    def ahead(background: float, per_sample: float = 2e-4) -> StepPrediction:
+        machine = ConstantMachine(1e-3, 0.0, load=per_sample, background=background)
+        return predict_step(network, optimizer, 16, 1, machine, dataset="synthetic", prefetch=True)
+
+    spare_core, busy_cores = ahead(0.0), ahead(0.5)
+    assert spare_core.stage_seconds["DATA"] == pytest.approx(load + copy)  # the reading itself, as without prefetch
+    assert spare_core.step_with_overlap == pytest.approx(bare.step_with_overlap + copy)  # hidden: only the copy
+    assert busy_cores.step_with_overlap == pytest.approx(bare.step_with_overlap + copy + 0.5 * load)
+    assert busy_cores.data_in_step(True) == pytest.approx(copy + 0.5 * load)
+    # Reading slower than the step's own work: the step lasts as long as the reading.
+    slow = ahead(0.0, per_sample=1.0)
+    assert slow.step_with_overlap == pytest.approx(16.0) and slow.step_without_overlap == pytest.approx(16.0)
 
 
 def test_every_synchronisation_waits_for_the_slowest_rank_after_the_work_since_the_last():
@@ -275,7 +298,7 @@ def test_predicting_loads_no_trainer_tracer_or_mpi():
 @pytest.mark.parametrize("flags,message", [
     (("--batch-size", "4", "--procs", "8"), "at least --procs 8"),
     (("--model", "vgg99"), "unknown model 'vgg99'"),
-    (("--peak-flops", "-1"), "--peak-flops must be positive"),
+    (("--peak-flops", "-1"), "argument --peak-flops: must be a finite number above 0"),
 ])
 def test_predict_cli_bad_input(flags, message):
     result = run("pydtnn_lite.predict", *flags)
@@ -384,7 +407,7 @@ def test_validate_prints_its_figures_as_one_json_object(traced_run, tmp_path):
     drift = document["drift_factor"]
     assert isinstance(drift, float) and drift > 0
     assert document["raw_step_error"] == pytest.approx((predicted / drift - measured) / measured)
-    assert set(document["drift"]) == {"compute", "memory", "communication"}
+    assert set(document["drift"]) == {"compute", "memory", "communication", "noise", "measured"}
     assert set(document["wre"]) == {"FP", "BP", "WU"} and all(isinstance(v, float) for v in document["wre"].values())
     for key in ("measured_stage_seconds", "predicted_stage_seconds", "stage_errors"):
         assert set(document[key]) == {"DATA", "FP", "BP", "WU", "COMM"}

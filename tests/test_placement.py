@@ -40,3 +40,14 @@ def test_an_impossible_placement_is_refused():
         Placement(2, 4, 2, 1)
     with pytest.raises(ValueError):
         Placement(2, 2, 0, 1)
+
+
+@pytest.mark.parametrize("placement, share", [
+    (Placement(2, 2, 2, 1), 1.0),  # every core runs a rank: the readers take their time from the ranks
+    (Placement(1, 1, 2, 1), 0.0),  # a spare core reads ahead for free
+    (Placement(2, 2, 3, 1), 0.5),  # one spare core for two readers
+    (Placement(8, 8, 2, 1), 1.0),  # oversubscribed: no idle core at all
+    (Placement(1, 1, 4, 2), 0.0),
+])
+def test_reading_ahead_costs_the_step_the_share_of_readers_without_an_idle_core(placement, share):
+    assert placement.background_share == pytest.approx(share)

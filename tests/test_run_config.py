@@ -40,8 +40,7 @@ def test_balance_auto_follows_the_job_s_devices_unless_shares_are_fixed():
 @pytest.mark.parametrize("flags, message", [
     (("--batch-size", "1"), "smaller than the 2 ranks"),
     (("--partition", "1,2,3"), "--partition needs 2"),
-    (("--inject-stall", "x"), "--inject-stall takes RANK:STEP"),
-    (("--trace-steps", "0"), "--trace-steps must be at least 1"),
+    (("--inject-stall", "2:3"), "--inject-stall names rank 2, but the job has ranks 0 to 1"),
     (("--device", "tpu"), "--device takes cpu, gpu or auto"),
     (("--validate", "c.json"), "add --trace DIR"),
 ])

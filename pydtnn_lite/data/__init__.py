@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pydtnn_lite.data.augment import Augmentation
-from pydtnn_lite.data.base import DataError, Dataset
+from pydtnn_lite.data.base import DataError, Dataset, check_test_matches_train
 from pydtnn_lite.data.cifar import Cifar10Dataset
 from pydtnn_lite.data.digits import DigitsDataset
 from pydtnn_lite.data.mnist import MnistDataset
@@ -60,6 +60,7 @@ def open_dataset(name: str, split: str = "train", data_dir: str | None = None, s
     return FROM_FILES[name](data_dir, split)
 
 
-__all__ = ["Augmentation", "DataError", "Dataset", "EpochSampler", "partition", "local_rows", "open_dataset",
+__all__ = ["Augmentation", "DataError", "Dataset", "check_test_matches_train",
+           "EpochSampler", "partition", "local_rows", "open_dataset",
            "dataset_names", "SlowedDataset", "SyntheticDataset", "DigitsDataset", "Cifar10Dataset", "MnistDataset",
            "NpzShardDataset"]

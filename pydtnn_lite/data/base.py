@@ -45,3 +45,18 @@ class Dataset:
     def check_indices(self, indices: np.ndarray) -> None:
         if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
             raise IndexError(f"{self.name}: index out of range 0..{len(self) - 1}")
+
+
+def check_test_matches_train(train: Dataset, test: Dataset) -> None:
+    """Refuse a test split whose images have another shape than the training split's, or whose
+    labels reach beyond the training split's classes: found when the data sets are opened, not
+    after an epoch of training."""
+    if tuple(test.input_shape) != tuple(train.input_shape):
+        raise DataError(f"{train.name}: the test split's images are {tuple(test.input_shape)} but the training "
+                        f"split's are {tuple(train.input_shape)}: give both splits images of one size")
+    labels = getattr(test, "labels", None)
+    highest = int(np.max(labels)) if labels is not None and len(labels) else test.num_classes - 1
+    if highest >= train.num_classes:
+        raise DataError(f"{train.name}: the test split has label {highest} but the training split has "
+                        f"{train.num_classes} classes (labels 0 to {train.num_classes - 1}): give both splits the "
+                        "same classes (e.g. a 'classes' entry in every shard)")

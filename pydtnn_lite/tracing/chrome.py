@@ -1,17 +1,18 @@
 """Chrome trace (Perfetto, chrome://tracing) JSON of a traced job.
 
-One process per rank; in each, a timeline of compute kernels, one of communication
-calls and one of whole steps. Complete events ("ph": "X") carry times in microseconds
-and the record's layer, shapes, FLOPs and bytes in ``args``.
+One process per rank; in each, timelines of compute kernels, of communication calls,
+of whole steps and of the batches the prefetching thread read (data). Complete events
+("ph": "X") carry times in microseconds and the record's layer, shapes, FLOPs and bytes
+in ``args``.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
 
-from pydtnn_lite.tracing.records import COMMUNICATION, COMPUTE, KernelRecord, StepRecord
+from pydtnn_lite.tracing.records import COMMUNICATION, COMPUTE, DATA_THREAD, KernelRecord, StepRecord
 
-THREADS = {COMPUTE: 0, COMMUNICATION: 1, "steps": 2}
+THREADS = {COMPUTE: 0, COMMUNICATION: 1, "steps": 2, DATA_THREAD: 3}
 MICROSECONDS = 1e6
 
 

@@ -12,6 +12,7 @@ A trace directory has, for all ranks together:
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from collections.abc import Callable, Iterable
@@ -20,7 +21,8 @@ from typing import Any, TypeVar
 
 EVENTS_FILE, STEPS_FILE, META_FILE = "events.csv", "steps.csv", "meta.json"
 TRAIN, EVAL = "train", "eval"
-COMPUTE, COMMUNICATION = "compute", "communication"  # the two timelines of a rank
+COMPUTE, COMMUNICATION = "compute", "communication"  # the timelines of a rank's step
+DATA_THREAD = "data"  # the timeline of batches read ahead by the prefetching thread, outside the steps
 
 
 @dataclass
@@ -72,17 +74,43 @@ def write_records(path: str, records: Iterable[Any], kind: type[Record]) -> None
         writer.writerows(astuple(record) for record in records)
 
 
+def read_text(path: str) -> str:
+    """The text of ``path``; ValueError naming the file and line of bytes that are not UTF-8."""
+    with open(path, "rb") as handle:
+        raw = handle.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[:error.start].count(b"\n") + 1
+        raise ValueError(f"{path} line {line}: not UTF-8 text ({error.reason}); the file is damaged: "
+                         "trace the run again") from None
+
+
 def read_records(path: str, kind: type[Record]) -> list[Record]:
-    """Read a CSV written by :func:`write_records` back into ``kind`` objects."""
+    """Read a CSV written by :func:`write_records` back into ``kind`` objects; ValueError naming the
+    file and line of a damaged row (a cut-off write, NUL bytes, a missing or extra field)."""
     convert: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
     # The field types are strings under postponed annotations, classes without them.
     converters = [convert[f.type if isinstance(f.type, str) else f.type.__name__] for f in fields(kind)]
-    with open(path, newline="", encoding="utf-8") as handle:
-        rows = list(csv.reader(handle))
+    reader = csv.reader(io.StringIO(read_text(path), newline=""))
     expected = [f.name for f in fields(kind)]
-    if not rows or rows[0] != expected:
-        raise ValueError(f"{path} is not a {kind.__name__} file (header {rows[0] if rows else 'missing'})")
-    return [kind(*(to(value) for to, value in zip(converters, row, strict=True))) for row in rows[1:]]
+    records = []
+    try:
+        header = next(reader, None)
+        if header != expected:
+            raise ValueError(f"{path} line 1: not a {kind.__name__} file (header {header or 'missing'})")
+        for row in reader:
+            if len(row) != len(expected):
+                raise ValueError(f"{path} line {reader.line_num}: {len(row)} fields instead of {len(expected)}; "
+                                 "the file is damaged (cut off?): trace the run again")
+            records.append(kind(*(to(value) for to, value in zip(converters, row, strict=True))))
+    except csv.Error as error:
+        raise ValueError(f"{path} line {reader.line_num}: {error}; the file is damaged: trace the run again") from None
+    except ValueError as error:
+        if str(error).startswith(path):
+            raise
+        raise ValueError(f"{path} line {reader.line_num}: {error}; the file is damaged: trace the run again") from None
+    return records
 
 
 def write_meta(directory: str, meta: dict) -> None:
@@ -90,17 +118,43 @@ def write_meta(directory: str, meta: dict) -> None:
         json.dump(meta, handle, indent=2)
 
 
+META_KEYS = ("model", "dataset", "global_batch", "ranks")  # what every reader of meta.json relies on
+
+
 def read_meta(directory: str) -> dict:
-    with open(os.path.join(directory, META_FILE), encoding="utf-8") as handle:
-        return json.load(handle)
+    """The run description of a trace; ValueError naming the file (and line) when it is damaged."""
+    path = os.path.join(directory, META_FILE)
+    try:
+        meta = json.loads(read_text(path))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} line {error.lineno}: not JSON ({error.msg}); the file is damaged: "
+                         "trace the run again") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: not a JSON object; the file is damaged: trace the run again")
+    missing = [key for key in META_KEYS if key not in meta]
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}: it was not written by --trace; trace the run again")
+    return meta
 
 
 def load_trace(directory: str) -> tuple[list[KernelRecord], list[StepRecord], dict]:
-    """The kernel records, step records and run description of a trace directory."""
+    """The kernel records, step records and run description of a trace directory.
+
+    ValueError naming the file (and line) when one is damaged, or when the trace holds no
+    traced training step or no kernel of one.
+    """
     missing = [name for name in (EVENTS_FILE, STEPS_FILE, META_FILE)
                if not os.path.isfile(os.path.join(directory, name))]
     if missing:
         raise FileNotFoundError(f"{directory} is not a trace directory (no {', '.join(missing)}): "
                                 "write one with python -m pydtnn_lite.train --trace DIR")
-    return (read_records(os.path.join(directory, EVENTS_FILE), KernelRecord),
-            read_records(os.path.join(directory, STEPS_FILE), StepRecord), read_meta(directory))
+    meta = read_meta(directory)
+    steps = read_records(os.path.join(directory, STEPS_FILE), StepRecord)
+    kernels = read_records(os.path.join(directory, EVENTS_FILE), KernelRecord)
+    if not steps:
+        raise ValueError(f"{os.path.join(directory, STEPS_FILE)} holds no traced training step: lower "
+                         "--trace-skip or train more steps")
+    if not any(record.phase == TRAIN for record in kernels):
+        raise ValueError(f"{os.path.join(directory, EVENTS_FILE)} holds no kernel of a training step: the file is "
+                         "damaged (cut off?): trace the run again")
+    return kernels, steps, meta

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from pydtnn_lite.textable import format_table
-from pydtnn_lite.tracing.records import COMMUNICATION, TRAIN, KernelRecord, StepRecord
+from pydtnn_lite.tracing.records import COMMUNICATION, DATA_THREAD, TRAIN, KernelRecord, StepRecord
 
 SUMMARY_FILE = "summary.csv"
 STAGES = ("DATA", "FP", "BP", "WU", "COMM")
@@ -69,7 +69,7 @@ def rank_rows(records: Sequence[KernelRecord], steps: Sequence[StepRecord]) -> l
     busy: defaultdict[int, float] = defaultdict(float)
     waiting: defaultdict[int, float] = defaultdict(float)
     for record in records:
-        if record.phase == TRAIN:
+        if record.phase == TRAIN and record.thread != DATA_THREAD:
             (waiting if record.thread == COMMUNICATION else busy)[record.rank] += record.duration
     rows = [{"rank": rank, "steps": count[rank], "step_s": wall[rank] / count[rank],
              "compute_s": busy[rank] / count[rank], "communication_s": waiting[rank] / count[rank]}
@@ -97,12 +97,17 @@ def report(records: Sequence[KernelRecord], steps: Sequence[StepRecord], meta: d
              f"{meta.get('ranks', '?')} rank(s), device {meta.get('device', '?')}; "
              f"{len({s.step for s in steps})} traced step(s), mean step {_milliseconds(mean_step)} ms", ""]
 
+    read_ahead = [r for r in train if r.thread == DATA_THREAD]
+    train = [r for r in train if r.thread != DATA_THREAD]
     stage_rows = {row["stage"]: row for row in grouped(train, lambda r: (r.stage,), ("stage",))}
     lines += ["Per stage (ms per step, mean over ranks)", format_table(
         ("stage", "ms/step", "% of step", "GFLOP/s", "GB/s"),
         [(stage, _milliseconds(row["total_s"] / rank_steps), f"{100 * row['total_s'] / rank_steps / mean_step:.1f}",
           _rate(row["gflops_per_s"]), _rate(row["gbytes_per_s"]))
          for stage in STAGES if (row := stage_rows.get(stage))]), ""]
+    if read_ahead:
+        lines += [f"Batches read ahead on the data thread (outside the step): "
+                  f"{_milliseconds(sum(r.duration for r in read_ahead) / rank_steps)} ms per step", ""]
 
     by_layer: dict[tuple, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     flops: dict[tuple, float] = defaultdict(float)

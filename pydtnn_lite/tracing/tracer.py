@@ -40,6 +40,7 @@ from pydtnn_lite.tracing.communicator import TracedCommunicator, host_bytes
 from pydtnn_lite.tracing.records import (
     COMMUNICATION,
     COMPUTE,
+    DATA_THREAD,
     EVAL,
     EVENTS_FILE,
     STEPS_FILE,
@@ -179,6 +180,13 @@ class Tracer(TrainingObserver):
             self._batch = len(args[0])  # the batch the coming kernels run on, for their costs
             return self._timed(function, kernel, COMPUTE, self.device_clock, Stage.DATA, host_bytes(args[0]))(*args)
         return self._timed(function, kernel, COMPUTE, self.host_clock, Stage.DATA)(*args)
+
+    def done_elsewhere(self, kernel: str, started: float, finished: float) -> None:
+        """A batch read ahead on the prefetching thread: a record on the rank's data timeline."""
+        if self._recording:
+            self.kernels.append(KernelRecord(self.comm.rank, self._phase, self._step, Stage.DATA, NO_LAYER, "", "",
+                                             kernel, DATA_THREAD, started - self.origin, finished - started, "",
+                                             0.0, math.nan))
 
     # ------------------------------------------------------------ steps
     def step_started(self, phase: str, step: int, samples: int) -> None:

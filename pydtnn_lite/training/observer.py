@@ -2,7 +2,8 @@
 
 A :class:`~pydtnn_lite.training.Trainer` calls its ``observer`` at the start and end of
 every training step and evaluation, and routes its two pieces of host work, reading the
-batch and copying it to the device, through :meth:`TrainingObserver.run`. The base class
+batch and copying it to the device, through :meth:`TrainingObserver.run`; a batch read
+ahead on the prefetching thread is reported afterwards, by :meth:`TrainingObserver.done_elsewhere`. The base class
 observes nothing and adds one method call, so an untraced trainer pays nothing to speak
 of. Compute kernels and collectives are observed elsewhere, from outside the code that
 calls them (``kernels.instrument`` and a wrapping communicator).
@@ -37,6 +38,10 @@ class TrainingObserver:
     def run(self, kernel: str, function: Callable[..., T], *args: Any) -> T:
         """Run ``function(*args)``, the host work named ``kernel`` (DATA_LOAD or H2D_COPY)."""
         return function(*args)
+
+    def done_elsewhere(self, kernel: str, started: float, finished: float) -> None:
+        """Host work ``kernel`` (DATA_LOAD) for the current step ran on another thread, from
+        ``started`` to ``finished`` (time.perf_counter seconds)."""
 
 
 NO_OBSERVER = TrainingObserver()

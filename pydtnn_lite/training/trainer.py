@@ -6,19 +6,23 @@ gradient of the full-batch mean loss, and every rank applies the identical updat
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from pydtnn_lite.comm import Communicator, GradientSynchronizer, SerialCommunicator, make_gradient_synchronizer
 from pydtnn_lite.data import Augmentation, Dataset, EpochSampler, local_rows
-from pydtnn_lite.errors import TrainingError
+from pydtnn_lite.data.prefetch import Prefetcher
 from pydtnn_lite.layers import SoftmaxCrossEntropy, StepContext
 from pydtnn_lite.network import Network
-from pydtnn_lite.optim import SGD, LearningRateSchedule, Optimizer
+from pydtnn_lite.optim import SGD, LearningRateSchedule, Optimizer, clip_by_global_norm
 from pydtnn_lite.training.balance import LoadBalancer
+from pydtnn_lite.training.divergence import DivergenceGuard
 from pydtnn_lite.training.observer import DATA_LOAD, EVAL, H2D_COPY, NO_OBSERVER, TRAIN, TrainingObserver
 
 
@@ -37,13 +41,27 @@ class Batch:
     """This rank's rows of one global batch, on the backend's device.
 
     ``global_size`` is the whole global batch (all ranks) and ``offset`` the position of
-    this rank's first row in it: layers that draw per sample (dropout) need both.
+    this rank's first row in it: layers that draw per sample (dropout) need both. A batch
+    of a step that accumulates gradients holds the rank's rows of each micro-batch in
+    turn: ``parts`` gives each one's (rows of this rank, position of its first row in the
+    global batch); None is one part of all the rows at ``offset``.
     """
 
     images: Any
     labels: Any
     global_size: int
     offset: int
+    parts: tuple[tuple[int, int], ...] | None = None
+
+    def micro_batches(self) -> list[tuple[Any, Any, int]]:
+        """(images, labels, offset in the global batch) of each micro-batch."""
+        if self.parts is None:
+            return [(self.images, self.labels, self.offset)]
+        pieces, first = [], 0
+        for rows, offset in self.parts:
+            pieces.append((self.images[first:first + rows], self.labels[first:first + rows], offset))
+            first += rows
+        return pieces
 
     @property
     def samples(self) -> int:
@@ -57,7 +75,12 @@ class TrainerSettings:
 
     ``global_batch`` samples per step, all ranks together; ``share_weights`` set how it is
     split over ranks (equal by default); ``steps_per_epoch`` cuts epochs short (default:
-    the whole data set); ``augmentation`` applies to training batches only.
+    the whole data set); ``augmentation`` applies to training batches only; ``prefetch``
+    training batches are read ahead on a background thread (0: each inside its step);
+    ``accumulate`` micro-batches of ``global_batch`` samples make one step, whose
+    gradients are summed before one Allreduce and one update, as a batch ``accumulate``
+    times larger would (batch-norm statistics excepted: they are the micro-batch's);
+    ``clip_grad_norm`` scales the summed gradient down to that global L2 norm when larger.
     """
 
     global_batch: int
@@ -65,6 +88,9 @@ class TrainerSettings:
     steps_per_epoch: int | None = None
     share_weights: tuple[float, ...] | None = None
     augmentation: Augmentation = field(default_factory=Augmentation)
+    prefetch: int = 0
+    accumulate: int = 1
+    clip_grad_norm: float | None = None
 
 
 StepCallback = Callable[[int, StepResult], None]  # called with (global step, its result) after each step
@@ -86,15 +112,20 @@ class Trainer:
         self.network, self.optimizer, self.schedule = network, optimizer, schedule
         self.synchronizer, self.data, self.settings = synchronizer, data, settings
         self.loss = SoftmaxCrossEntropy()
-        self.sampler = EpochSampler(len(data), settings.global_batch, seed=settings.seed)
+        self.sampler = EpochSampler(len(data), settings.global_batch * settings.accumulate, seed=settings.seed)
         self.steps_per_epoch = min(settings.steps_per_epoch or self.sampler.steps_per_epoch,
                                    self.sampler.steps_per_epoch)
         self.share_weights = list(settings.share_weights or [1.0] * self.comm.size)
         self.global_step = 0
         self.balancer = balancer
         self.rebalanced_at: int | None = None  # the global step after which the shares last changed
+        self.gradient_norm = math.nan  # the last step's before clipping (with clip_grad_norm)
         self.backend = network.backend
         self.observer: TrainingObserver = NO_OBSERVER
+        self.divergence = DivergenceGuard(data.num_classes)
+        # Loss and correct predictions summed over the samples of the current epoch so far, and those samples:
+        # a checkpoint keeps them, so a resumed epoch reports the mean over all of its steps.
+        self.epoch_sums = [0.0, 0.0, 0.0]
 
     @property
     def comm(self) -> Communicator:
@@ -121,7 +152,7 @@ class Trainer:
         """Forward, backward, gradient Allreduce and update on this rank's ``batch``.
 
         Returns the global loss and accuracy; raises TrainingError, before updating any
-        weight, if the loss is not finite.
+        weight, if training diverged (see :class:`DivergenceGuard`).
         """
         self.observer.step_started(TRAIN, self.global_step, batch.samples)
         try:
@@ -131,20 +162,36 @@ class Trainer:
 
     def _train_step(self, batch: Batch) -> StepResult:
         started = time.perf_counter()
-        ctx = StepContext(training=True, global_batch=batch.global_size, sample_offset=batch.offset,
-                          step=self.global_step, seed=self.seed, sum_across_ranks=self._sum_across_ranks)
         scope, loss_index = self.network.scope, self.network.loss_index
-        logits = self.network.forward(batch.images, ctx)
-        with scope(loss_index, "FP"):
-            loss_sum, correct = self.loss.forward(logits, batch.labels, ctx)
-        with scope(loss_index, "BP"):
-            grad_logits = self.loss.backward()
-        self.network.backward(grad_logits, on_layer_done=self.synchronizer.layer_done)
+        micro_batches = batch.micro_batches()
+        # One micro-batch overlaps its Allreduce with backward; several sum their gradients
+        # first (backward overwrites them), then reduce them all at once.
+        on_layer_done = self.synchronizer.layer_done if len(micro_batches) == 1 else None
+        loss_sum = correct = 0.0
+        summed: Any = None
+        for images, labels, offset in micro_batches:
+            ctx = StepContext(training=True, global_batch=batch.global_size, sample_offset=offset,
+                              step=self.global_step, seed=self.seed, sum_across_ranks=self._sum_across_ranks)
+            logits = self.network.forward(images, ctx)
+            with scope(loss_index, "FP"):
+                part_loss, part_correct = self.loss.forward(logits, labels, ctx)
+            with scope(loss_index, "BP"):
+                grad_logits = self.loss.backward()
+            self.network.backward(grad_logits, on_layer_done=on_layer_done)
+            loss_sum, correct = loss_sum + float(part_loss), correct + float(part_correct)
+            if on_layer_done is None and summed is None:
+                summed = self.network.flat_grads.copy()
+            elif on_layer_done is None:
+                summed += self.network.flat_grads
+        if summed is not None:
+            self.network.flat_grads[...] = summed
         self.synchronizer.finish()
-        total_loss, total_correct = self.comm.allreduce_host([float(loss_sum), float(correct)])
-        if not math.isfinite(total_loss):
-            raise TrainingError(f"the loss became {total_loss} at step {self.global_step}: lower --lr "
-                                "(or add --warmup-epochs), and check the input data for NaN or inf")
+        # Every rank holds the same reduced gradient; summing each rank's sum spreads a NaN or inf to all.
+        total_loss, total_correct, gradient_sum = self.comm.allreduce_host(
+            [loss_sum, correct, float(self.network.flat_grads.sum())])
+        self.divergence.check(self.global_step, total_loss / batch.global_size, gradient_sum)
+        if self.settings.clip_grad_norm is not None:
+            self.gradient_norm = clip_by_global_norm(self.network.flat_grads, self.settings.clip_grad_norm)
         self.optimizer.step(self.schedule(self.global_step, self.steps_per_epoch))
         self.global_step += 1
         return StepResult(total_loss / batch.global_size, total_correct / batch.global_size, batch.global_size,
@@ -155,16 +202,53 @@ class Trainer:
 
         Loading is part of the training step that follows: the observer's step starts here.
         """
-        indices = self.sampler.batch(epoch, step)
-        rows = self.local_rows(len(indices))
-        mine = indices[rows]
+        mine, shape = self.rows_of_step(epoch, step)
         self.observer.step_started(TRAIN, self.global_step, len(mine))
         images, labels = self.observer.run(DATA_LOAD, self.data.load, mine)
-        # On the host, before the copy to the device. Choices follow the samples' data-set
-        # indices, not this rank's rows, so any split of the batch trains the same images.
         images = self.augmentation.apply(images, mine, self.seed, epoch)
         images, labels = self.observer.run(H2D_COPY, self.to_device, images, labels)
-        return Batch(images, labels, len(indices), rows.start)
+        return Batch(images, labels, *shape)
+
+    def rows_of_step(self, epoch: int, step: int) -> tuple[np.ndarray, tuple[int, int, tuple | None]]:
+        """The data-set indices of this rank's rows of step ``step`` of ``epoch``, and the
+        global size, offset and micro-batch parts of its :class:`Batch`."""
+        indices = self.sampler.batch(epoch, step)
+        if self.settings.accumulate == 1:
+            rows = self.local_rows(len(indices))
+            return indices[rows], (len(indices), rows.start, None)
+        size = self.settings.global_batch
+        pieces, parts = [], []
+        for start in range(0, len(indices), size):
+            rows = self.local_rows(len(indices[start:start + size]))
+            pieces.append(indices[start + rows.start:start + rows.stop])
+            parts.append((rows.stop - rows.start, start + rows.start))
+        return np.concatenate(pieces), (len(indices), parts[0][1], tuple(parts))
+
+    def read_step(self, epoch: int, step: int) -> Batch:
+        """This rank's rows of step ``step`` of ``epoch``, read and augmented, on the host.
+
+        The prefetching thread calls this: it reads the shares and the data set, and
+        reports to no observer.
+        """
+        mine, shape = self.rows_of_step(epoch, step)
+        images, labels = self.data.load(mine)
+        # On the host, before the copy to the device. Choices follow the samples' data-set
+        # indices, not this rank's rows, so any split of the batch trains the same images.
+        return Batch(self.augmentation.apply(images, mine, self.seed, epoch), labels, *shape)
+
+    def prefetched_step(self, batches: Prefetcher[Batch]) -> Batch:
+        """The next batch read ahead by ``batches``, on the device; waiting for it is part of the step."""
+        self.observer.step_started(TRAIN, self.global_step, 0)
+        read = next(batches)
+        self.observer.done_elsewhere(DATA_LOAD, read.started, read.finished)
+        host = read.item
+        images, labels = self.observer.run(H2D_COPY, self.to_device, host.images, host.labels)
+        return Batch(images, labels, host.global_size, host.offset, host.parts)
+
+    def prefetcher(self, epoch: int, first_step: int) -> Prefetcher[Batch]:
+        """The batches of ``epoch`` from ``first_step`` on, read ``settings.prefetch`` steps ahead."""
+        return Prefetcher(functools.partial(self.read_step, epoch), range(first_step, self.steps_per_epoch),
+                          self.settings.prefetch)
 
     def to_device(self, images: Any, labels: Any) -> tuple[Any, Any]:
         """Copy a batch read on the host to the backend's device (queued; page-locked on a GPU)."""
@@ -173,23 +257,37 @@ class Trainer:
     # ----------------------------------------------------------------- epochs
     def train_epoch(self, epoch: int, callbacks: Sequence[StepCallback] = ()) -> StepResult:
         """Run the rest of ``epoch`` from the step ``global_step`` points at; call each of
-        ``callbacks`` after every step."""
-        loss = correct = samples = 0.0
+        ``callbacks`` after every step. Returns the loss and accuracy over the whole epoch (its
+        steps before a resume too, from :attr:`epoch_sums`) and the samples trained in this call."""
+        first = self.global_step % self.steps_per_epoch
+        if first == 0:
+            self.epoch_sums = [0.0, 0.0, 0.0]
+        sums, trained = self.epoch_sums, 0
         started = time.perf_counter()
-        for step in range(self.global_step % self.steps_per_epoch, self.steps_per_epoch):
-            step_started, blocked = time.perf_counter(), self.comm.blocked_seconds
-            batch = self.load_step(epoch, step)
-            result = self.train_step(batch)
-            if self.balancer is not None:
-                busy = time.perf_counter() - step_started - (self.comm.blocked_seconds - blocked)
-                self._balance(self.balancer, batch.samples, busy)
-            loss += result.loss * batch.global_size
-            correct += result.accuracy * batch.global_size
-            samples += batch.global_size
-            for callback in callbacks:
-                callback(self.global_step, result)
-        samples = max(samples, 1)
-        return StepResult(loss / samples, correct / samples, int(samples), time.perf_counter() - started)
+        batches = self.prefetcher(epoch, first) if self.settings.prefetch else None
+        try:
+            for step in range(first, self.steps_per_epoch):
+                step_started, blocked = time.perf_counter(), self.comm.blocked_seconds
+                batch = self.load_step(epoch, step) if batches is None else self.prefetched_step(batches)
+                result = self.train_step(batch)
+                if self.balancer is not None:
+                    busy = time.perf_counter() - step_started - (self.comm.blocked_seconds - blocked)
+                    self._balance(self.balancer, batch.samples, busy)
+                    if batches is not None and self.rebalanced_at == self.global_step:
+                        # Batches read ahead were split by the old shares: read them again.
+                        batches.close()
+                        batches = self.prefetcher(epoch, step + 1)
+                sums[0] += result.loss * batch.global_size
+                sums[1] += result.accuracy * batch.global_size
+                sums[2] += batch.global_size
+                trained += batch.global_size
+                for callback in callbacks:
+                    callback(self.global_step, result)
+        finally:
+            if batches is not None:
+                batches.close()
+        epoch_samples = max(sums[2], 1)
+        return StepResult(sums[0] / epoch_samples, sums[1] / epoch_samples, trained, time.perf_counter() - started)
 
     def _balance(self, balancer: LoadBalancer, samples: int, busy_seconds: float) -> None:
         """Share this rank's samples and busy time with all ranks; re-weight the shares when the balancer says so."""

@@ -28,8 +28,6 @@ from pydtnn_lite.comm.nodes import node_name
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, allreduce_samples
 from pydtnn_lite.perfmodel.measuring.data_loading import time_data_loading
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor, describe_machine, gemm_peak, memory_bandwidth
-from pydtnn_lite.perfmodel.measuring.machine_state import ALLREDUCE_BYTES as PROBE_ALLREDUCE_BYTES
-from pydtnn_lite.perfmodel.measuring.machine_state import allreduce_seconds as probe_allreduce
 from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
 from pydtnn_lite.perfmodel.measuring.network_timing import network_timings
 from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, calibration_grid
@@ -213,10 +211,10 @@ def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tup
     if calibration.machine_state is not None:
         # A later run's Allreduce drifts from the one timed now (over another network, perhaps),
         # its kernels from those of the probe taken with them.
-        seconds = float(np.mean([probe_allreduce(comm) for _ in range(2)]))
-        calibration.machine_state = dataclasses.replace(calibration.machine_state, allreduce_ranks=comm.size,
-                                                        allreduce_bytes=PROBE_ALLREDUCE_BYTES,
-                                                        allreduce_seconds=seconds)
+        probe = probe_machine_state(comm)
+        calibration.machine_state = dataclasses.replace(
+            calibration.machine_state, allreduce_ranks=probe.allreduce_ranks, allreduce_bytes=probe.allreduce_bytes,
+            allreduce_seconds=probe.allreduce_seconds, allreduce_spread=probe.allreduce_spread)
     calibration.settings["allreduce_sizes"] = list(sizes)
     calibration.settings["allreduce_remeasured"] = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

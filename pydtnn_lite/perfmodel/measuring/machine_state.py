@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -34,19 +34,27 @@ REPEATS = 11  # a shared machine's timings are bimodal at times: the median of m
 SLEEP_SECONDS = 1e-3  # how often a waiting rank looks whether rank 0 is done
 
 
-def _median_seconds(run: Callable[[], object], repeats: int) -> float:
+def median_and_spread(seconds: Sequence[float]) -> tuple[float, float]:
+    """The median of ``seconds`` and its relative spread: half the interquartile range
+    over the median (0.05: the middle half of the repeats lies within about +-5 %)."""
+    lower, median, upper = statistics.quantiles(seconds, n=4)
+    return median, (upper - lower) / (2 * median)
+
+
+def _timed(run: Callable[[], object], repeats: int) -> tuple[float, float]:
     run()  # warm-up: page faults, BLAS buffers
     seconds = []
     for _ in range(repeats):
         started = time.perf_counter()
         run()
         seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds)
+    return median_and_spread(seconds)
 
 
-def core_rates(repeats: int = REPEATS) -> tuple[float, float]:
-    """(GEMM FLOP/s, copy bytes/s) of this process on one BLAS thread: medians, since the
-    probe asks how fast the machine runs now, not how fast it can run."""
+def core_rates(repeats: int = REPEATS) -> tuple[float, float, float, float]:
+    """(GEMM FLOP/s, copy bytes/s) of this process on one BLAS thread, each followed by its
+    relative spread: medians, since the probe asks how fast the machine runs now, not how
+    fast it can run."""
     from threadpoolctl import threadpool_limits
 
     rng = np.random.default_rng(0)
@@ -55,9 +63,9 @@ def core_rates(repeats: int = REPEATS) -> tuple[float, float]:
     source = np.ones(COPY_BYTES // 4, dtype=np.float32)
     target = np.empty_like(source)
     with threadpool_limits(1, user_api="blas"):
-        gemm = 2.0 * GEMM_SIZE ** 3 / _median_seconds(lambda: np.matmul(a, b, out=product), repeats)
-    copy = 2.0 * COPY_BYTES / _median_seconds(lambda: np.copyto(target, source), repeats)
-    return gemm, copy
+        gemm_seconds, gemm_spread = _timed(lambda: np.matmul(a, b, out=product), repeats)
+    copy_seconds, copy_spread = _timed(lambda: np.copyto(target, source), repeats)
+    return 2.0 * GEMM_SIZE ** 3 / gemm_seconds, gemm_spread, 2.0 * COPY_BYTES / copy_seconds, copy_spread
 
 
 def wait_idly(comm: Communicator) -> None:
@@ -67,9 +75,11 @@ def wait_idly(comm: Communicator) -> None:
         time.sleep(SLEEP_SECONDS)
 
 
-def allreduce_seconds(comm: Communicator, nbytes: int = ALLREDUCE_BYTES, repeats: int = 3 * REPEATS) -> float:
+def allreduce_seconds(comm: Communicator, nbytes: int = ALLREDUCE_BYTES,
+                      repeats: int = 3 * REPEATS) -> tuple[float, float]:
     """Median seconds of an in-place Allreduce of ``nbytes`` over every rank of ``comm``,
-    each call after a cache eviction and a barrier, timed to the slowest rank. Collective."""
+    each call after a cache eviction and a barrier, timed to the slowest rank, and their
+    relative spread. Collective."""
     evict = CacheEvictor(make_backend("cpu"))
     buffer = np.zeros(nbytes // 4, dtype=np.float32)
     # Over MPI, MPI's Allreduce alone, as the calibration's samples time it: a training
@@ -84,14 +94,15 @@ def allreduce_seconds(comm: Communicator, nbytes: int = ALLREDUCE_BYTES, repeats
         reduce(buffer)
         seconds[call] = time.perf_counter() - started
     slowest = np.max(comm.allgather_object(seconds.tolist()), axis=0)
-    return float(np.median(slowest))
+    return median_and_spread(slowest.tolist())
 
 
 def probe_machine_state(comm: Communicator) -> MachineState:
     """Measure the machine's state now (collective; every rank gets rank 0's figures)."""
     rates = core_rates() if comm.rank == 0 else None
     wait_idly(comm)
-    gemm, copy = comm.broadcast_object(rates)
+    gemm, gemm_spread, copy, copy_spread = comm.broadcast_object(rates)
     if comm.size == 1:
-        return MachineState(gemm, copy)
-    return MachineState(gemm, copy, comm.size, ALLREDUCE_BYTES, allreduce_seconds(comm))
+        return MachineState(gemm, copy, gemm_spread=gemm_spread, copy_spread=copy_spread)
+    seconds, spread = allreduce_seconds(comm)
+    return MachineState(gemm, copy, comm.size, ALLREDUCE_BYTES, seconds, gemm_spread, copy_spread, spread)

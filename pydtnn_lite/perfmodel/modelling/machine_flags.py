@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from pydtnn_lite import flags
 from pydtnn_lite.perfmodel.modelling.clusters import PRESETS
 from pydtnn_lite.perfmodel.modelling.machines import (
     ALLREDUCE_MODELS,
@@ -23,10 +24,14 @@ def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
     machine.add_argument("--calibration", default=None, metavar="FILE",
                          help="kernel and Allreduce models from python -m pydtnn_lite.calibrate")
     machine.add_argument("--preset", choices=sorted(PRESETS), default=None, help="cluster preset (default ampere)")
-    machine.add_argument("--peak-flops", type=float, default=None, help="peak FLOP/s per node")
-    machine.add_argument("--mem-bw", type=float, default=None, help="memory bandwidth per node, bytes/s")
-    machine.add_argument("--link-bw", type=float, default=None, help="link bandwidth, bytes/s")
-    machine.add_argument("--latency", type=float, default=None, help="link latency, seconds")
+    machine.add_argument("--peak-flops",
+                         type=flags.real(0.0, 1e21, above=True), default=None, help="peak FLOP/s per node")
+    machine.add_argument("--mem-bw",
+                         type=flags.real(0.0, 1e18, above=True), default=None,
+                         help="memory bandwidth per node, bytes/s")
+    machine.add_argument("--link-bw",
+                         type=flags.real(0.0, 1e18, above=True), default=None, help="link bandwidth, bytes/s")
+    machine.add_argument("--latency", type=flags.real(0.0, 1e3), default=None, help="link latency, seconds")
     machine.add_argument("--algorithm", choices=("ring", "mst", "bkt"), default=None,
                          help="Allreduce algorithm of the model (default: ring for a preset, the best fit for "
                               "a calibration)")

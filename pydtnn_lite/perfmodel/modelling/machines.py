@@ -55,6 +55,9 @@ class CalibratedMachine:
     def data_load_seconds(self, dataset: str, samples: int) -> float:
         return self.calibration.data_load_seconds(dataset, samples)
 
+    def background_seconds(self, seconds: float) -> float:
+        return seconds * self.calibration.placement.background_share
+
 
 @dataclass(frozen=True)
 class AdjustedMachine:
@@ -87,6 +90,9 @@ class AdjustedMachine:
 
     def data_load_seconds(self, dataset: str, samples: int) -> float:
         return self.base.data_load_seconds(dataset, samples) * self._scale(DATA_LOAD)
+
+    def background_seconds(self, seconds: float) -> float:
+        return seconds * self.placement.background_share
 
 
 OUTSIDE_KERNELS = "outside_kernels"  # the interpreter's time between kernels: scaled as a memory-bound kernel

@@ -13,6 +13,10 @@ speed:
   one. With more (or fewer) cores per rank than in the calibration, a GEMM scales by the
   ratio of the cores it gets.
 
+- **Background threads.** A rank that reads its batches ahead does so on a thread of its
+  own. Where the node has a core to spare for it, that work is hidden from the step;
+  where every core already runs a rank's thread, it takes its time from them.
+
 Collectives are not scaled: the calibration times Allreduce at every process count it
 can start on the node, oversubscribed ones included, and a prediction reads the counts
 it measured.
@@ -53,6 +57,14 @@ class Placement:
     @property
     def oversubscribed(self) -> bool:
         return self.time_sharing > 1.0
+
+    @property
+    def background_share(self) -> float:
+        """The share of a rank's background thread's work (reading batches ahead) that its step
+        waits for: the share of the node's background threads that find no idle core (the
+        work itself is time-shared as the rank's own kernels are)."""
+        busy = self.ranks_per_node * self.threads_per_rank
+        return min(1.0, max(0.0, (busy + self.ranks_per_node - self.cores_per_node) / self.ranks_per_node))
 
     @property
     def blas_cores(self) -> float:

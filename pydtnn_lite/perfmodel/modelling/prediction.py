@@ -54,8 +54,10 @@ class Machine(Protocol):
     (NCCL, RDMA networks) or only inside MPI calls on the computing cores (MPI on the
     host, as MPICH on this machine), where overlap hides nothing. ``sync_wait_seconds``
     is the mean wait for the slowest of ``procs`` ranks after ``segment`` seconds of work.
-    ``overhead_seconds`` is a step's time outside its ``calls`` compute kernel calls, and
-    ``data_load_seconds`` the time to load ``samples`` of data set ``dataset``.
+    ``overhead_seconds`` is a step's time outside its ``calls`` compute kernel calls,
+    ``data_load_seconds`` the time to load ``samples`` of data set ``dataset``, and
+    ``background_seconds`` how much of ``seconds`` of work on a rank's background thread
+    (batches read ahead) lengthens its step.
     """
 
     @property
@@ -70,6 +72,8 @@ class Machine(Protocol):
     def overhead_seconds(self, calls: int) -> float: ...
 
     def data_load_seconds(self, dataset: str, samples: int) -> float: ...
+
+    def background_seconds(self, seconds: float) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,9 @@ class RooflineMachine:
 
     def data_load_seconds(self, dataset: str, samples: int) -> float:
         return 0.0
+
+    def background_seconds(self, seconds: float) -> float:
+        return 0.0  # a described node has a core to spare for reading ahead
 
 
 @dataclass(frozen=True)
@@ -132,9 +139,16 @@ class StepPrediction:
     wait_seconds: float = 0.0  # waits for the slowest rank, at every synchronisation together
     synchronisations: int = 0
     overhead_seconds: float = 0.0  # outside the kernels (the interpreter between calls), in both step totals
+    # What loading the batch adds to the step, with and without overlap: all of the DATA stage,
+    # or with batches read ahead, what the reading takes from the step's cores and any wait for it.
+    data_in_step_with_overlap: float = 0.0
+    data_in_step_without_overlap: float = 0.0
 
     def step_seconds(self, overlap: bool) -> float:
         return self.step_with_overlap if overlap else self.step_without_overlap
+
+    def data_in_step(self, overlap: bool) -> float:
+        return self.data_in_step_with_overlap if overlap else self.data_in_step_without_overlap
 
     def layer_table(self) -> dict[tuple[int, str], dict[str, float]]:
         """Seconds per (layer, name) and stage."""
@@ -146,10 +160,13 @@ class StepPrediction:
 
 def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int, machine: Machine,
                  bucket_mb: float = 4.0, first_bucket_mb: float | None = None,
-                 dataset: str | None = None) -> StepPrediction:
+                 dataset: str | None = None, prefetch: bool = False) -> StepPrediction:
     """Predict one training step of a rank that holds ``batch`` samples, with ``procs`` ranks
     and the gradient buckets a GradientSynchronizer of ``bucket_mb`` and ``first_bucket_mb`` plans.
-    With ``dataset`` the step starts with loading the batch from it and copying it to the device."""
+    With ``dataset`` the step starts with loading the batch from it and copying it to the device;
+    with ``prefetch`` the batch was read on a background thread while the previous step ran,
+    and the step waits only for what that thread takes from its cores and, when reading is
+    the slower, for the rest of the reading."""
     itemsize = np.dtype(network.backend.dtype).itemsize
     # One rank has nothing to reduce: no batch-norm reduction is predicted (a 1-rank trace's calls stay unmatched).
     costs = [(layer, cost) for layer, cost in step_costs(network, optimizer, batch)
@@ -191,11 +208,17 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     for kernel in kernels:
         stage[kernel.stage] += kernel.seconds
     prediction.stage_seconds = {name: stage[name] for name in STAGES}
-    compute = sum(stage[name] for name in (Stage.DATA, *COMPUTE_STAGES)) + prediction.overhead_seconds
-    prediction.step_without_overlap = compute + stage[Stage.COMM]
+    read_ahead = sum(k.seconds for k in data_kernels if k.kernel == DATA_LOAD) if prefetch else 0.0
+    data = stage[Stage.DATA] - read_ahead + machine.background_seconds(read_ahead)
+    compute = sum(stage[name] for name in COMPUTE_STAGES) + prediction.overhead_seconds
     exposed = (_exposed_bucket_seconds(network, kernels, buckets, bucket_seconds)
                if machine.overlaps_communication else sum(bucket_seconds))
-    prediction.step_with_overlap = compute + exposed + loss_seconds + end_wait
+    without_data = {False: compute + stage[Stage.COMM], True: compute + exposed + loss_seconds + end_wait}
+    # Reading slower than the step's own work: the step waits for the rest of it.
+    in_step = {overlap: max(data, read_ahead - rest) for overlap, rest in without_data.items()}
+    prediction.data_in_step_without_overlap, prediction.data_in_step_with_overlap = in_step[False], in_step[True]
+    prediction.step_without_overlap = without_data[False] + in_step[False]
+    prediction.step_with_overlap = without_data[True] + in_step[True]
     return prediction
 
 

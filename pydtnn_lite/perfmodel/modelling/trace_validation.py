@@ -75,9 +75,11 @@ def validations_of(trace: str, loaded: tuple[list, list, dict], machines: Sequen
                                         meta.get("optimizer", "sgd"))
     procs, bucket_mb = int(meta["ranks"]), float(meta.get("bucket_mb", 4.0))
     dataset, overlap = meta["dataset"], bool(meta.get("overlap", True))
+    prefetch = int(meta.get("prefetch", 0)) > 0  # traces written before reading ahead existed read in the step
 
     def predictor(machine: Machine) -> Callable[[int], StepPrediction]:
-        return lambda batch: predict_step(network, optimizer, batch, procs, machine, bucket_mb, dataset=dataset)
+        return lambda batch: predict_step(network, optimizer, batch, procs, machine, bucket_mb, dataset=dataset,
+                                          prefetch=prefetch)
     return [validate(records, steps, overlap, predictor(machine)) for machine in machines]
 
 
@@ -102,8 +104,8 @@ class CheckedTrace:
             lines.append(f"drift since the calibration: {self.drift.describe()}; step error "
                          f"{100 * self.raw.step.relative_error:+.1f} % before this correction")
             if self.drift.moved:
-                lines.append(f"warning: the machine moved by {100 * self.drift.largest:.0f} % since the calibration "
-                             "(more than 10 %): calibrate again for figures that need no correction")
+                lines.append(f"warning: the probes measured a move of {100 * self.drift.measured:.0f} % since the "
+                             "calibration (more than 10 %): calibrate again for figures that need no correction")
         return "\n".join(lines + ["wrote " + ", ".join(self.paths)])
 
     def summary(self) -> dict:

@@ -185,8 +185,8 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
         prediction = predictions[batch]
         for stage in STAGES:
             # COMM: what communication adds to the step (with overlap, what backward does not hide)
-            seconds = (prediction.step_seconds(overlap) - prediction.overhead_seconds
-                       - sum(prediction.stage_seconds.get(s, 0.0) for s in (Stage.DATA, *COMPUTE_STAGES))
+            seconds = (prediction.step_seconds(overlap) - prediction.overhead_seconds - prediction.data_in_step(overlap)
+                       - sum(prediction.stage_seconds.get(s, 0.0) for s in COMPUTE_STAGES)
                        if stage == Stage.COMM else prediction.stage_seconds.get(stage, 0.0))
             stage_predicted[stage] += seconds / len(batches)
     stages = []
