@@ -56,7 +56,7 @@ def test_a_config_file_reaches_a_subcommand_s_flags(tmp_path):
     ("random-flip = 1\n", "random-flip takes true or false, got 1"),
     ("lr = true\n", "lr takes a value, not true or false"),
     ("lr = [1, 2]\n", "lr takes one value, got the list"),
-    ("batch-size = \"many\"\n", "argument --batch-size: invalid int value: 'many'"),
+    ("batch-size = \"many\"\n", "argument --batch-size: must be an integer at least 1, got 'many'"),
     ("optimizer = \"lbfgs\"\n", "invalid choice: 'lbfgs'"),
     ("model = [\n", "is not valid TOML"),
     ("config = \"other.toml\"\n", "'config' is not a flag"),
