@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -12,8 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
-from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
 
 from mpi import REPO, TRAIN_SMALL, assert_same_weights, train_small
 
@@ -149,16 +149,16 @@ def test_two_nodes_train_as_one_process(tmp_path):
 
 
 @needs_emulation
-def test_calibration_times_allreduce_between_and_inside_the_emulated_nodes(tmp_path):
-    """calibrate --allreduce-only on 2 nodes x 2 ranks records the inter-node and the intra-node Allreduce."""
-    path = str(tmp_path / "calibration.json")
-    Calibration({"ranks": 4}, 1e11, 1e10, {}, [], allreduce_ranks=4).save(path)
-    result = cluster(2, 2, sys.executable, "-m", "pydtnn_lite.calibrate", "--allreduce-only", path, "--quick",
-                     timeout=180)
+def test_allreduce_is_timed_between_and_inside_the_emulated_nodes(tmp_path):
+    """On 2 nodes x 2 ranks, the calibration's network timings: among one rank per node over
+    the link, and among each node's ranks."""
+    out = tmp_path / "network.json"
+    sizes = [1 << 10, 4 << 20]
+    result = cluster(2, 2, sys.executable, os.path.join(REPO, "tests", "programs", "network_timing.py"), str(out),
+                     *map(str, sizes), timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    network = Calibration.load(path).network
-    assert network is not None and (network.nodes, network.ranks_per_node, network.link_gbit) == (2, 2, 5.0)
-    sizes = [float(n) for n in QUICK_SIZES]
+    network = NetworkTimings.from_dict(json.loads(out.read_text()))
+    assert (network.nodes, network.ranks_per_node, network.link_gbit) == (2, 2, 5.0)
     assert [n for n, _ in network.inter_node] == sizes and [n for n, _ in network.intra_node] == sizes
     assert all(seconds > 0 for _, seconds in network.inter_node + network.intra_node)
     # Each node sends the 4 MiB at least once over its 5 Gbit/s link (tc lets a burst of 1 ms pass at once).
