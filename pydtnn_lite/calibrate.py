@@ -11,6 +11,7 @@ nothing; ``--allreduce-only FILE`` times Allreduce again into a file, keeping it
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from pydtnn_lite import flags
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.cli import command_parser, parse_command_line
 from pydtnn_lite.comm import make_communicator
+from pydtnn_lite.comm.nodes import emulated_link_gbit
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.paths import check_writable_file
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
@@ -109,6 +111,15 @@ def _state(calibration: Calibration) -> str:
             f"{state.copy_bytes_per_second / 1e9:.1f} GB/s{allreduce}")
 
 
+def _network(calibration: Calibration) -> str:
+    network = calibration.network
+    if network is None:
+        return "one node: no Allreduce between nodes timed"
+    link = f" over links of {network.link_gbit:g} Gbit/s (emulated)" if network.link_gbit else ""
+    intra = f" and among the {network.ranks_per_node} ranks of each node" if network.intra_node else ""
+    return f"{network.nodes} nodes{link}: Allreduce timed among one rank per node{intra}"
+
+
 def report(calibration: Calibration) -> str:
     """The roofs, and per kernel: samples, model, held-out errors and best achieved rates."""
     machine = calibration.machine
@@ -118,7 +129,7 @@ def report(calibration: Calibration) -> str:
              f"bandwidth {calibration.memory_bandwidth / 1e9:.1f} GB/s per rank; "
              f"{len(calibration.allreduce_samples)} Allreduce samples on "
              f"{', '.join(map(str, sorted({p for p, _, _ in calibration.allreduce_samples}))) or 'no'} ranks",
-             _waits(calibration), _overhead(calibration), _state(calibration), "",
+             _waits(calibration), _overhead(calibration), _state(calibration), _network(calibration), "",
              "held-out error: median |predicted - measured| / measured, and total |error| / total time"]
     header = ("kernel", "samples", "model", "median %", "time %", "best GFLOP/s", "best GB/s")
     rows = []
@@ -142,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or source or DEFAULT_OUT
     try:
         settings = settings_from(args)
+        if emulated_link_gbit() is not None:  # child jobs would run outside the emulated nodes' placement
+            settings = dataclasses.replace(settings, beyond_job=False)
         previous = Calibration.load(source) if source else None
         if args.allreduce_only and previous is not None:
             check_allreduce_ranks(previous, comm.size)

@@ -26,7 +26,8 @@ from pydtnn_lite import flags
 from pydtnn_lite.backend import Backend, make_backend
 from pydtnn_lite.cli import command_parser, parse_command_line
 from pydtnn_lite.comm import Communicator, make_communicator
-from pydtnn_lite.comm.strategy import STRATEGIES, connect
+from pydtnn_lite.comm.nodes import node_name
+from pydtnn_lite.comm.strategy import STRATEGIES, Placement, connect
 from pydtnn_lite.data import Dataset, check_test_matches_train, dataset_names, open_dataset, partition
 from pydtnn_lite.errors import TrainingError, UserError
 from pydtnn_lite.interruption import end_interrupted
@@ -38,6 +39,7 @@ from pydtnn_lite.paths import check_writable, check_writable_file
 from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
 from pydtnn_lite.perfmodel.modelling.drift import MachineState
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
+from pydtnn_lite.perfmodel.modelling.network import model_choice
 from pydtnn_lite.perfmodel.modelling.trace_validation import validate_trace
 from pydtnn_lite.progress import ProgressBar, StepLines, make_progress
 from pydtnn_lite.resume import resume
@@ -241,6 +243,19 @@ def check_outputs(config: RunConfig) -> None:
         calibrated_machine(config.validate)
     if config.save_weights:
         check_writable_file(config.save_weights, "--save-weights")
+
+
+def model_preference(config: RunConfig, bucket_bytes: float) -> Callable[[Placement], str | None] | None:
+    """With a --validate calibration that timed Allreduce between nodes, the strategy its
+    model predicts faster for a bucket (``--comm auto`` on several nodes); else None."""
+    if not config.validate:
+        return None
+    machine = calibrated_machine(config.validate)
+    timings = machine.calibration.network
+    if timings is None or machine.allreduce is None:
+        return None
+    flat = machine.allreduce
+    return lambda placement: model_choice(flat, timings, bucket_bytes, placement.nodes)
 
 
 def make_optimizer(config: RunConfig, network: Network) -> Optimizer:
@@ -449,7 +464,8 @@ def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str, state:
             "host": platform.node(),
             "processor": platform.processor() or platform.machine(), "numpy": np.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "ranks_per_node": max(comm.allgather_object(comm.local_size)),
-            "cores_per_node": usable_cores(), "machine_state": state.to_dict()}
+            "cores_per_node": usable_cores(), "machine_state": state.to_dict(), "strategy": comm.name,
+            "nodes": len(set(comm.allgather_object(node_name())))}
     if config.validate:
         meta["calibration"] = os.path.abspath(config.validate)
     tracer.save(trace, meta)
@@ -482,8 +498,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config, backend = collectively(comm, lambda: configure(args, comm))
         run_id = agree_on_job(comm, config)
         bucket_elements = int(config.bucket_mb * (1 << 20)) // np.dtype(backend.dtype).itemsize
-        comm, placement, strategy = connect(comm, backend, config.comm, bucket_elements, platform.node(),
-                                            config.collective_timeout)
+        world = comm  # MPI over all ranks, whatever strategy reduces the gradients
+        comm, placement, strategy = connect(world, backend, config.comm, bucket_elements, node_name(),
+                                            config.collective_timeout,
+                                            model_preference(config, config.bucket_mb * (1 << 20)))
         mixed = bool(placement.cpu_ranks and placement.gpu_ranks)
         job = collectively(comm, lambda: build_job(config, comm, backend, mixed, run_id))
     except UserError as error:  # every rank raises it: after agreeing in collectively(), or from the same placement
@@ -501,13 +519,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             evaluate_only(job, comm)
             return 0
         # The machine's state as the traced run starts and ends: a validation corrects for its drift since
-        # calibrating.
-        state = probe_machine_state(comm) if config.trace else None
+        # calibrating. Probed over MPI, as the calibration's (a two-level communicator's requests complete
+        # only when waited for, which the probe's idle wait never does).
+        state = probe_machine_state(world) if config.trace else None
         tracer = Tracer(job.trainer, config.trace_skip, config.trace_steps).attach() if config.trace else None
         train(job, comm)
         if tracer is not None and config.trace and state is not None:
             tracer.detach()
-            write_trace(job, comm, tracer, config.trace, state.mean_with(probe_machine_state(comm)))
+            write_trace(job, comm, tracer, config.trace, state.mean_with(probe_machine_state(world)))
     except StopRequested as request:  # every rank agreed on it after the same step
         return stop_for_requeue(job, comm, request)
     except TrainingError as error:  # the loss is global, so every rank raises it at the same step

@@ -1,6 +1,7 @@
 """How a job's gradients are summed, from where its ranks run (--comm, --device)."""
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -76,3 +77,15 @@ def test_hierarchical_strategy_trains_as_one_process(tmp_path):
     weights, output = train_small_output(tmp_path, 2, "--comm", "hierarchical")
     assert "hierarchical strategy" in output and "summed in 1 group(s)" in output
     assert_same_weights(train_small(tmp_path, 1), weights)
+
+
+def test_a_traced_hierarchical_run_probes_the_machine_and_records_its_strategy(tmp_path):
+    """The machine-state probes of a traced run go over MPI: a two-level communicator's requests
+    complete only when waited for, and a probe over it never ended."""
+    trace = tmp_path / "trace"
+    result = train_cli(2, *LENET, "--steps-per-epoch", "2", "--comm", "hierarchical", "--trace", str(trace),
+                       "--run-dir", str(tmp_path / "runs"), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    meta = json.loads((trace / "meta.json").read_text())
+    assert meta["strategy"] == "hierarchical" and meta["nodes"] == 1
+    assert meta["machine_state"]["allreduce_seconds"] > 0

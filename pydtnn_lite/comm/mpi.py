@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -59,9 +60,11 @@ class MPICommunicator(Communicator):
 
         self.MPI, self._mpi = MPI, handle
         self.rank, self.size = handle.Get_rank(), handle.Get_size()
-        node = handle.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
-        node.Free()
+        # The ranks on this machine by host name: MPICH's shared-memory split puts every rank
+        # in a node of its own under MPIR_CVAR_NOLOCAL (emulated clusters), though they share the cores.
+        hosts = handle.allgather(platform.node())
+        here = [rank for rank, host in enumerate(hosts) if host == hosts[self.rank]]
+        self.local_rank, self.local_size = here.index(self.rank), len(here)
         self.timeout = timeout
         self.blocked_seconds = 0.0
         self.started = 0  # collectives started by this rank, for matching across ranks

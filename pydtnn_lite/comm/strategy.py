@@ -11,7 +11,9 @@ the choice (and any error about it) is the same on all ranks.
 | gpu-side | MPI to an attached GPU rank | NCCL among the GPU ranks |
 
 ``auto`` takes mpi when no rank has a GPU, nccl when all do, and for a job that mixes
-them, whichever of mpi and gpu-side reduces a gradient-sized buffer faster here.
+them, whichever of mpi and gpu-side reduces a gradient-sized buffer faster here. A CPU
+job on several nodes with several ranks on some node may be given a model's choice
+between mpi (flat) and hierarchical (``prefer``, e.g. from a calibration's network timings).
 """
 from __future__ import annotations
 
@@ -146,14 +148,24 @@ def fastest(candidates: dict[str, Communicator], elements: int, backend: Backend
     return min(timings, key=timings.__getitem__)
 
 
+def spans_nodes_in_groups(placement: Placement) -> bool:
+    """Whether the ranks sit on several nodes and some node holds several: flat and
+    hierarchical reductions then differ."""
+    nodes = Counter(placement.nodes)
+    return len(nodes) > 1 and max(nodes.values()) > 1
+
+
 def connect(world: Communicator, backend: Backend, choice: str, bucket_elements: int, host: str,
-            timeout: float) -> tuple[Communicator, Placement, str]:
+            timeout: float, prefer: Callable[[Placement], str | None] | None = None,
+            ) -> tuple[Communicator, Placement, str]:
     """This rank's communicator for ``--comm choice``, the job's placement, and a line that
     says which strategy was taken.
 
     Collective: every rank of ``world`` calls it. A single process keeps ``world``; the
     communicators of several ranks span those of ``world``, an MPICommunicator. For a
     mixed job, ``auto`` times mpi and gpu-side on buffers of ``bucket_elements`` values.
+    For a CPU job whose nodes hold several ranks, ``auto`` takes ``prefer(placement)``
+    where it names a strategy (the same on every rank).
     """
     placement = gather_placement(world, backend, host)
     check_strategy(choice, placement)
@@ -162,9 +174,14 @@ def connect(world: Communicator, backend: Backend, choice: str, bucket_elements:
         return world, placement, world.describe()
     if not isinstance(world, MPICommunicator):
         raise TypeError(f"connect: {world.size} ranks need an MPICommunicator, got {type(world).__name__}")
+    chosen_by = ""
+    if choice == "auto" and strategy == "mpi" and prefer is not None and spans_nodes_in_groups(placement):
+        preferred = prefer(placement)
+        if preferred:
+            strategy, chosen_by = preferred, " (auto: predicted faster by the model)"
     if strategy:
         comm = build_communicator(strategy, placement, backend, world, timeout)
-        return comm, placement, f"{comm.describe()}, {strategy} strategy"
+        return comm, placement, f"{comm.describe()}, {strategy} strategy{chosen_by}"
     candidates = {name: build_communicator(name, placement, backend, world, timeout)
                   for name in ("mpi", "gpu-side")}
     mpi = candidates["mpi"]

@@ -9,12 +9,12 @@ leader), as GPU ranks do, with MPI at every level, so a CPU can run them. Rank 0
 the communicator it trains with.
 """
 import argparse
-import platform
 
 import numpy as np
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import make_communicator
+from pydtnn_lite.comm.nodes import node_name
 from pydtnn_lite.comm.staged import HostStagedCommunicator
 from pydtnn_lite.comm.strategy import connect
 from pydtnn_lite.comm.two_level import TwoLevelCommunicator
@@ -62,7 +62,7 @@ def main() -> None:
     set_blas_threads(1)
     backend = make_backend(device_of_rank(args.device, comm.rank, comm.size), "float32", gpu_id=comm.local_rank)
     if args.comm:
-        comm, _, description = connect(comm, backend, args.comm, 1024, platform.node(), timeout=60)
+        comm, _, description = connect(comm, backend, args.comm, 1024, node_name(), timeout=60)
     else:
         if args.staged:
             comm = HostStagedCommunicator(backend, timeout=60)

@@ -12,6 +12,7 @@ compares itself with. The result is a
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import time
@@ -23,14 +24,17 @@ import numpy as np
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.comm.mpi import MPICommunicator
+from pydtnn_lite.comm.nodes import node_name
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, allreduce_samples
 from pydtnn_lite.perfmodel.measuring.data_loading import time_data_loading
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor, describe_machine, gemm_peak, memory_bandwidth
 from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
+from pydtnn_lite.perfmodel.measuring.network_timing import network_timings
 from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, calibration_grid
 from pydtnn_lite.perfmodel.measuring.process_counts import samples_beyond
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe, rounded
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
 from pydtnn_lite.perfmodel.modelling.outside_kernels import fit_affine
 from pydtnn_lite.perfmodel.modelling.regression import (
     KernelModel,
@@ -146,9 +150,11 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     reductions = allreduce_samples(mpi_of(comm), settings.allreduce_sizes) if comm.size > 1 else []
     if settings.beyond_job:
         reductions += samples_beyond(comm, usable_cores())
+    network = (network_timings(mpi_of(comm), node_name(), settings.allreduce_sizes, reductions)
+               if comm.size > 1 else None)
     counts = sorted({ranks for ranks, _, _ in reductions})
-    phase_done("allreduce", f"{len(reductions)} samples on {', '.join(map(str, counts))} ranks" if reductions
-               else "skipped: one rank (run under mpiexec, or without --no-oversubscribed)")
+    phase_done("allreduce", f"{len(reductions)} samples on {', '.join(map(str, counts))} ranks{_levels(network)}"
+               if reductions else "skipped: one rank (run under mpiexec, or without --no-oversubscribed)")
 
     models = fit_models(samples, comm, settings.seed)
     ensembles = sum(isinstance(m, MLPEnsemble) for m in models.values())
@@ -171,7 +177,14 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                        overhead_samples=overhead_samples, overhead=fit_affine(overhead_samples),
                        data_load_samples=data_load_samples,
                        data_load={name: fit_affine(rows) for name, rows in data_load_samples.items()},
-                       machine_state=state)
+                       machine_state=state, network=network)
+
+
+def _levels(network: NetworkTimings | None) -> str:
+    if network is None:
+        return ""
+    intra = " and inside each node" if network.intra_node else ""
+    return f", between {network.nodes} nodes{intra}"
 
 
 
@@ -194,6 +207,14 @@ def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tup
     started, load_before = time.perf_counter(), os.getloadavg()
     samples = allreduce_samples(mpi_of(comm), sizes) + (samples_beyond(comm, usable_cores()) if beyond_job else [])
     calibration.allreduce_samples = [(p, float(n), t) for p, n, t in samples]
+    calibration.network = network_timings(mpi_of(comm), node_name(), sizes, samples)
+    if calibration.machine_state is not None:
+        # A later run's Allreduce drifts from the one timed now (over another network, perhaps),
+        # its kernels from those of the probe taken with them.
+        probe = probe_machine_state(comm)
+        calibration.machine_state = dataclasses.replace(
+            calibration.machine_state, allreduce_ranks=probe.allreduce_ranks, allreduce_bytes=probe.allreduce_bytes,
+            allreduce_seconds=probe.allreduce_seconds, allreduce_spread=probe.allreduce_spread)
     calibration.settings["allreduce_sizes"] = list(sizes)
     calibration.settings["allreduce_remeasured"] = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from pydtnn_lite.costs import KernelCost
 from pydtnn_lite.perfmodel.modelling.drift import MachineState
+from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
 from pydtnn_lite.perfmodel.modelling.outside_kernels import NO_COST, AffineCost
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.regression import KernelModel, KernelSample, model_from_dict
@@ -38,7 +39,9 @@ class Calibration:
     ``data_load`` the seconds of loading a batch of each embedded data set, fitted on
     ``data_load_samples`` (samples, seconds).
     ``machine_state`` is the machine-state probe taken with the calibration, against
-    which a later run's probe measures how far the machine moved.
+    which a later run's probe measures how far the machine moved. ``network`` holds the
+    Allreduce between and inside the nodes of a calibration run on several (emulated) nodes,
+    None on one node; files without it read as None.
     """
 
     machine: dict
@@ -57,6 +60,7 @@ class Calibration:
     data_load_samples: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     data_load: dict[str, AffineCost] = field(default_factory=dict)
     machine_state: MachineState | None = None
+    network: NetworkTimings | None = None
 
     @property
     def placement(self) -> Placement:
@@ -97,7 +101,8 @@ class Calibration:
                 "data_load": {name: {"model": model.to_dict(),
                                      "samples": [list(sample) for sample in self.data_load_samples.get(name, [])]}
                               for name, model in sorted(self.data_load.items())},
-                "machine_state": self.machine_state.to_dict() if self.machine_state else None}
+                "machine_state": self.machine_state.to_dict() if self.machine_state else None,
+                "network": self.network.to_dict() if self.network else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> Calibration:
@@ -117,7 +122,8 @@ class Calibration:
                    data_load_samples={name: [(float(n), float(t)) for n, t in entry["samples"]]
                                       for name, entry in data["data_load"].items()},
                    data_load={name: AffineCost.from_dict(entry["model"]) for name, entry in data["data_load"].items()},
-                   machine_state=MachineState.from_dict(data["machine_state"]) if data["machine_state"] else None)
+                   machine_state=MachineState.from_dict(data["machine_state"]) if data["machine_state"] else None,
+                   network=NetworkTimings.from_dict(data["network"]) if data.get("network") else None)
 
     def save(self, path: str) -> None:
         """Write the calibration file at ``path`` (its folder is created; the file is replaced

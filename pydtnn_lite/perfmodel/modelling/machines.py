@@ -26,7 +26,8 @@ class CalibratedMachine:
     """Kernels from a calibration's per-kernel models, Allreduce from its timings (:func:`calibrated_machine`).
 
     Calibrations are taken with MPI on the host, which moves data only inside MPI calls on
-    the cores that also run backward: overlap hides no communication (docs/performance.md).
+    the cores that also run backward: overlap hides no communication (docs/performance.md),
+    except on several nodes (``calibration.network``), whose links move the data.
     The ranks wait for the slowest as much as the calibration's ranks did.
     """
 
@@ -137,7 +138,9 @@ def calibrated_machine(path: str, algorithm: str | None = None, allreduce: str =
     if allreduce not in ALLREDUCE_MODELS:
         raise UserError(f"unknown Allreduce model {allreduce!r}: choose one of {', '.join(ALLREDUCE_MODELS)}")
     samples = calibration.allreduce_samples
-    return CalibratedMachine(calibration, allreduce_models(samples, algorithm)[allreduce] if samples else None)
+    # Between nodes the network moves the data while backward computes: overlap hides it.
+    return CalibratedMachine(calibration, allreduce_models(samples, algorithm)[allreduce] if samples else None,
+                             overlaps_communication=calibration.network is not None)
 
 
 def cluster_machine(cluster: Cluster, algorithm: str = "ring", itemsize: int = 4) -> RooflineMachine:

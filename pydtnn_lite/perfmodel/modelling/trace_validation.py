@@ -7,6 +7,7 @@ run took when it started (``drift.py``). The raw error is the one before that co
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.drift import Drift, MachineState
 from pydtnn_lite.perfmodel.modelling.machines import AdjustedMachine, CalibratedMachine, adjusted_machine
+from pydtnn_lite.perfmodel.modelling.network import TwoLevelAllreduce
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.prediction import Machine, StepPrediction, predict_step
 from pydtnn_lite.perfmodel.modelling.report import summary_text, validation_figures, write_report
@@ -42,12 +44,20 @@ def job_placement(meta: dict) -> Placement | None:
 
 def run_machines(machine: Machine, meta: dict) -> tuple[Machine, Machine]:
     """(raw, corrected): a calibrated ``machine`` placed as the traced job was, before and after
-    the correction for the drift its machine-state probe measured; other machines as they are."""
+    the correction for the drift its machine-state probe measured; other machines as they are.
+    A hierarchical run is predicted with the calibration's two-level reductions where it has them."""
     if not isinstance(machine, CalibratedMachine):
         return machine, machine
     placement = job_placement(meta)
     state = MachineState.from_dict(meta["machine_state"]) if meta.get("machine_state") else None
-    return adjusted_machine(machine, placement), adjusted_machine(machine, placement, state)
+    raw, corrected = adjusted_machine(machine, placement), adjusted_machine(machine, placement, state)
+    network = machine.calibration.network
+    if meta.get("strategy") == "hierarchical" and network is not None:  # the drift stays the flat model's
+        # Its reductions run when the synchronizer waits for them, after backward: nothing overlaps.
+        two_level = dataclasses.replace(machine, allreduce=TwoLevelAllreduce.from_timings(network),
+                                        overlaps_communication=False)
+        raw, corrected = (dataclasses.replace(adjusted, base=two_level) for adjusted in (raw, corrected))
+    return raw, corrected
 
 
 def validation_of(trace: str, loaded: tuple[list, list, dict], machine: Machine) -> Validation:

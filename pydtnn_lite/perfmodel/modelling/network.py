@@ -1,0 +1,95 @@
+"""Two-level reductions predicted from Allreduce timed between nodes and inside them.
+
+A calibration run on several nodes (launch/emulated-cluster.sh emulates them on one
+machine) records :class:`NetworkTimings`: Allreduce among one rank per node, over the
+network, and among the ranks of a node. The hierarchical strategy reduces to the node's
+leader, sums among the leaders and broadcasts back; a reduce followed by a broadcast
+moves what one Allreduce does (MPICH's tree Allreduce is exactly that), so its time is
+predicted as the intra-node Allreduce plus the inter-node one. The flat reduction is the
+job-wide Allreduce the calibration timed on all its ranks.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceTime, InterpolatedAllreduce, fit_allreduce
+
+
+@dataclass(frozen=True)
+class NetworkTimings:
+    """``nodes`` nodes of ``ranks_per_node`` ranks, joined by links of ``link_gbit`` Gbit/s
+    (None when not emulated); ``inter_node`` holds (bytes, seconds) of Allreduce among one
+    rank per node, ``intra_node`` among the ranks of each node at once (empty with one rank per node)."""
+
+    nodes: int
+    ranks_per_node: int
+    link_gbit: float | None
+    inter_node: tuple[tuple[float, float], ...]
+    intra_node: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    def to_dict(self) -> dict:
+        return {"nodes": self.nodes, "ranks_per_node": self.ranks_per_node, "link_gbit": self.link_gbit,
+                "inter_node": [list(sample) for sample in self.inter_node],
+                "intra_node": [list(sample) for sample in self.intra_node]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> NetworkTimings:
+        return cls(int(data["nodes"]), int(data["ranks_per_node"]),
+                   None if data["link_gbit"] is None else float(data["link_gbit"]),
+                   tuple((float(n), float(t)) for n, t in data["inter_node"]),
+                   tuple((float(n), float(t)) for n, t in data["intra_node"]))
+
+
+def _level(procs: int, samples: tuple[tuple[float, float], ...]) -> AllreduceTime | None:
+    if procs < 2 or not samples:
+        return None
+    rows = [(procs, n, t) for n, t in samples]
+    return InterpolatedAllreduce.from_samples(rows, fit_allreduce(rows))
+
+
+@dataclass(frozen=True)
+class TwoLevelAllreduce:
+    """Seconds of a hierarchical reduction: inside the nodes, then among their leaders."""
+
+    timings: NetworkTimings
+    inter: AllreduceTime | None
+    intra: AllreduceTime | None
+
+    @classmethod
+    def from_timings(cls, timings: NetworkTimings) -> TwoLevelAllreduce:
+        return cls(timings, _level(timings.nodes, timings.inter_node),
+                   _level(timings.ranks_per_node, timings.intra_node))
+
+    def seconds(self, nbytes: float, procs: int) -> float:
+        """A reduction of ``nbytes`` over ``procs`` ranks placed as the calibration's
+        (ValueError for another count: the levels were timed for that placement)."""
+        if procs <= 1:
+            return 0.0
+        if procs != self.timings.ranks:
+            raise ValueError(f"the two-level timings are of {self.timings.nodes} node(s) x "
+                             f"{self.timings.ranks_per_node} rank(s), not of {procs} ranks")
+        inter = self.inter.seconds(nbytes, self.timings.nodes) if self.inter else 0.0
+        intra = self.intra.seconds(nbytes, self.timings.ranks_per_node) if self.intra else 0.0
+        return inter + intra
+
+
+def preferred_strategy(flat: AllreduceTime, two_level: TwoLevelAllreduce, bucket_bytes: float) -> str:
+    """'hierarchical' when the two-level reduction of a bucket is predicted faster than the flat one, else 'mpi'."""
+    procs = two_level.timings.ranks
+    return "hierarchical" if two_level.seconds(bucket_bytes, procs) < flat.seconds(bucket_bytes, procs) else "mpi"
+
+
+def model_choice(flat: AllreduceTime, timings: NetworkTimings, bucket_bytes: float,
+                 nodes: Sequence[int]) -> str | None:
+    """:func:`preferred_strategy` for a job whose ranks sit on ``nodes`` (each rank's node
+    index), where they sit as the timings' ranks did; None elsewhere (the model knows no other placement)."""
+    per_node = Counter(nodes)
+    if len(per_node) != timings.nodes or set(per_node.values()) != {timings.ranks_per_node}:
+        return None
+    return preferred_strategy(flat, TwoLevelAllreduce.from_timings(timings), bucket_bytes)

@@ -1,0 +1,165 @@
+"""launch/emulated-cluster.sh: its refusals, its set-up and teardown, and training across emulated nodes."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
+
+from mpi import REPO, TRAIN_SMALL, assert_same_weights, train_small
+
+LAUNCHER = os.path.join(REPO, "launch", "emulated-cluster.sh")
+LOCK = "/run/lock/pydtnn-lite-emulated-cluster.lock"
+PREFIX = "pdtl-"
+CAN_EMULATE = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
+needs_emulation = pytest.mark.skipif(not CAN_EMULATE, reason="emulating a cluster needs root, ip and tc")
+
+
+def launch(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """The launcher run by bash (so that a test can narrow PATH); output captured as text."""
+    return subprocess.run(["/bin/bash", LAUNCHER, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO)
+
+
+def cluster(nodes: int, ranks_per_node: int, *command: str, **kwargs) -> subprocess.CompletedProcess:
+    return launch("--nodes", str(nodes), "--ranks-per-node", str(ranks_per_node), "--link-gbit", "5", "--",
+                  *command, env=dict(os.environ, MPIEXEC=os.path.join(os.path.dirname(sys.executable), "mpiexec")),
+                  **kwargs)
+
+
+def our_namespaces() -> list[str]:
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in listing.splitlines() if line.startswith(PREFIX)]
+
+
+def assert_refused(result: subprocess.CompletedProcess, message: str) -> None:
+    """Exit 2 with one error line that says ``message``, and nothing started."""
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("emulated-cluster: error:"), result.stderr
+    assert message in result.stderr
+    if CAN_EMULATE:
+        assert our_namespaces() == []
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--nodes", "2", "--ranks-per-node", "1", "--", "true"), "--link-gbit are required"),
+    (("--nodes", "0", "--ranks-per-node", "1", "--link-gbit", "1", "--", "true"), "--nodes 0"),
+    (("--nodes", "2", "--ranks-per-node", "1", "--link-gbit", "0", "--", "true"), "--link-gbit 0"),
+    (("--nodes", "2", "--ranks-per-node", "1", "--link-gbit", "1"), "no command to run"),
+    (("--nodes", "2", "--ranks-per-node", "1", "--link-gbit", "1", "--hosts", "a", "--", "true"),
+     "unknown argument '--hosts'"),
+])
+def test_bad_arguments_are_refused(args, message):
+    assert_refused(launch(*args), message)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_refuses_without_root():
+    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/bin/bash", LAUNCHER,
+                             "--nodes", "2", "--ranks-per-node", "1", "--link-gbit", "1", "--", "true"],
+                            capture_output=True, text=True, timeout=30)
+    assert_refused(result, "need root")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the check for ip and tc comes after the one for root")
+def test_refuses_without_ip_and_tc(tmp_path):
+    os.symlink(shutil.which("id"), tmp_path / "id")  # the one tool the launcher runs before looking for ip and tc
+    result = launch("--nodes", "2", "--ranks-per-node", "1", "--link-gbit", "1", "--", "true",
+                    env={"PATH": str(tmp_path)})
+    assert_refused(result, "ip and tc are missing")
+
+
+@needs_emulation
+def test_refuses_while_another_cluster_runs():
+    with open(LOCK, "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running launcher holds it
+        try:
+            assert_refused(cluster(2, 1, "true"), "another emulated cluster is running")
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
+@needs_emulation
+def test_nodes_see_each_other_through_their_links_and_everything_is_removed(tmp_path):
+    """Each rank runs in its node's namespace with the node's index; the nodes reach each
+    other over the bridge; nothing is left after the job."""
+    result = cluster(2, 2, sys.executable, os.path.join(REPO, "tests", "programs", "emulated_node.py"), str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    lines = [(tmp_path / f"{rank}.txt").read_text().strip() for rank in range(4)]
+    assert lines == ["0 pdtl-node0 5 emu0 reached"] * 2 + ["1 pdtl-node1 5 emu0 reached"] * 2
+    assert our_namespaces() == []
+
+
+@needs_emulation
+def test_exit_status_of_the_job_and_its_errors_remove_the_cluster():
+    result = cluster(2, 1, sys.executable, "-c", "import sys; sys.exit(3)")
+    assert result.returncode != 0
+    assert our_namespaces() == []
+
+
+@needs_emulation
+def test_ctrl_c_removes_the_cluster():
+    job = subprocess.Popen(["/bin/bash", LAUNCHER, "--nodes", "2", "--ranks-per-node", "1", "--link-gbit", "1", "--",
+                            sys.executable, "-c", "import time; time.sleep(60)"],
+                           env=dict(os.environ, MPIEXEC=os.path.join(os.path.dirname(sys.executable), "mpiexec")),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):  # until the cluster stands
+            if len(our_namespaces()) == 3:
+                break
+            time.sleep(0.1)
+        assert len(our_namespaces()) == 3
+        job.send_signal(signal.SIGINT)
+        assert job.wait(timeout=30) == 130
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert our_namespaces() == []
+
+
+@needs_emulation
+def test_leftovers_of_a_killed_run_are_removed():
+    subprocess.run(["ip", "netns", "add", f"{PREFIX}node5"], check=True)
+    result = cluster(1, 1, "true")
+    assert result.returncode == 0, result.stderr
+    assert "removed 1 namespace(s) left by a killed run" in result.stderr
+    assert our_namespaces() == []
+
+
+@needs_emulation
+def test_two_nodes_train_as_one_process(tmp_path):
+    """2 nodes x 2 ranks, hierarchical: the groups are the emulated nodes, and the weights
+    are those of one process on the whole batch."""
+    single = train_small(tmp_path, 1)
+    out = tmp_path / "cluster.npz"
+    result = cluster(2, 2, sys.executable, TRAIN_SMALL, str(out), "--comm", "hierarchical", timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "summed in 2 group(s)" in result.stdout
+    with np.load(out) as archive:
+        assert_same_weights(single, {name: archive[name] for name in archive.files})
+
+
+@needs_emulation
+def test_allreduce_is_timed_between_and_inside_the_emulated_nodes(tmp_path):
+    """On 2 nodes x 2 ranks, the calibration's network timings: among one rank per node over
+    the link, and among each node's ranks."""
+    out = tmp_path / "network.json"
+    sizes = [1 << 10, 4 << 20]
+    result = cluster(2, 2, sys.executable, os.path.join(REPO, "tests", "programs", "network_timing.py"), str(out),
+                     *map(str, sizes), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    network = NetworkTimings.from_dict(json.loads(out.read_text()))
+    assert (network.nodes, network.ranks_per_node, network.link_gbit) == (2, 2, 5.0)
+    assert [n for n, _ in network.inter_node] == sizes and [n for n, _ in network.intra_node] == sizes
+    assert all(seconds > 0 for _, seconds in network.inter_node + network.intra_node)
+    # Each node sends the 4 MiB at least once over its 5 Gbit/s link (tc lets a burst of 1 ms pass at once).
+    assert dict(network.inter_node)[4 << 20] > 0.8 * (4 << 20) * 8 / 5e9

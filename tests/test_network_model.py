@@ -1,0 +1,103 @@
+"""Two-level reductions predicted from Allreduce timed between and inside nodes, and --comm auto by that model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pydtnn_lite.comm.strategy import Placement, spans_nodes_in_groups
+from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel, Link
+from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine
+from pydtnn_lite.perfmodel.modelling.network import (
+    NetworkTimings,
+    TwoLevelAllreduce,
+    model_choice,
+    preferred_strategy,
+)
+from pydtnn_lite.perfmodel.modelling.trace_validation import run_machines
+
+SIZES = (1 << 10, 1 << 16, 1 << 20, 1 << 22)
+GBIT = 1e9 / 8  # bytes per second of one Gbit/s
+
+
+def timings(ranks_per_node: int = 2) -> NetworkTimings:
+    """2 nodes on a 1 Gbit/s link (50 us per message), and a node's ranks 10x faster among themselves."""
+    inter = tuple((float(n), 50e-6 + n / GBIT) for n in SIZES)
+    intra = tuple((float(n), 5e-6 + n / (10 * GBIT)) for n in SIZES) if ranks_per_node > 1 else ()
+    return NetworkTimings(2, ranks_per_node, 1.0, inter, intra)
+
+
+def flat(beta: float) -> AllreduceModel:
+    """A ring over all ranks, ``beta`` seconds per byte sent."""
+    return AllreduceModel("ring", (Link(50e-6, beta),))
+
+
+def test_two_level_is_the_inter_node_plus_the_intra_node_time_at_sampled_sizes():
+    model = TwoLevelAllreduce.from_timings(timings())
+    for n in SIZES:
+        expected = (50e-6 + n / GBIT) + (5e-6 + n / (10 * GBIT))
+        assert model.seconds(n, 4) == pytest.approx(expected, rel=1e-9)
+    between = model.seconds(3 << 19, 4)  # 1.5 MiB: between the 1 and 4 MiB samples
+    assert model.seconds(1 << 20, 4) < between < model.seconds(1 << 22, 4)
+
+
+def test_one_rank_per_node_has_no_intra_node_level():
+    model = TwoLevelAllreduce.from_timings(timings(ranks_per_node=1))
+    assert model.intra is None
+    assert model.seconds(1 << 20, 2) == pytest.approx(50e-6 + (1 << 20) / GBIT, rel=1e-9)
+
+
+def test_another_rank_count_is_refused():
+    with pytest.raises(ValueError, match="2 node"):
+        TwoLevelAllreduce.from_timings(timings()).seconds(1 << 20, 8)
+
+
+def test_the_faster_reduction_of_a_bucket_is_preferred():
+    two_level = TwoLevelAllreduce.from_timings(timings())
+    # A flat ring over 4 ranks sends 1.5 n over the slow link: slower than the two levels.
+    assert preferred_strategy(flat(1 / GBIT), two_level, 4 << 20) == "hierarchical"
+    # A flat reduction 100x cheaper per byte than the link wins.
+    assert preferred_strategy(flat(0.01 / GBIT), two_level, 4 << 20) == "mpi"
+
+
+def test_the_model_chooses_only_for_the_placement_it_timed():
+    two_nodes_of_two = (0, 0, 1, 1)
+    assert model_choice(flat(1 / GBIT), timings(), 4 << 20, two_nodes_of_two) == "hierarchical"
+    assert model_choice(flat(1 / GBIT), timings(), 4 << 20, (0, 0, 0, 1)) is None  # uneven nodes
+    assert model_choice(flat(1 / GBIT), timings(), 4 << 20, (0, 0, 1, 1, 2, 2)) is None  # more nodes
+
+
+def test_auto_asks_the_model_only_where_flat_and_hierarchical_differ():
+    cpu = ("cpu",) * 4
+    assert spans_nodes_in_groups(Placement(cpu, (0, 0, 1, 1)))
+    assert not spans_nodes_in_groups(Placement(cpu, (0, 1, 2, 3)))  # one rank per node: no node level
+    assert not spans_nodes_in_groups(Placement(cpu, (0, 0, 0, 0)))  # one node
+
+
+def test_the_timings_survive_the_calibration_file_and_older_files_read_without_them(tmp_path):
+    calibration = Calibration({"ranks": 4, "ranks_per_node": 4}, 1e11, 1e10, {}, [(4, 1024.0, 1e-4)],
+                              allreduce_ranks=4, network=timings())
+    path = str(tmp_path / "network.json")
+    calibration.save(path)
+    assert Calibration.load(path).network == timings()
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    del data["network"]  # a file written before the network timings
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(data, handle)
+    assert Calibration.load(path).network is None
+
+
+def test_a_hierarchical_trace_is_validated_with_the_two_level_model():
+    calibration = Calibration({"ranks": 4, "ranks_per_node": 4, "usable_cores": 2}, 1e11, 1e10, {},
+                              [(4, float(n), 1e-3 + n / GBIT) for n in SIZES], allreduce_ranks=4, network=timings())
+    machine = CalibratedMachine(calibration, flat(1 / GBIT), overlaps_communication=True)
+    meta = {"ranks": 4, "ranks_per_node": 4, "cores_per_node": 2}
+    two_level = TwoLevelAllreduce.from_timings(timings()).seconds(1 << 20, 4)
+    for raw_or_corrected in run_machines(machine, dict(meta, strategy="hierarchical")):
+        assert raw_or_corrected.allreduce_seconds(1 << 20, 4) == pytest.approx(two_level)
+        assert not raw_or_corrected.overlaps_communication  # its reductions run after backward
+    for raw_or_corrected in run_machines(machine, dict(meta, strategy="mpi")):
+        assert raw_or_corrected.allreduce_seconds(1 << 20, 4) == pytest.approx(flat(1 / GBIT).seconds(1 << 20, 4))
+        assert raw_or_corrected.overlaps_communication
