@@ -21,18 +21,21 @@ def test_more_ranks_than_cores_time_share_every_kernel(ranks, scale):
     assert kernel_scale("batchnorm_sums", job, CALIBRATED) == pytest.approx(scale)
 
 
-def test_one_rank_with_every_core_speeds_up_only_the_gemm():
+def test_one_rank_with_every_core_speeds_up_only_the_threaded_kernels():
     job = Placement(1, 1, 2, 2)
     assert not job.oversubscribed
-    assert kernel_scale("gemm", job, CALIBRATED) == pytest.approx(0.5)
-    assert kernel_scale("im2col", job, CALIBRATED) == 1.0
+    for threaded in ("gemm", "im2col", "batchnorm_sums", "sgd_update"):
+        assert kernel_scale(threaded, job, CALIBRATED) == pytest.approx(0.5)
+    for single in ("maxpool", "softmax_cross_entropy", "adam_update"):
+        assert kernel_scale(single, job, CALIBRATED) == 1.0
 
 
 def test_threads_beyond_the_cores_share_them():
     job = Placement(4, 2, 2, 2)  # two nodes, each 2 ranks x 2 threads on 2 cores
     assert job.nodes == 2 and job.time_sharing == 2.0 and job.blas_cores == 1.0
     assert kernel_scale("gemm", job, CALIBRATED) == 1.0  # two threads at half a core each
-    assert kernel_scale("relu", job, CALIBRATED) == 2.0
+    assert kernel_scale("relu", job, CALIBRATED) == 1.0  # threaded as the GEMM
+    assert kernel_scale("maxpool", job, CALIBRATED) == 2.0
 
 
 def test_an_impossible_placement_is_refused():

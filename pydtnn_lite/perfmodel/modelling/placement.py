@@ -9,9 +9,11 @@ speed:
   Ranks that wait in a collective do not give their share back: MPICH polls while it
   waits, so a rank that finished its backward early keeps competing with the ranks that
   are still computing. The ratio therefore holds for the whole step.
-- **Threads.** A BLAS kernel (GEMM) runs on the rank's threads; the other kernels run on
-  one. With more (or fewer) cores per rank than in the calibration, a GEMM scales by the
-  ratio of the cores it gets.
+- **Threads.** GEMM (BLAS) and the host's parallel loops (im2col, col2im, batch norm,
+  ReLU, the residual add, the SGD update: ``kernels/cpu.py``) run on the rank's threads;
+  the other kernels run on one. With more (or fewer) cores per rank than in the
+  calibration, a threaded kernel scales by the ratio of the cores it gets (linearly: the
+  memory-bound loops scale less once memory bandwidth runs out).
 
 - **Background threads.** A rank that reads its batches ahead does so on a thread of its
   own. Where the node has a core to spare for it, that work is hidden from the step;
@@ -26,7 +28,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-BLAS_KERNELS = frozenset({"gemm"})  # kernels that run on the rank's BLAS threads
+# Kernels that run on all of the rank's threads (BLAS's, and the same number of Numba's).
+THREADED_KERNELS = frozenset({"gemm", "im2col", "col2im", "batchnorm_sums", "batchnorm_normalize",
+                              "batchnorm_grad_sums", "batchnorm_grad_input", "relu", "relu_grad", "add",
+                              "sgd_update"})
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class Placement:
 
     @property
     def blas_cores(self) -> float:
-        """The cores a rank's GEMM runs on: its threads, each with its share of a core."""
+        """The cores a rank's threaded kernels run on: its threads, each with its share of a core."""
         return self.threads_per_rank / self.time_sharing
 
     def describe(self) -> str:
@@ -79,6 +84,6 @@ class Placement:
 
 def kernel_scale(kernel: str, job: Placement, calibrated: Placement) -> float:
     """How many times longer ``kernel`` runs on a rank of ``job`` than it did in the calibration."""
-    if kernel in BLAS_KERNELS:
+    if kernel in THREADED_KERNELS:
         return calibrated.blas_cores / job.blas_cores
     return job.time_sharing / calibrated.time_sharing
