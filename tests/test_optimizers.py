@@ -46,16 +46,30 @@ def test_plain_sgd_steps_along_the_gradient():
     np.testing.assert_allclose(end, start - LR * sum(GRADIENTS), rtol=1e-12)
 
 
-def test_adam_follows_its_formula_with_bias_correction():
-    beta1, beta2, eps = 0.9, 0.999, 1e-8
-    start, end = run(lambda network: Adam(network, beta1, beta2, eps, weight_decay=DECAY))
+@pytest.mark.parametrize("form", ["torch", "kingma"])
+def test_adam_follows_its_formula_with_bias_correction(form):
+    beta1, beta2 = 0.9, 0.999
+    eps = 1e-3  # large enough to tell where it joins the update
+    start, end = run(lambda network: Adam(network, beta1, beta2, eps, weight_decay=DECAY, epsilon_form=form))
     p, m, v = start.copy(), np.zeros(4), np.zeros(4)
     for t, g in enumerate(GRADIENTS, start=1):
         d = g + DECAY * p
         m = beta1 * m + (1 - beta1) * d
         v = beta2 * v + (1 - beta2) * d * d
-        p = p - LR * np.sqrt(1 - beta2 ** t) / (1 - beta1 ** t) * m / (np.sqrt(v) + eps)
+        if form == "torch":  # torch.optim.Adam: epsilon after the bias correction
+            p = p - LR * (m / (1 - beta1 ** t)) / (np.sqrt(v / (1 - beta2 ** t)) + eps)
+        else:  # Kingma and Ba's efficient form, as Keras: epsilon before it
+            p = p - LR * np.sqrt(1 - beta2 ** t) / (1 - beta1 ** t) * m / (np.sqrt(v) + eps)
     np.testing.assert_allclose(end, p, rtol=1e-12)
+
+
+def test_adam_refuses_an_unknown_epsilon_form():
+    with pytest.raises(ValueError, match="epsilon_form"):
+        run(lambda network: Adam(network, epsilon_form="tensorflow"))
+
+
+def test_adam_s_first_step_is_about_lr_whatever_the_gradient():
+    beta1, beta2, eps = 0.9, 0.999, 1e-8
     # The first step of Adam moves every weight by about lr, whatever its gradient's size.
     first_start, first_end = run(lambda network: Adam(network, beta1, beta2, eps), steps=1)
     np.testing.assert_allclose(np.abs(first_end - first_start), LR, rtol=1e-6)
