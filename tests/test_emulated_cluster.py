@@ -64,9 +64,12 @@ def test_bad_arguments_are_refused(args, message):
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
 def test_refuses_without_root():
-    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/bin/bash", LAUNCHER,
-                             "--nodes", "2", "--ranks-per-node", "1", "--link-gbit", "1", "--", "true"],
-                            capture_output=True, text=True, timeout=30)
+    # The script reaches the unprivileged shell on its standard input: the checkout may sit in a
+    # directory that only root can read (a mktemp directory, for one).
+    with open(LAUNCHER, encoding="utf-8") as script:
+        result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/bin/bash", "-s",
+                                 "--", "--nodes", "2", "--ranks-per-node", "1", "--link-gbit", "1", "--", "true"],
+                                stdin=script, capture_output=True, text=True, timeout=30, cwd="/")
     assert_refused(result, "need root")
 
 
