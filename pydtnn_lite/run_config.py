@@ -125,14 +125,12 @@ def resume_from(resume: str | None, checkpoint_dir: str | None) -> str | None:
 
 
 def schedule_of(args: argparse.Namespace) -> LearningRateSchedule:
-    """The learning-rate schedule the --lr... flags describe, and a valid --clip-grad-norm."""
+    """The learning-rate schedule the --lr... flags describe (each flag's own range is checked as it is parsed)."""
     if args.lr_schedule == "cosine" and args.lr_decay_epochs:
         raise UserError("--lr-decay-epochs steps the learning rate down, --lr-schedule cosine lowers it smoothly: "
                         "give one of them")
-    if args.lr_schedule == "cosine" and args.lr > 0 and not 0 <= args.min_lr < args.lr:
+    if args.lr_schedule == "cosine" and args.min_lr >= args.lr:
         raise UserError(f"--min-lr must be at least 0 and below --lr ({args.lr}), got {args.min_lr}")
-    if args.clip_grad_norm is not None and args.clip_grad_norm <= 0:
-        raise UserError(f"--clip-grad-norm must be positive, got {args.clip_grad_norm}")
     return LearningRateSchedule(args.lr, args.warmup_epochs, tuple(args.lr_decay_epochs), args.lr_decay_factor,
                                 cosine_epochs=args.epochs if args.lr_schedule == "cosine" else None,
                                 min_lr=args.min_lr)
