@@ -107,7 +107,8 @@ def _state(calibration: Calibration) -> str:
         return "no machine-state probe"
     allreduce = (f", Allreduce of {state.allreduce_bytes >> 10} KiB on {state.allreduce_ranks} ranks "
                  f"{state.allreduce_seconds * 1e6:.0f} us" if state.allreduce_seconds else "")
-    return (f"machine state: one-thread GEMM {state.gemm_flops / 1e9:.1f} GFLOP/s, copy "
+    return (f"machine state ({state.probes} probes of {state.cores} cores at once): one-thread GEMM "
+            f"{state.gemm_flops / 1e9:.1f} GFLOP/s, copy "
             f"{state.copy_bytes_per_second / 1e9:.1f} GB/s{allreduce}")
 
 

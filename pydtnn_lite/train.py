@@ -17,7 +17,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -36,8 +36,7 @@ from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, Optimizer
 from pydtnn_lite.paths import check_writable, check_writable_file
-from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
-from pydtnn_lite.perfmodel.modelling.drift import MachineState
+from pydtnn_lite.perfmodel.measuring.machine_state import StateWatch
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
 from pydtnn_lite.perfmodel.modelling.network import model_choice
 from pydtnn_lite.perfmodel.modelling.trace_validation import validate_trace
@@ -230,6 +229,7 @@ class Job:
     metrics: StepMetrics | None = None  # rank 0's metrics.csv (and TensorBoard events)
     stop: SignalStop | None = None  # ends the run after a step when SIGTERM or SIGUSR1 came
     communication: str = ""  # the communicator and the strategy it was chosen by
+    watch: StateWatch | None = None  # the machine's state over a traced run
 
 
 def check_outputs(config: RunConfig) -> None:
@@ -371,6 +371,8 @@ def train(job: Job, comm: Communicator) -> StepResult:
         callbacks.insert(0, functools.partial(checkpoint_every, job, comm))
     if job.metrics is not None:
         callbacks.insert(0, functools.partial(record_metrics, job.metrics, trainer))
+    if job.watch is not None:
+        callbacks.append(job.watch.after_step)
     if job.stop is not None:
         callbacks.append(job.stop.after_step)
     last = StepResult(float("nan"), 0.0, 0)
@@ -451,10 +453,11 @@ def report_shares(job: Job, comm: Communicator, global_step: int, result: StepRe
         job.reported_shares = shares
 
 
-def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str, state: MachineState) -> None:
+def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str, watch: StateWatch) -> None:
     """Gather the trace of every rank into ``trace``, with the description of the run: how
-    its ranks sat and the machine's state when it started, which a validation reads."""
+    its ranks sat and the machine's state over its traced steps, which a validation reads."""
     config, trainer = job.config, job.trainer
+    state = watch.state()
     meta = {"run_id": job.run_id, "model": config.model, "dataset": config.dataset,
             "global_batch": config.global_batch,
             "shares": partition(config.global_batch, trainer.share_weights), "ranks": comm.size,
@@ -464,7 +467,8 @@ def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str, state:
             "host": platform.node(),
             "processor": platform.processor() or platform.machine(), "numpy": np.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "ranks_per_node": max(comm.allgather_object(comm.local_size)),
-            "cores_per_node": usable_cores(), "machine_state": state.to_dict(), "strategy": comm.name,
+            "cores_per_node": usable_cores(), "machine_state": state.to_dict(),
+            "core_probes": [asdict(instant) for instant in watch.instants], "strategy": comm.name,
             "nodes": len(set(comm.allgather_object(node_name())))}
     if config.validate:
         meta["calibration"] = os.path.abspath(config.validate)
@@ -518,15 +522,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if config.evaluate_only:
             evaluate_only(job, comm)
             return 0
-        # The machine's state as the traced run starts and ends: a validation corrects for its drift since
-        # calibrating. Probed over MPI, as the calibration's (a two-level communicator's requests complete
-        # only when waited for, which the probe's idle wait never does).
-        state = probe_machine_state(world) if config.trace else None
-        tracer = Tracer(job.trainer, config.trace_skip, config.trace_steps).attach() if config.trace else None
+        tracer = Tracer(job.trainer, config.trace_skip, config.trace_steps) if config.trace else None
+        if tracer is not None:
+            # The machine's state over the traced steps: a validation corrects for its drift since
+            # calibrating. Probed over MPI, as the calibration's (a two-level communicator's requests
+            # complete only when waited for, which the probe's idle wait never does).
+            job.watch = StateWatch(world, lambda: len(tracer.steps))
+            tracer.attach()
         train(job, comm)
-        if tracer is not None and config.trace and state is not None:
+        if tracer is not None and job.watch is not None and config.trace:
             tracer.detach()
-            write_trace(job, comm, tracer, config.trace, state.mean_with(probe_machine_state(world)))
+            write_trace(job, comm, tracer, config.trace, job.watch)
     except StopRequested as request:  # every rank agreed on it after the same step
         return stop_for_requeue(job, comm, request)
     except TrainingError as error:  # the loss is global, so every rank raises it at the same step

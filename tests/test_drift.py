@@ -5,9 +5,11 @@ import math
 
 import pytest
 
-from pydtnn_lite.perfmodel.measuring.machine_state import median_and_spread
-from pydtnn_lite.perfmodel.modelling.drift import Drift, MachineState, beyond_noise, drift_between
+from pydtnn_lite.comm import SerialCommunicator
+from pydtnn_lite.perfmodel.measuring.machine_state import StateWatch, cores_of, median_and_spread
+from pydtnn_lite.perfmodel.modelling.drift import CoreRates, Drift, MachineState, beyond_noise, drift_between
 from pydtnn_lite.perfmodel.modelling.outside_kernels import fit_affine
+from pydtnn_lite.runtime import usable_cores
 
 THEN = MachineState(gemm_flops=90e9, copy_bytes_per_second=20e9, allreduce_ranks=2, allreduce_bytes=1 << 20,
                     allreduce_seconds=300e-6)
@@ -57,15 +59,61 @@ def test_the_affine_fit_recovers_a_fixed_and_a_per_unit_cost():
     assert fit_affine([(10, 1e-4), (100, 2e-3)]).fixed == 0.0
 
 
-def test_the_probes_at_a_run_s_start_and_end_are_averaged():
-    end = MachineState(30e9, 10e9, 2, 1 << 20, 500e-6)
-    mean = THEN.mean_with(end)
-    assert (mean.gemm_flops, mean.copy_bytes_per_second, mean.allreduce_seconds) == pytest.approx((60e9, 15e9, 400e-6))
-    assert THEN.mean_with(MachineState(30e9, 10e9)).allreduce_seconds is None
-    # Their spread is how far they differ (90 and 30 around 60: +-50 %), or their own if larger.
-    assert (mean.gemm_spread, mean.copy_spread, mean.allreduce_spread) == pytest.approx((0.5, 1 / 3, 0.25))
-    steady = MachineState(100e9, 20e9, gemm_spread=0.08).mean_with(MachineState(102e9, 20e9, gemm_spread=0.04))
-    assert steady.gemm_spread == pytest.approx(0.06) and steady.copy_spread == 0.0
+def test_a_synchronous_step_runs_at_the_slowest_core_unless_ranks_time_share_them():
+    # Two cores, one in a slow spell: every rank waits for the slowest at the reduction.
+    instant = CoreRates((150e9, 100e9), (16e9, 12e9))
+    assert instant.pace() == (100e9, 12e9)
+    # Ranks outnumbering the cores move between them: the time is the cores' mean time.
+    shared = CoreRates((150e9, 100e9), (16e9, 12e9), shared=True)
+    assert shared.pace() == pytest.approx((120e9, 2 / (1 / 16e9 + 1 / 12e9)))
+
+
+def test_a_run_s_state_is_the_mean_time_and_a_calibration_s_the_median():
+    fast, slow = CoreRates((150e9, 150e9), (15e9, 15e9)), CoreRates((150e9, 75e9), (15e9, 5e9))
+    run = MachineState.over([fast, fast, slow])
+    # Time per unit 1/150 + 1/150 + 1/75 over 3 instants: the mean rate is 112.5 GFLOP/s.
+    assert run.gemm_flops == pytest.approx(112.5e9)
+    assert run.copy_bytes_per_second == pytest.approx(3 / (2 / 15e9 + 1 / 5e9))
+    assert (run.cores, run.probes) == (2, 3)
+    # Its spread is the standard error of that mean: times (1, 1, 2)/150, sd 1/sqrt(3)/150.
+    assert run.gemm_spread == pytest.approx((1 / math.sqrt(3)) / math.sqrt(3) / (4 / 3))
+    typical = MachineState.over([fast, fast, slow], typical=True)
+    assert typical.gemm_flops == pytest.approx(150e9)  # the odd slow spell does not move a median
+    one = MachineState.over([CoreRates((100e9,), (10e9,), gemm_spread=0.03, copy_spread=0.05)])
+    assert (one.gemm_spread, one.copy_spread, one.allreduce_seconds) == (0.03, 0.05, None)
+
+
+def test_the_allreduce_probes_of_a_run_are_averaged():
+    instant = CoreRates((100e9,), (10e9,))
+    state = MachineState.over([instant], [(2, 1 << 20, 300e-6, 0.02), (2, 1 << 20, 500e-6, 0.04)])
+    assert (state.allreduce_ranks, state.allreduce_bytes) == (2, 1 << 20)
+    assert state.allreduce_seconds == pytest.approx(400e-6)
+    assert state.allreduce_spread == pytest.approx(0.25)  # they differ by +-25 %, more than their own 3 %
+    with pytest.raises(ValueError, match="different ranks or sizes"):
+        MachineState.over([instant], [(2, 1 << 20, 300e-6, 0.0), (4, 1 << 20, 500e-6, 0.0)])
+
+
+def test_ranks_share_out_their_host_s_cores_and_ranks_beyond_them_probe_none():
+    assert [cores_of(i, 2, 2) for i in range(2)] == [1, 1]
+    assert cores_of(0, 1, 2) == 2  # one rank with two BLAS threads: both cores
+    assert [cores_of(i, 3, 8) for i in range(3)] == [3, 3, 2]
+    assert [cores_of(i, 8, 2) for i in range(8)] == [1, 1, 0, 0, 0, 0, 0, 0]
+
+
+def test_a_run_is_probed_between_its_traced_steps_only():
+    traced = [0]
+    watch = StateWatch(SerialCommunicator(), lambda: traced[0])
+    assert len(watch.instants) == 1  # as the run starts
+    watch.after_step(0, None)  # a warm-up step, not traced
+    assert len(watch.instants) == 1 and watch.every is None
+    for _ in range(3):
+        traced[0] += 1
+        watch.after_step(traced[0], None)
+    assert watch.every is not None and watch.every >= 1
+    probed = len(watch.instants)
+    assert probed == 1 + 3 // watch.every
+    state = watch.state()
+    assert state.probes == probed + 1 and state.cores == usable_cores()  # and once more as it ends
 
 
 def test_only_the_move_beyond_the_probes_noise_is_corrected():

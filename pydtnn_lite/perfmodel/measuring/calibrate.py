@@ -28,12 +28,18 @@ from pydtnn_lite.comm.nodes import node_name
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, allreduce_samples
 from pydtnn_lite.perfmodel.measuring.data_loading import time_data_loading
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor, describe_machine, gemm_peak, memory_bandwidth
-from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
+from pydtnn_lite.perfmodel.measuring.machine_state import (
+    WATCH_REPEATS,
+    allreduce_probe,
+    probe_cores,
+    probe_machine_state,
+)
 from pydtnn_lite.perfmodel.measuring.network_timing import network_timings
 from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, calibration_grid
 from pydtnn_lite.perfmodel.measuring.process_counts import samples_beyond
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe, rounded
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.drift import MachineState
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
 from pydtnn_lite.perfmodel.modelling.outside_kernels import fit_affine
 from pydtnn_lite.perfmodel.modelling.regression import (
@@ -45,6 +51,8 @@ from pydtnn_lite.perfmodel.modelling.regression import (
 )
 from pydtnn_lite.perfmodel.modelling.synchronization import fit_sync_wait
 from pydtnn_lite.runtime import usable_cores
+
+STATE_EVERY = 8  # probe networks between two probes of the cores: one every two seconds or so
 
 
 def mpi_of(comm: Communicator) -> MPICommunicator:
@@ -120,7 +128,10 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
         log(f"{name}: {detail} ({timings[name]:.1f} s)")
 
     comm.barrier()
-    state = probe_machine_state(comm).mean_with(probe_machine_state(comm))
+    # The machine's typical state over the calibration: its cores change speed for seconds at a
+    # time, so they are probed all along the kernel phase, whose samples are medians as the state is.
+    instants = [probe_cores(comm), probe_cores(comm)]
+    allreduce = [allreduce_probe(comm)] if comm.size > 1 else []
     peak = float(np.median(comm.allgather_object(gemm_peak(backend, repeats=settings.roof_repeats))))
     bandwidth = float(np.median(comm.allgather_object(memory_bandwidth(backend, repeats=settings.roof_repeats))))
     phase_done("roofs", f"GEMM peak {peak / 1e9:.1f} GFLOP/s, memory bandwidth {bandwidth / 1e9:.1f} GB/s per rank")
@@ -130,13 +141,17 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     mine: dict[str, list[KernelSample]] = {}
     my_waits: list[list[tuple[float, float]]] = []
     my_overheads: list[tuple[float, float]] = []
-    for probe in grid:
+    for index, probe in enumerate(grid):
+        if index % STATE_EVERY == STATE_EVERY - 1:
+            instants.append(probe_cores(comm, WATCH_REPEATS))
         comm.barrier()  # the ranks run each probe together, as they run a training step
         measured = measure_probe(probe, backend, comm, settings.repeats, evict, settings.min_seconds, settings.seed)
         for name, probe_samples in measured.samples.items():
             mine.setdefault(name, []).extend(probe_samples)
         my_waits.append(measured.waits)
         my_overheads.append(measured.overhead)
+    instants.append(probe_cores(comm))
+    state = MachineState.over(instants, allreduce, typical=True)
     samples = _median_over_ranks(comm.allgather_object(mine))
     sync_samples = _mean_waits(comm.allgather_object(my_waits))
     sync_wait = fit_sync_wait(sync_samples, comm.size)

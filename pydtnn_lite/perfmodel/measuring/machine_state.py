@@ -1,21 +1,24 @@
-"""The machine-state probe: a few seconds that say how fast this machine runs right now.
+"""The machine-state probe: how fast this machine's cores run right now.
 
 A calibration is a snapshot: shared hosts, clock speeds and other jobs move a machine's
-speed by tens of percent from one day, or hour, to the next. The probe measures three
+speed by tens of percent from one day, or second, to the next. The probe measures three
 rates the kernels' times follow: a float32 GEMM (the compute-bound kernels), a copy of an
 array larger than the caches (the memory-bound ones) and a small Allreduce over the
 job's ranks (communication). ``calibrate`` stores one beside its kernel models, and every
-traced run measures one when it starts; their ratios (``modelling/drift.py``) correct a
-prediction for how the machine moved in between.
+traced run measures its own (``modelling/drift.py`` turns the two into a correction).
 
-GEMM and copy run on rank 0 with one BLAS thread while the other ranks wait without
-spinning, so the figures describe a core of the machine, not how many ranks share it
-(that is the placement's job). The Allreduce is timed as calibrations time it: every
-call on a buffer evicted from the cache, the slowest rank's time.
+GEMM and copy run on every core of each host at once, one thread per core, as a job's
+ranks load every core: a core's speed depends on what its neighbours do. Ranks share
+out their host's cores; ranks beyond the cores wait without spinning, so that each core
+runs one probe thread. :class:`StateWatch` repeats the core probe between a run's traced
+steps about once a second. The Allreduce is timed as calibrations time it: every call on
+a buffer evicted from the cache, the slowest rank's time.
 """
 from __future__ import annotations
 
+import platform
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -25,13 +28,16 @@ from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.comm.mpi import MPICommunicator
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
-from pydtnn_lite.perfmodel.modelling.drift import MachineState
+from pydtnn_lite.perfmodel.modelling.drift import CoreRates, MachineState
+from pydtnn_lite.runtime import usable_cores
 
 GEMM_SIZE = 1024  # n of the n^3 product: ~2 GFLOP, tens of milliseconds on one core
 COPY_BYTES = 64 << 20  # beyond the last-level cache of the machines this runs on
 ALLREDUCE_BYTES = 1 << 20  # a gradient bucket's order of magnitude, sampled by every calibration
 REPEATS = 11  # a shared machine's timings are bimodal at times: the median of many
-SLEEP_SECONDS = 1e-3  # how often a waiting rank looks whether rank 0 is done
+WATCH_REPEATS = 3  # the probe between a run's steps: short, and repeated about once a second
+WATCH_INTERVAL = 1.0  # seconds between probes in a run: a core's slow spells last seconds
+SLEEP_SECONDS = 1e-3  # how often a waiting rank looks whether the others are done
 
 
 def median_and_spread(seconds: Sequence[float]) -> tuple[float, float]:
@@ -51,21 +57,66 @@ def _timed(run: Callable[[], object], repeats: int) -> tuple[float, float]:
     return median_and_spread(seconds)
 
 
-def core_rates(repeats: int = REPEATS) -> tuple[float, float, float, float]:
-    """(GEMM FLOP/s, copy bytes/s) of this process on one BLAS thread, each followed by its
-    relative spread: medians, since the probe asks how fast the machine runs now, not how
-    fast it can run."""
+def _on_threads(job: Callable[[int], tuple[float, float]], threads: int) -> list[tuple[float, float]]:
+    """``job(index)`` on ``threads`` threads at once (NumPy releases the GIL in both probes)."""
+    results: list[tuple[float, float]] = [(0.0, 0.0)] * threads
+    start = threading.Barrier(threads)
+
+    def run(index: int) -> None:
+        start.wait()
+        results[index] = job(index)
+
+    workers = [threading.Thread(target=run, args=(index,)) for index in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return results
+
+
+def core_rates(threads: int, repeats: int = REPEATS) -> list[tuple[float, float, float, float]]:
+    """(GEMM FLOP/s, its spread, copy bytes/s, its spread) of each of ``threads`` cores, all
+    running one-thread GEMMs at once, then copies at once: medians, since the probe asks
+    how fast the cores run now, not how fast they can run."""
     from threadpoolctl import threadpool_limits
 
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((GEMM_SIZE, GEMM_SIZE)).astype(np.float32) for _ in range(2))
-    product = np.empty_like(a)
-    source = np.ones(COPY_BYTES // 4, dtype=np.float32)
-    target = np.empty_like(source)
+    products = [np.empty_like(a) for _ in range(threads)]
+    sources = [np.ones(COPY_BYTES // 4, dtype=np.float32) for _ in range(threads)]
+    targets = [np.empty_like(source) for source in sources]
     with threadpool_limits(1, user_api="blas"):
-        gemm_seconds, gemm_spread = _timed(lambda: np.matmul(a, b, out=product), repeats)
-    copy_seconds, copy_spread = _timed(lambda: np.copyto(target, source), repeats)
-    return 2.0 * GEMM_SIZE ** 3 / gemm_seconds, gemm_spread, 2.0 * COPY_BYTES / copy_seconds, copy_spread
+        gemms = _on_threads(lambda i: _timed(lambda: np.matmul(a, b, out=products[i]), repeats), threads)
+    copies = _on_threads(lambda i: _timed(lambda: np.copyto(targets[i], sources[i]), repeats), threads)
+    return [(2.0 * GEMM_SIZE ** 3 / gemm, gemm_spread, 2.0 * COPY_BYTES / copy, copy_spread)
+            for (gemm, gemm_spread), (copy, copy_spread) in zip(gemms, copies, strict=True)]
+
+
+def cores_of(index: int, ranks: int, cores: int) -> int:
+    """The cores the ``index``-th of a host's ``ranks`` probes: its share of the ``cores``
+    dealt out in turn, none for ranks beyond them (they time-share cores others probe)."""
+    return len(range(index, cores, ranks))
+
+
+def cores_to_probe(comm: Communicator) -> tuple[int, bool]:
+    """How many of its host's cores this rank probes (its share, none for ranks beyond the
+    cores), and whether the job's ranks outnumber some host's cores. Collective. Hosts,
+    not the job's nodes: an emulated cluster's nodes share one machine's cores."""
+    hosts = comm.allgather_object(platform.node())
+    here = [rank for rank, host in enumerate(hosts) if host == hosts[comm.rank]]
+    cores = usable_cores()
+    shared = any(comm.allgather_object(len(here) > cores))
+    return cores_of(here.index(comm.rank), len(here), cores), shared
+
+
+def probe_cores(comm: Communicator, repeats: int = REPEATS) -> CoreRates:
+    """Every core's rates, measured at once (collective; every rank gets them all)."""
+    threads, shared = cores_to_probe(comm)
+    mine = core_rates(threads, repeats) if threads else []
+    wait_idly(comm)
+    rates = [rate for rank_rates in comm.allgather_object(mine) for rate in rank_rates]
+    return CoreRates(tuple(r[0] for r in rates), tuple(r[2] for r in rates),
+                     max(r[1] for r in rates), max(r[3] for r in rates), shared)
 
 
 def wait_idly(comm: Communicator) -> None:
@@ -97,12 +148,52 @@ def allreduce_seconds(comm: Communicator, nbytes: int = ALLREDUCE_BYTES,
     return median_and_spread(slowest.tolist())
 
 
-def probe_machine_state(comm: Communicator) -> MachineState:
-    """Measure the machine's state now (collective; every rank gets rank 0's figures)."""
-    rates = core_rates() if comm.rank == 0 else None
-    wait_idly(comm)
-    gemm, gemm_spread, copy, copy_spread = comm.broadcast_object(rates)
-    if comm.size == 1:
-        return MachineState(gemm, copy, gemm_spread=gemm_spread, copy_spread=copy_spread)
+def allreduce_probe(comm: Communicator) -> tuple[int, int, float, float]:
+    """(ranks, bytes, median seconds, spread) of the probe's Allreduce (collective)."""
     seconds, spread = allreduce_seconds(comm)
-    return MachineState(gemm, copy, comm.size, ALLREDUCE_BYTES, seconds, gemm_spread, copy_spread, spread)
+    return comm.size, ALLREDUCE_BYTES, seconds, spread
+
+
+def probe_machine_state(comm: Communicator) -> MachineState:
+    """Measure the machine's state now, one instant (collective; every rank gets it)."""
+    cores = probe_cores(comm)
+    return MachineState.over([cores], [allreduce_probe(comm)] if comm.size > 1 else [])
+
+
+class StateWatch:
+    """The machine's state over a run: the full probe as it starts and ends, and the core
+    probe between its traced steps, about every :data:`WATCH_INTERVAL` seconds.
+
+    ``traced_steps()`` counts the steps traced so far. Every rank must call
+    :meth:`after_step` after the same steps (a probe is collective): the interval in steps
+    is agreed once, from the slowest rank's first traced step, so that no rank decides by
+    its own clock.
+    """
+
+    def __init__(self, comm: Communicator, traced_steps: Callable[[], int]) -> None:
+        self.comm, self.traced_steps = comm, traced_steps
+        self.instants = [probe_cores(comm)]
+        self.allreduce = [allreduce_probe(comm)] if comm.size > 1 else []
+        self.every: int | None = None
+        self.steps = 0
+        self.last = time.perf_counter()
+
+    def after_step(self, step: int, result: object) -> None:
+        """The step callback: probe the cores when the interval has passed (traced steps only)."""
+        if self.traced_steps() == self.steps:
+            self.last = time.perf_counter()
+            return
+        self.steps = self.traced_steps()
+        if self.every is None:
+            slowest = max(self.comm.allgather_object(time.perf_counter() - self.last))
+            self.every = max(1, round(WATCH_INTERVAL / max(slowest, 1e-3)))
+        if self.steps % self.every == 0:
+            self.instants.append(probe_cores(self.comm, WATCH_REPEATS))
+        self.last = time.perf_counter()
+
+    def state(self) -> MachineState:
+        """The run's state, after a last full probe (collective)."""
+        self.instants.append(probe_cores(self.comm))
+        if self.comm.size > 1:
+            self.allreduce.append(allreduce_probe(self.comm))
+        return MachineState.over(self.instants, self.allreduce)

@@ -19,7 +19,7 @@ from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.regression import KernelModel, KernelSample, model_from_dict
 from pydtnn_lite.perfmodel.modelling.synchronization import NO_WAIT, SyncWaitModel
 
-FORMAT, VERSION = "pydtnn_lite calibration", 3
+FORMAT, VERSION = "pydtnn_lite calibration", 4
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """How far the machine moved between a calibration and a run, and the correction it asks for.
 
-Both measure the same machine-state probe (``measuring/machine_state.py``): a one-thread
-GEMM rate, a copy rate and a small Allreduce. A kernel's predicted time is scaled by the
-ratio of the rate that bounds it, then to now:
+Both measure the same machine-state probe (``measuring/machine_state.py``): every core
+of the machine runs a one-thread GEMM and then a copy at the same time, as a job's
+ranks load every core, and an Allreduce is timed over the job's ranks. A kernel's
+predicted time is scaled by the ratio of the rate that bounds it, then to now:
 
 - GEMM, by the GEMM rates (compute-bound);
 - every other compute kernel, and the time between kernels, by the copy rates
@@ -10,6 +11,15 @@ ratio of the rate that bounds it, then to now:
   clock alike);
 - communication, by the probe's Allreduce time now against the calibration's probe,
   carried over to the run's rank count by the calibration's Allreduce model.
+
+A shared machine's cores change speed on their own, by a third for seconds at a time: a
+probe of one instant says little of a run of a minute. A run probes every core between
+its traced steps about once a second (:class:`CoreRates`, one instant each); the rate of
+an instant is the one a synchronous step runs at, the slowest core's (every rank waits
+for the slowest), or where ranks outnumber the cores and time-share them, the cores'
+harmonic mean. A run's state is the mean over its instants, in time, as its measured
+step is the mean of its steps; a calibration's is the median over the instants it took
+between its probe networks, as its kernel samples are medians over repeated steps.
 
 A probe is itself a measurement on a machine that moves: each records how far its own
 figures spread. A ratio is corrected only by the part of its move that lies beyond the
@@ -20,7 +30,8 @@ day's clock or another processor, is still corrected for most of the move.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 
 DRIFT_WARNING = 0.10  # a probe rate that moved more than this makes validate warn
@@ -29,14 +40,37 @@ COMPUTE_BOUND = frozenset({"gemm"})
 
 
 @dataclass(frozen=True)
-class MachineState:
-    """What the probe measured: FLOP/s of a one-thread float32 GEMM, bytes/s (read and
-    written) of a one-thread copy, and the seconds of an Allreduce of ``allreduce_bytes``
-    over ``allreduce_ranks`` ranks (None with one rank).
+class CoreRates:
+    """One instant of the every-core probe: each core's one-thread float32 GEMM FLOP/s and
+    copy bytes/s (read and written), all cores busy at once, with their relative spreads
+    over the probe's repeats; ``shared`` when the job's ranks outnumber the cores."""
 
-    The ``*_spread`` fields are each figure's relative uncertainty (0.05: +-5 %), from the
-    spread of the probe's repeats and, for a mean of probes, from how far they differ;
-    0 where unknown (probes recorded before the spread was)."""
+    gemm_flops: tuple[float, ...]
+    copy_bytes_per_second: tuple[float, ...]
+    gemm_spread: float = 0.0
+    copy_spread: float = 0.0
+    shared: bool = False
+
+    def pace(self) -> tuple[float, float]:
+        """(GEMM FLOP/s, copy bytes/s) a synchronous step runs at: the slowest core's, or
+        where ranks time-share the cores (and the OS moves them between cores) their
+        harmonic mean."""
+        if self.shared:
+            return (statistics.harmonic_mean(self.gemm_flops),
+                    statistics.harmonic_mean(self.copy_bytes_per_second))
+        return min(self.gemm_flops), min(self.copy_bytes_per_second)
+
+
+@dataclass(frozen=True)
+class MachineState:
+    """What the probes measured: the FLOP/s of a one-thread float32 GEMM and the bytes/s
+    of a one-thread copy at the pace of a synchronous step (:meth:`CoreRates.pace`) over
+    ``probes`` instants on ``cores`` cores, and the seconds of an Allreduce of
+    ``allreduce_bytes`` over ``allreduce_ranks`` ranks (None with one rank).
+
+    The ``*_spread`` fields are each figure's relative uncertainty (0.05: +-5 %): over
+    several instants, the standard error of their centre; of one instant, the spread of
+    its repeats."""
 
     gemm_flops: float
     copy_bytes_per_second: float
@@ -46,6 +80,8 @@ class MachineState:
     gemm_spread: float = 0.0
     copy_spread: float = 0.0
     allreduce_spread: float = 0.0
+    cores: int = 1
+    probes: int = 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,25 +91,35 @@ class MachineState:
         known = {field.name for field in fields(cls)}
         return cls(**{key: value for key, value in record.items() if key in known})
 
-    def mean_with(self, other: MachineState) -> MachineState:
-        """The mean of two probes of the same job (the rates' and the Allreduce's), e.g. at
-        the start and the end of a run: one probe lasts a second, and a shared machine's
-        speed moves by tens of percent from one second to the next. Each spread is the
-        larger of the probes' own and half their relative difference."""
-        seconds, allreduce_spread = None, 0.0
-        if self.allreduce_seconds and other.allreduce_seconds:
-            seconds, allreduce_spread = _mean_and_spread(self.allreduce_seconds, other.allreduce_seconds,
-                                                         self.allreduce_spread, other.allreduce_spread)
-        gemm, gemm_spread = _mean_and_spread(self.gemm_flops, other.gemm_flops, self.gemm_spread, other.gemm_spread)
-        copy, copy_spread = _mean_and_spread(self.copy_bytes_per_second, other.copy_bytes_per_second,
-                                             self.copy_spread, other.copy_spread)
-        return MachineState(gemm, copy, self.allreduce_ranks, self.allreduce_bytes, seconds,
-                            gemm_spread, copy_spread, allreduce_spread)
+    @classmethod
+    def over(cls, instants: Sequence[CoreRates], allreduce: Sequence[tuple[int, int, float, float]] = (),
+             typical: bool = False) -> MachineState:
+        """The state over ``instants`` of the every-core probe: the mean in time of their
+        paces (a run's), or with ``typical`` their median (a calibration's); and the mean
+        of the ``allreduce`` probes (ranks, bytes, seconds, spread), which must have
+        timed the same ranks and bytes."""
+        gemm, gemm_spread = _centre([1 / i.pace()[0] for i in instants], [i.gemm_spread for i in instants], typical)
+        copy, copy_spread = _centre([1 / i.pace()[1] for i in instants], [i.copy_spread for i in instants], typical)
+        ranks, nbytes, seconds, allreduce_spread = 1, 0, None, 0.0
+        if allreduce:
+            ranks, nbytes = allreduce[0][:2]
+            if any(probe[:2] != (ranks, nbytes) for probe in allreduce):
+                raise ValueError("Allreduce probes of different ranks or sizes cannot be averaged")
+            seconds = statistics.fmean(probe[2] for probe in allreduce)
+            differ = (max(p[2] for p in allreduce) - min(p[2] for p in allreduce)) / (2 * seconds)
+            allreduce_spread = max(statistics.fmean(p[3] for p in allreduce), differ)
+        return cls(1 / gemm, 1 / copy, ranks, nbytes, seconds, gemm_spread, copy_spread, allreduce_spread,
+                   cores=max(len(i.gemm_flops) for i in instants), probes=len(instants))
 
 
-def _mean_and_spread(first: float, second: float, first_spread: float, second_spread: float) -> tuple[float, float]:
-    mean = (first + second) / 2
-    return mean, max((first_spread + second_spread) / 2, abs(first - second) / (2 * mean))
+def _centre(seconds_per_unit: Sequence[float], spreads: Sequence[float], median: bool) -> tuple[float, float]:
+    """The mean (or median) of ``seconds_per_unit`` and its relative standard error (a
+    median's is about 1.25 times a mean's); of one value, its own ``spreads``."""
+    if len(seconds_per_unit) == 1:
+        return seconds_per_unit[0], spreads[0]
+    centre = statistics.median(seconds_per_unit) if median else statistics.fmean(seconds_per_unit)
+    error = statistics.stdev(seconds_per_unit) / math.sqrt(len(seconds_per_unit)) * (1.25 if median else 1.0)
+    return centre, error / centre
 
 
 def beyond_noise(ratio: float, *spreads: float) -> float:
