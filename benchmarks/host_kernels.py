@@ -3,7 +3,7 @@
     python benchmarks/host_kernels.py [--model resnet18] [--batch-size 64] [--threads 2] [--steps 10]
 
 One trainer, one fixed batch; the steps alternate between the kernel entries as shipped
-(Numba for im2col, col2im, batch norm, ReLU, add and the SGD update) and the same entries
+(Numba for im2col, col2im, batch norm, ReLU, add, pooling and the SGD update) and the same entries
 pointed at the NumPy functions, so a shared machine's load hits both alike. Prints each
 median step time, the time inside those kernels, and the speed-up.
 """
@@ -17,7 +17,7 @@ import numpy as np
 
 from pydtnn_lite import kernels
 from pydtnn_lite.comm import SerialCommunicator
-from pydtnn_lite.kernels import conv, elementwise, normalization, update
+from pydtnn_lite.kernels import conv, elementwise, normalization, pooling, update
 from pydtnn_lite.runtime import set_blas_threads
 
 from common import interleave, make_trainer, model_parser, timed
@@ -27,7 +27,9 @@ NUMPY_VERSIONS = {
     "add": elementwise.add, "batchnorm_sums": normalization.batchnorm_sums,
     "batchnorm_normalize": normalization.batchnorm_normalize,
     "batchnorm_grad_sums": normalization.batchnorm_grad_sums,
-    "batchnorm_grad_input": normalization.batchnorm_grad_input, "sgd_update": update.sgd_update,
+    "batchnorm_grad_input": normalization.batchnorm_grad_input, "maxpool": pooling.maxpool,
+    "maxpool_grad": pooling.maxpool_grad, "avgpool": pooling.avgpool, "avgpool_grad": pooling.avgpool_grad,
+    "sgd_update": update.sgd_update,
 }
 
 
