@@ -5,7 +5,12 @@ import numpy as np
 import pytest
 
 from pydtnn_lite import kernels
+from pydtnn_lite.backend import make_backend
 from pydtnn_lite.kernels import conv, cpu, elementwise, normalization, pooling, update
+from pydtnn_lite.layers import Dense
+from pydtnn_lite.network import Network
+from pydtnn_lite.optim import Adam
+from pydtnn_lite.optim.adam import EPSILON_FORMS
 
 DTYPES = (np.float32, np.float64)
 TOLERANCE = {np.float32: 1e-5, np.float64: 1e-12}
@@ -121,6 +126,38 @@ def test_sgd_update_matches_numpy(dtype, momentum, weight_decay, nesterov):
     cpu.sgd_update(param, grad, velocity if momentum else None, 0.1, momentum, weight_decay, nesterov)
     np.testing.assert_allclose(param, expected_param, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
     np.testing.assert_allclose(velocity, expected_velocity, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weight_decay", [0.0, 1e-2])
+def test_adam_update_matches_numpy(dtype, weight_decay):
+    param, grad, first = (normal(1000, dtype, seed) for seed in range(3))
+    second = np.abs(normal(1000, dtype, seed=3))
+    expected = [array.copy() for array in (param, first, second)]
+    for step in (1, 7):
+        update.adam_update(expected[0], grad, expected[1], expected[2], 1e-2, 0.9, 0.999, 1e-3, step, weight_decay)
+        cpu.adam_update(param, grad, first, second, 1e-2, 0.9, 0.999, 1e-3, step, weight_decay)
+    for actual, wanted in zip((param, first, second), expected, strict=True):
+        np.testing.assert_allclose(actual, wanted, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("form", EPSILON_FORMS)
+def test_adam_on_the_numba_kernel_steps_as_on_numpy(form, monkeypatch):
+    """Both epsilon forms, through the optimizer and the kernel entry, in float32."""
+    def trained(adam_kernel):
+        with monkeypatch.context() as patch:
+            patch.setattr(kernels, "adam_update", adam_kernel)
+            network = Network("dense", (6,), 3)
+            network.add(Dense(3))
+            network.build(make_backend("cpu", "float32"), seed=0)
+            optimizer = Adam(network, eps=1e-3, weight_decay=1e-2, epsilon_form=form)
+            for step in range(3):
+                network.flat_grads[...] = normal(network.flat_grads.size, np.float32, seed=step)
+                optimizer.step(0.1)
+            return network.flat_params.copy()
+
+    assert kernels.adam_update.__wrapped__ is cpu.adam_update
+    np.testing.assert_allclose(trained(kernels.adam_update), trained(update.adam_update), rtol=1e-6, atol=1e-6)
 
 
 def test_host_arrays_take_the_numba_kernels():

@@ -405,3 +405,26 @@ def sgd_update(param: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None,
         return
     dtype = param.dtype.type
     _sgd(param, grad, velocity, dtype(lr), dtype(momentum), dtype(weight_decay), nesterov)
+
+
+@njit(parallel=True, cache=True)
+def _adam(param, grad, first, second, corrected_lr, beta1, beta2, rest1, rest2, eps,
+          weight_decay):  # pragma: no cover (compiled)
+    for i in prange(param.size):
+        g = grad[i] + weight_decay * param[i] if weight_decay else grad[i]
+        m = beta1 * first[i] + rest1 * g
+        v = beta2 * second[i] + rest2 * g * g
+        first[i] = m
+        second[i] = v
+        param[i] -= corrected_lr * m / (np.sqrt(v) + eps)
+
+
+def adam_update(param: np.ndarray, grad: np.ndarray, first: np.ndarray, second: np.ndarray, lr: float,
+                beta1: float, beta2: float, eps: float, step: int, weight_decay: float) -> None:
+    """:func:`~pydtnn_lite.kernels.update.adam_update` in one pass: each of the parameter, gradient
+    and two moments read once, the parameter and moments written once (NumPy makes a pass per
+    operator). The scalars are rounded to the arrays' dtype as NumPy rounds them."""
+    dtype = param.dtype.type
+    corrected_lr = lr * (1.0 - beta2 ** step) ** 0.5 / (1.0 - beta1 ** step)
+    _adam(param, grad, first, second, dtype(corrected_lr), dtype(beta1), dtype(beta2), dtype(1.0 - beta1),
+          dtype(1.0 - beta2), dtype(eps), dtype(weight_decay))
