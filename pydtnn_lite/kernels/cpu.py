@@ -7,8 +7,8 @@ passes. The NumPy versions (conv, elementwise, normalization, pooling, update) s
 that the tests compare these with; CuPy arrays never reach this module.
 
 The loops take their arrays flattened to one or two dimensions (the window kernels: as
-NHWC maps), so each function is compiled for few signatures (float32 and float64 of one layout), once: ``cache=True``
-keeps the machine code beside the source for the next process.
+NHWC maps), so each function is compiled for few signatures (float32 and float64 of one
+layout), once: ``cache=True`` keeps the machine code beside the source for the next process.
 """
 from __future__ import annotations
 
@@ -408,7 +408,7 @@ def sgd_update(param: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None,
 
 
 @njit(parallel=True, cache=True)
-def _adam(param, grad, first, second, corrected_lr, beta1, beta2, rest1, rest2, eps,
+def _adam(param, grad, first, second, step_size, beta1, beta2, rest1, rest2, eps,
           weight_decay):  # pragma: no cover (compiled)
     for i in prange(param.size):
         g = grad[i] + weight_decay * param[i] if weight_decay else grad[i]
@@ -416,7 +416,7 @@ def _adam(param, grad, first, second, corrected_lr, beta1, beta2, rest1, rest2, 
         v = beta2 * second[i] + rest2 * g * g
         first[i] = m
         second[i] = v
-        param[i] -= corrected_lr * m / (np.sqrt(v) + eps)
+        param[i] -= step_size * m / (np.sqrt(v) + eps)
 
 
 def adam_update(param: np.ndarray, grad: np.ndarray, first: np.ndarray, second: np.ndarray, lr: float,
@@ -425,6 +425,6 @@ def adam_update(param: np.ndarray, grad: np.ndarray, first: np.ndarray, second: 
     and two moments read once, the parameter and moments written once (NumPy makes a pass per
     operator). The scalars are rounded to the arrays' dtype as NumPy rounds them."""
     dtype = param.dtype.type
-    corrected_lr = lr * (1.0 - beta2 ** step) ** 0.5 / (1.0 - beta1 ** step)
-    _adam(param, grad, first, second, dtype(corrected_lr), dtype(beta1), dtype(beta2), dtype(1.0 - beta1),
+    step_size = update.adam_step_size(lr, beta1, beta2, step)
+    _adam(param, grad, first, second, dtype(step_size), dtype(beta1), dtype(beta2), dtype(1.0 - beta1),
           dtype(1.0 - beta2), dtype(eps), dtype(weight_decay))
