@@ -10,7 +10,7 @@ from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.data import open_dataset
 from pydtnn_lite.models import create_model
-from pydtnn_lite.optim import SGD, LearningRateSchedule
+from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule
 from pydtnn_lite.runtime import keep_freed_memory
 from pydtnn_lite.training import Trainer, TrainerSettings, build_trainer
 
@@ -51,12 +51,13 @@ def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) ->
 
 
 def make_trainer(model: str, dataset: str, global_batch: int, comm: Communicator, bucket_mb: float = 4.0,
-                 overlap: bool = True, device: str = "cpu") -> Trainer:
-    """A trainer as the command line builds it (SGD, weights seeded 0), on ``comm``'s ranks."""
+                 overlap: bool = True, device: str = "cpu", optimizer: str = "sgd") -> Trainer:
+    """A trainer as the command line builds it (SGD or Adam, weights seeded 0), on ``comm``'s ranks."""
     keep_freed_memory()
     data = open_dataset(dataset)
     network = create_model(model, data.input_shape, data.num_classes).build(make_backend(device), seed=0)
-    return build_trainer(network, data, TrainerSettings(global_batch), comm=comm, optimizer=SGD(network),
+    update = Adam(network) if optimizer == "adam" else SGD(network)
+    return build_trainer(network, data, TrainerSettings(global_batch), comm=comm, optimizer=update,
                          schedule=LearningRateSchedule(0.001), bucket_mb=bucket_mb, overlap=overlap)
 
 

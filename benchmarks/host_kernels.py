@@ -1,9 +1,10 @@
 """Training step time with the Numba host kernels against the NumPy versions they replace.
 
     python benchmarks/host_kernels.py [--model resnet18] [--batch-size 64] [--threads 2] [--steps 10]
+        [--optimizer sgd|adam]
 
 One trainer, one fixed batch; the steps alternate between the kernel entries as shipped
-(Numba for im2col, col2im, batch norm, ReLU, add and the SGD update) and the same entries
+(Numba for im2col, col2im, batch norm, ReLU, add, pooling and the SGD and Adam updates) and the same entries
 pointed at the NumPy functions, so a shared machine's load hits both alike. Prints each
 median step time, the time inside those kernels, and the speed-up.
 """
@@ -17,7 +18,7 @@ import numpy as np
 
 from pydtnn_lite import kernels
 from pydtnn_lite.comm import SerialCommunicator
-from pydtnn_lite.kernels import conv, elementwise, normalization, update
+from pydtnn_lite.kernels import conv, elementwise, normalization, pooling, update
 from pydtnn_lite.runtime import set_blas_threads
 
 from common import interleave, make_trainer, model_parser, timed
@@ -27,7 +28,9 @@ NUMPY_VERSIONS = {
     "add": elementwise.add, "batchnorm_sums": normalization.batchnorm_sums,
     "batchnorm_normalize": normalization.batchnorm_normalize,
     "batchnorm_grad_sums": normalization.batchnorm_grad_sums,
-    "batchnorm_grad_input": normalization.batchnorm_grad_input, "sgd_update": update.sgd_update,
+    "batchnorm_grad_input": normalization.batchnorm_grad_input, "maxpool": pooling.maxpool,
+    "maxpool_grad": pooling.maxpool_grad, "avgpool": pooling.avgpool, "avgpool_grad": pooling.avgpool_grad,
+    "sgd_update": update.sgd_update, "adam_update": update.adam_update,
 }
 
 
@@ -35,9 +38,11 @@ def main() -> None:
     parser = model_parser(__doc__)
     parser.set_defaults(model="resnet18")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     args = parser.parse_args()
     set_blas_threads(args.threads)
-    trainer = make_trainer(args.model, args.dataset, args.batch_size, SerialCommunicator())
+    trainer = make_trainer(args.model, args.dataset, args.batch_size, SerialCommunicator(),
+                           optimizer=args.optimizer)
     batch = trainer.load_step(0, 0)
     inside = [0.0]
 
@@ -66,7 +71,7 @@ def main() -> None:
                           variant("numpy", lambda entry, kernel: NUMPY_VERSIONS[entry])],
                          rounds=args.steps, warmup=2)
     median = {name: float(np.median(values)) for name, values in samples.items()}
-    print(f"{args.model} on {args.dataset}, batch {args.batch_size}, {args.threads} threads "
+    print(f"{args.model} on {args.dataset}, batch {args.batch_size}, {args.threads} threads, {args.optimizer} "
           f"(medians of {args.steps} steps each, interleaved)")
     for name in ("numpy", "numba"):
         print(f"{name:6s} kernels: step {median[name] * 1e3:.1f} ms, of which the replaced kernels "

@@ -109,11 +109,13 @@ def test_against_pytorch_runs_graph_models():
 
 def test_host_kernels_benchmark_times_both_kernel_sets():
     result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "host_kernels.py"), "--model", "resnet18",
-                             "--dataset", "digits", "--batch-size", "4", "--steps", "1", "--threads", "1"],
+                             "--dataset", "digits", "--batch-size", "4", "--steps", "1", "--threads", "1",
+                             "--optimizer", "adam"],
                             capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"numpy  kernels: step [\d.]+ ms, of which the replaced kernels [\d.]+ ms", result.stdout)
     assert re.search(r"speed-up: step [\d.]+x, replaced kernels [\d.]+x", result.stdout)
+    assert "1 threads, adam" in result.stdout
 
 
 def test_allreduce_benchmark_times_between_the_samples():

@@ -5,7 +5,12 @@ import numpy as np
 import pytest
 
 from pydtnn_lite import kernels
-from pydtnn_lite.kernels import conv, cpu, elementwise, normalization, update
+from pydtnn_lite.backend import make_backend
+from pydtnn_lite.kernels import conv, cpu, elementwise, normalization, pooling, update
+from pydtnn_lite.layers import Dense
+from pydtnn_lite.network import Network
+from pydtnn_lite.optim import Adam
+from pydtnn_lite.optim.adam import EPSILON_FORMS
 
 DTYPES = (np.float32, np.float64)
 TOLERANCE = {np.float32: 1e-5, np.float64: 1e-12}
@@ -69,6 +74,48 @@ def test_batchnorm_kernels_match_numpy(dtype, shape):
                                rtol=1e-4, atol=1e-4)
 
 
+POOL_CASES = [
+    ((2, 9, 8, 3), 3, 3, 2, 1),  # ResNet's stem pooling: overlapping windows over padding
+    ((2, 8, 6, 3), 2, 2, 2, 0),  # the windows tile the map
+    ((2, 7, 9, 2), 2, 3, 2, 0),  # odd sizes: the last row and column are in no window
+    ((1, 6, 6, 2), 2, 2, 3, 1),  # stride > window: gaps between the windows
+    ((2, 4, 4, 3), 4, 4, 4, 0),  # global
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,kh,kw,stride,padding", POOL_CASES)
+def test_pooling_kernels_match_numpy(dtype, shape, kh, kw, stride, padding):
+    rng = np.random.default_rng(1)
+    x = rng.integers(-3, 4, size=shape).astype(dtype)  # few values: most windows hold ties
+    out, argmax = cpu.maxpool(x, kh, kw, stride, padding)
+    expected_out, expected_argmax = pooling.maxpool(x, kh, kw, stride, padding)
+    np.testing.assert_array_equal(out, expected_out)
+    np.testing.assert_array_equal(argmax, expected_argmax)
+    grad_out = normal(out.shape, dtype, seed=2)
+    np.testing.assert_array_equal(cpu.maxpool_grad(grad_out, argmax, shape, kh, kw, stride, padding),
+                                  pooling.maxpool_grad(grad_out, argmax, shape, kh, kw, stride, padding))
+    x = normal(shape, dtype)
+    np.testing.assert_allclose(cpu.avgpool(x, kh, kw, stride, padding), pooling.avgpool(x, kh, kw, stride, padding),
+                               rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    np.testing.assert_allclose(cpu.avgpool_grad(grad_out, shape, kh, kw, stride, padding),
+                               pooling.avgpool_grad(grad_out, shape, kh, kw, stride, padding),
+                               rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+def test_maxpool_propagates_nan_and_infinities_as_numpy_does():
+    rng = np.random.default_rng(2)
+    x = rng.integers(-3, 4, size=(2, 9, 9, 3)).astype(np.float32)
+    x.flat[rng.choice(x.size, 30, replace=False)] = -np.inf
+    x.flat[rng.choice(x.size, 10, replace=False)] = np.nan
+    x[0, :4, :4, 0] = -np.inf  # a window, and its padding, of -inf only
+    out, argmax = cpu.maxpool(x, 3, 3, 2, 1)
+    expected_out, expected_argmax = pooling.maxpool(x, 3, 3, 2, 1)
+    assert np.isnan(expected_out).any() and np.isneginf(expected_out).any()
+    np.testing.assert_array_equal(out, expected_out)
+    np.testing.assert_array_equal(argmax, expected_argmax)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("momentum,weight_decay,nesterov", [(0.9, 0.0, False), (0.9, 1e-4, True), (0.0, 1e-4, False)])
 def test_sgd_update_matches_numpy(dtype, momentum, weight_decay, nesterov):
@@ -81,6 +128,38 @@ def test_sgd_update_matches_numpy(dtype, momentum, weight_decay, nesterov):
     np.testing.assert_allclose(velocity, expected_velocity, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weight_decay", [0.0, 1e-2])
+def test_adam_update_matches_numpy(dtype, weight_decay):
+    param, grad, first = (normal(1000, dtype, seed) for seed in range(3))
+    second = np.abs(normal(1000, dtype, seed=3))
+    expected = [array.copy() for array in (param, first, second)]
+    for step in (1, 7):
+        update.adam_update(expected[0], grad, expected[1], expected[2], 1e-2, 0.9, 0.999, 1e-3, step, weight_decay)
+        cpu.adam_update(param, grad, first, second, 1e-2, 0.9, 0.999, 1e-3, step, weight_decay)
+    for actual, wanted in zip((param, first, second), expected, strict=True):
+        np.testing.assert_allclose(actual, wanted, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("form", EPSILON_FORMS)
+def test_adam_on_the_numba_kernel_steps_as_on_numpy(form, monkeypatch):
+    """Both epsilon forms, through the optimizer and the kernel entry, in float32."""
+    def trained(adam_kernel):
+        with monkeypatch.context() as patch:
+            patch.setattr(kernels, "adam_update", adam_kernel)
+            network = Network("dense", (6,), 3)
+            network.add(Dense(3))
+            network.build(make_backend("cpu", "float32"), seed=0)
+            optimizer = Adam(network, eps=1e-3, weight_decay=1e-2, epsilon_form=form)
+            for step in range(3):
+                network.flat_grads[...] = normal(network.flat_grads.size, np.float32, seed=step)
+                optimizer.step(0.1)
+            return network.flat_params.copy()
+
+    assert kernels.adam_update.__wrapped__ is cpu.adam_update
+    np.testing.assert_allclose(trained(kernels.adam_update), trained(update.adam_update), rtol=1e-6, atol=1e-6)
+
+
 def test_host_arrays_take_the_numba_kernels():
     """The kernel entries the layers call route NumPy arrays to these kernels."""
     x = normal((2, 5, 5, 3), np.float32)
@@ -88,3 +167,5 @@ def test_host_arrays_take_the_numba_kernels():
     assert kernels.relu.__wrapped__ is cpu.relu
     assert kernels.batchnorm_sums.__wrapped__ is cpu.batchnorm_sums
     assert kernels.sgd_update.__wrapped__ is cpu.sgd_update
+    assert kernels.maxpool.__wrapped__ is cpu.maxpool
+    assert kernels.avgpool_grad.__wrapped__ is cpu.avgpool_grad

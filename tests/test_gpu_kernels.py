@@ -292,8 +292,9 @@ def test_networks_on_the_cuda_kernels_compute_what_they_compute_on_numpy(
     """Logits and parameter gradients: exactly NumPy's on the host build, where nothing else
     differs; within rounding on a GPU, where cuBLAS and CuPy's reductions do."""
     with monkeypatch.context() as reference:  # the NumPy window kernels, not the host's Numba ones
-        reference.setattr(kernels, "im2col", conv.im2col)
-        reference.setattr(kernels, "col2im", conv.col2im)
+        numpy_versions = {**vars(conv), **vars(pooling)}
+        for name in WINDOW_KERNELS:
+            reference.setattr(kernels, name, numpy_versions[name])
         expected = forward_backward(model, shape, make_backend("cpu", "float64"))
     on_host = device.backend.xp is np
     if on_host:  # the entries would run NumPy arrays on the NumPy versions

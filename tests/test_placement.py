@@ -26,7 +26,7 @@ def test_one_rank_with_every_core_speeds_up_only_the_threaded_kernels():
     assert not job.oversubscribed
     for threaded in ("gemm", "im2col", "batchnorm_sums", "sgd_update"):
         assert kernel_scale(threaded, job, CALIBRATED) == pytest.approx(0.5)
-    for single in ("maxpool", "softmax_cross_entropy", "adam_update"):
+    for single in ("concat", "softmax_cross_entropy", "dropout_mask"):
         assert kernel_scale(single, job, CALIBRATED) == 1.0
 
 
@@ -35,7 +35,7 @@ def test_threads_beyond_the_cores_share_them():
     assert job.nodes == 2 and job.time_sharing == 2.0 and job.blas_cores == 1.0
     assert kernel_scale("gemm", job, CALIBRATED) == 1.0  # two threads at half a core each
     assert kernel_scale("relu", job, CALIBRATED) == 1.0  # threaded as the GEMM
-    assert kernel_scale("maxpool", job, CALIBRATED) == 2.0
+    assert kernel_scale("concat", job, CALIBRATED) == 2.0
 
 
 def test_an_impossible_placement_is_refused():

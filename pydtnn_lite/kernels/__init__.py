@@ -7,7 +7,7 @@ layers, without a line of layer code knowing. With tracing off the entries are t
 functions, so an untraced step pays nothing.
 
 On the host, the memory-bound kernels (im2col, col2im, batch norm, ReLU, the residual
-add, the SGD update) are the Numba loops of :mod:`~pydtnn_lite.kernels.cpu`, which use
+add, pooling, the SGD and Adam updates) are the Numba loops of :mod:`~pydtnn_lite.kernels.cpu`, which use
 every thread of the process; the NumPy versions they replace stay the reference. The
 window kernels (im2col, col2im and the pooling kernels) also have CUDA versions, in
 :mod:`~pydtnn_lite.kernels.gpu`. An entry picks its version by its first argument's
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pydtnn_lite.kernels import cpu, elementwise, gpu, normalization, pooling, update
+from pydtnn_lite.kernels import cpu, elementwise, gpu, normalization, update
 from pydtnn_lite.kernels.blas import bias_add, bias_grad, gemm
 from pydtnn_lite.kernels.elementwise import concat, dropout_apply, dropout_mask, split
 from pydtnn_lite.kernels.loss import (
@@ -32,7 +32,6 @@ from pydtnn_lite.kernels.loss import (
     squared_error_grad,
 )
 from pydtnn_lite.kernels.normalization import batchnorm_inference
-from pydtnn_lite.kernels.update import adam_update
 
 
 def _by_array_type(host: Callable, device: Callable) -> Callable:
@@ -56,10 +55,10 @@ def _by_first_array_type(host: Callable, device: Callable) -> Callable:
 
 im2col = _by_array_type(cpu.im2col, gpu.im2col)
 col2im = _by_array_type(cpu.col2im, gpu.col2im)
-maxpool = _by_array_type(pooling.maxpool, gpu.maxpool)
-maxpool_grad = _by_array_type(pooling.maxpool_grad, gpu.maxpool_grad)
-avgpool = _by_array_type(pooling.avgpool, gpu.avgpool)
-avgpool_grad = _by_array_type(pooling.avgpool_grad, gpu.avgpool_grad)
+maxpool = _by_array_type(cpu.maxpool, gpu.maxpool)
+maxpool_grad = _by_array_type(cpu.maxpool_grad, gpu.maxpool_grad)
+avgpool = _by_array_type(cpu.avgpool, gpu.avgpool)
+avgpool_grad = _by_array_type(cpu.avgpool_grad, gpu.avgpool_grad)
 relu = _by_array_type(cpu.relu, elementwise.relu)
 relu_grad = _by_array_type(cpu.relu_grad, elementwise.relu_grad)
 add = _by_first_array_type(cpu.add, elementwise.add)
@@ -68,6 +67,7 @@ batchnorm_normalize = _by_array_type(cpu.batchnorm_normalize, normalization.batc
 batchnorm_grad_sums = _by_array_type(cpu.batchnorm_grad_sums, normalization.batchnorm_grad_sums)
 batchnorm_grad_input = _by_array_type(cpu.batchnorm_grad_input, normalization.batchnorm_grad_input)
 sgd_update = _by_array_type(cpu.sgd_update, update.sgd_update)
+adam_update = _by_array_type(cpu.adam_update, update.adam_update)
 
 __all__ = [
     "gemm", "bias_add", "bias_grad", "im2col", "col2im", "relu", "relu_grad",

@@ -3,12 +3,12 @@
 NumPy runs each of these passes over memory on one core, and often as several passes
 (a temporary per operator). Here each kernel is one parallel loop that reads and writes
 each element once: on two cores the residual networks spend half their step in such
-passes. The NumPy versions (conv, elementwise, normalization, update) stay the reference
+passes. The NumPy versions (conv, elementwise, normalization, pooling, update) stay the reference
 that the tests compare these with; CuPy arrays never reach this module.
 
-The loops take their arrays flattened to one or two dimensions, so each function is
-compiled for few signatures (float32 and float64 of one layout), once: ``cache=True``
-keeps the machine code beside the source for the next process.
+The loops take their arrays flattened to one or two dimensions (the window kernels: as
+NHWC maps), so each function is compiled for few signatures (float32 and float64 of one
+layout), once: ``cache=True`` keeps the machine code beside the source for the next process.
 """
 from __future__ import annotations
 
@@ -240,6 +240,152 @@ def col2im(cols: np.ndarray, x_shape: tuple, kh: int, kw: int, stride: int, padd
     return grad
 
 
+# --------------------------------------------------------------------- pooling
+# Element by element through the full indices: a view of a row (``out[image, r, q]``) inside
+# a parallel loop costs a reference count per view and ran 10x slower here.
+@njit(parallel=True, cache=True)
+def _maxpool(x, kh, kw, stride, padding, out, argmax):  # pragma: no cover (compiled)
+    n, h, w, c = x.shape
+    ho, wo = out.shape[1], out.shape[2]
+    for image_row in prange(n * ho):
+        image, r = image_row // ho, image_row % ho
+        for q in range(wo):
+            for ch in range(c):
+                out[image, r, q, ch] = -np.inf
+                argmax[image, r, q, ch] = 0
+            for i in range(kh):
+                y = r * stride + i - padding
+                if y < 0 or y >= h:
+                    continue  # padding is -inf: it never exceeds the running maximum
+                for j in range(kw):
+                    z = q * stride + j - padding
+                    if z < 0 or z >= w:
+                        continue
+                    for ch in range(c):
+                        value = x[image, y, z, ch]
+                        if value > out[image, r, q, ch]:  # strictly: the first maximum keeps a tie
+                            out[image, r, q, ch] = value
+                            argmax[image, r, q, ch] = i * kw + j
+                        elif value != value:  # a NaN wins and keeps the offset, as np.maximum and >
+                            out[image, r, q, ch] = value
+
+
+def maxpool(x: np.ndarray, kh: int, kw: int, stride: int, padding: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`~pydtnn_lite.kernels.pooling.maxpool` in one pass over the input, padding never materialised."""
+    n, h, w, c = x.shape
+    ho, wo = conv.output_size(h, kh, stride, padding), conv.output_size(w, kw, stride, padding)
+    out = np.empty((n, ho, wo, c), dtype=x.dtype)
+    argmax = np.empty((n, ho, wo, c), dtype=np.uint8)
+    _maxpool(np.ascontiguousarray(x), kh, kw, stride, padding, out, argmax)
+    return out, argmax
+
+
+@njit(cache=True)
+def _covering(coordinate, padding, offset, stride, outputs):  # pragma: no cover (compiled)
+    """Along one axis: the output whose window holds input ``coordinate`` at window ``offset``, or -1."""
+    start = coordinate + padding - offset
+    if start < 0 or start % stride:
+        return -1
+    index = start // stride
+    return index if index < outputs else -1
+
+
+@njit(parallel=True, cache=True)
+def _maxpool_grad(grad_out, argmax, kh, kw, stride, padding, grad):  # pragma: no cover (compiled)
+    n, h, w, c = grad.shape
+    zero = grad.dtype.type(0)
+    ho, wo = grad_out.shape[1], grad_out.shape[2]
+    for image_row in prange(n * h):  # a gather: each input element written once, by one thread
+        image, y = image_row // h, image_row % h
+        for z in range(w):
+            for ch in range(c):
+                grad[image, y, z, ch] = 0
+            for i in range(kh):
+                r = _covering(y, padding, i, stride, ho)
+                if r < 0:
+                    continue
+                for j in range(kw):
+                    q = _covering(z, padding, j, stride, wo)
+                    if q < 0:
+                        continue
+                    offset = i * kw + j
+                    for ch in range(c):  # a select, not a branch, so that the loop vectorises
+                        routed = grad_out[image, r, q, ch] if argmax[image, r, q, ch] == offset else zero
+                        grad[image, y, z, ch] += routed
+
+
+def maxpool_grad(grad_out: np.ndarray, argmax: np.ndarray, x_shape: tuple, kh: int, kw: int,
+                 stride: int, padding: int) -> np.ndarray:
+    """:func:`~pydtnn_lite.kernels.pooling.maxpool_grad` as one gather: each input element sums the
+    gradients of the windows whose maximum it was, in window order (so equal to NumPy's sums,
+    bit for bit; a NaN or infinite gradient goes to the maximum alone, as the CUDA kernel does)."""
+    grad = np.empty(x_shape, dtype=grad_out.dtype)
+    _maxpool_grad(np.ascontiguousarray(grad_out), np.ascontiguousarray(argmax), kh, kw, stride, padding, grad)
+    return grad
+
+
+@njit(parallel=True, cache=True)
+def _avgpool(x, kh, kw, stride, padding, scale, out):  # pragma: no cover (compiled)
+    n, h, w, c = x.shape
+    ho, wo = out.shape[1], out.shape[2]
+    for image_row in prange(n * ho):
+        image, r = image_row // ho, image_row % ho
+        for q in range(wo):
+            for ch in range(c):
+                out[image, r, q, ch] = 0
+            for i in range(kh):
+                y = r * stride + i - padding
+                if y < 0 or y >= h:
+                    continue  # padding adds zeros, counted in the divisor only
+                for j in range(kw):
+                    z = q * stride + j - padding
+                    if z < 0 or z >= w:
+                        continue
+                    for ch in range(c):
+                        out[image, r, q, ch] += x[image, y, z, ch]
+            for ch in range(c):
+                out[image, r, q, ch] *= scale
+
+
+def avgpool(x: np.ndarray, kh: int, kw: int, stride: int, padding: int) -> np.ndarray:
+    """:func:`~pydtnn_lite.kernels.pooling.avgpool` in one pass over the input (global pooling included)."""
+    n, h, w, c = x.shape
+    ho, wo = conv.output_size(h, kh, stride, padding), conv.output_size(w, kw, stride, padding)
+    out = np.empty((n, ho, wo, c), dtype=x.dtype)
+    _avgpool(np.ascontiguousarray(x), kh, kw, stride, padding, x.dtype.type(1.0 / (kh * kw)), out)
+    return out
+
+
+@njit(parallel=True, cache=True)
+def _avgpool_grad(grad_out, kh, kw, stride, padding, scale, grad):  # pragma: no cover (compiled)
+    n, h, w, c = grad.shape
+    ho, wo = grad_out.shape[1], grad_out.shape[2]
+    for image_row in prange(n * h):
+        image, y = image_row // h, image_row % h
+        for z in range(w):
+            for ch in range(c):
+                grad[image, y, z, ch] = 0
+            for i in range(kh):
+                r = _covering(y, padding, i, stride, ho)
+                if r < 0:
+                    continue
+                for j in range(kw):
+                    q = _covering(z, padding, j, stride, wo)
+                    if q < 0:
+                        continue
+                    for ch in range(c):
+                        grad[image, y, z, ch] += grad_out[image, r, q, ch] * scale
+
+
+def avgpool_grad(grad_out: np.ndarray, x_shape: tuple, kh: int, kw: int, stride: int, padding: int) -> np.ndarray:
+    """:func:`~pydtnn_lite.kernels.pooling.avgpool_grad` as one gather: each input element sums
+    its windows' shares in window order, each element written once."""
+    grad = np.empty(x_shape, dtype=grad_out.dtype)
+    _avgpool_grad(np.ascontiguousarray(grad_out), kh, kw, stride, padding,
+                  grad_out.dtype.type(1.0 / (kh * kw)), grad)
+    return grad
+
+
 # --------------------------------------------------------------------- optimizer update
 @njit(parallel=True, cache=True)
 def _sgd(param, grad, velocity, lr, momentum, weight_decay, nesterov):  # pragma: no cover (compiled)
@@ -259,3 +405,26 @@ def sgd_update(param: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None,
         return
     dtype = param.dtype.type
     _sgd(param, grad, velocity, dtype(lr), dtype(momentum), dtype(weight_decay), nesterov)
+
+
+@njit(parallel=True, cache=True)
+def _adam(param, grad, first, second, step_size, beta1, beta2, rest1, rest2, eps,
+          weight_decay):  # pragma: no cover (compiled)
+    for i in prange(param.size):
+        g = grad[i] + weight_decay * param[i] if weight_decay else grad[i]
+        m = beta1 * first[i] + rest1 * g
+        v = beta2 * second[i] + rest2 * g * g
+        first[i] = m
+        second[i] = v
+        param[i] -= step_size * m / (np.sqrt(v) + eps)
+
+
+def adam_update(param: np.ndarray, grad: np.ndarray, first: np.ndarray, second: np.ndarray, lr: float,
+                beta1: float, beta2: float, eps: float, step: int, weight_decay: float) -> None:
+    """:func:`~pydtnn_lite.kernels.update.adam_update` in one pass: each of the parameter, gradient
+    and two moments read once, the parameter and moments written once (NumPy makes a pass per
+    operator). The scalars are rounded to the arrays' dtype as NumPy rounds them."""
+    dtype = param.dtype.type
+    step_size = update.adam_step_size(lr, beta1, beta2, step)
+    _adam(param, grad, first, second, dtype(step_size), dtype(beta1), dtype(beta2), dtype(1.0 - beta1),
+          dtype(1.0 - beta2), dtype(eps), dtype(weight_decay))

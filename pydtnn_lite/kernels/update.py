@@ -27,5 +27,9 @@ def adam_update(param: Any, grad: Any, first: Any, second: Any, lr: float, beta1
     first += (1.0 - beta1) * grad
     second *= beta2
     second += (1.0 - beta2) * grad * grad
-    corrected_lr = lr * (1.0 - beta2 ** step) ** 0.5 / (1.0 - beta1 ** step)
-    param -= corrected_lr * first / ((second ** 0.5) + eps)
+    param -= adam_step_size(lr, beta1, beta2, step) * first / ((second ** 0.5) + eps)
+
+
+def adam_step_size(lr: float, beta1: float, beta2: float, step: int) -> float:
+    """The learning rate with both of Adam's bias corrections folded in."""
+    return lr * (1.0 - beta2 ** step) ** 0.5 / (1.0 - beta1 ** step)

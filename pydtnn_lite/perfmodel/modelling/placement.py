@@ -10,7 +10,7 @@ speed:
   waits, so a rank that finished its backward early keeps competing with the ranks that
   are still computing. The ratio therefore holds for the whole step.
 - **Threads.** GEMM (BLAS) and the host's parallel loops (im2col, col2im, batch norm,
-  ReLU, the residual add, the SGD update: ``kernels/cpu.py``) run on the rank's threads;
+  ReLU, the residual add, pooling, the SGD and Adam updates: ``kernels/cpu.py``) run on the rank's threads;
   the other kernels run on one. With more (or fewer) cores per rank than in the
   calibration, a threaded kernel scales by the ratio of the cores it gets (linearly: the
   memory-bound loops scale less once memory bandwidth runs out).
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 # Kernels that run on all of the rank's threads (BLAS's, and the same number of Numba's).
 THREADED_KERNELS = frozenset({"gemm", "im2col", "col2im", "batchnorm_sums", "batchnorm_normalize",
                               "batchnorm_grad_sums", "batchnorm_grad_input", "relu", "relu_grad", "add",
-                              "sgd_update"})
+                              "maxpool", "maxpool_grad", "avgpool", "avgpool_grad", "sgd_update",
+                              "adam_update"})
 
 
 @dataclass(frozen=True)
