@@ -14,6 +14,7 @@ from mpi import REPO, run
 BENCHMARKS = os.path.join(REPO, "benchmarks")
 sys.path.insert(0, BENCHMARKS)
 
+from core_speed import longest  # noqa: E402
 from heterogeneous import verdict_of  # noqa: E402
 
 from allreduce_model import benchmark_sizes  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
@@ -35,6 +36,13 @@ def test_interleave_rotates_the_order_and_drops_the_warmup():
                          before=lambda: calls.append("|"), combine=lambda timings: {k: -v for k, v in timings.items()})
     assert "".join(calls) == "|a|b|c" "|b|c|a" "|c|a|b"
     assert samples == {"b": [-8.0, -18.0], "c": [-10.0, -14.0], "a": [-12.0, -16.0]}
+
+
+def test_a_slow_spell_lasts_from_its_first_slow_instant_to_the_next_fast_one():
+    instants = [(float(at), []) for at in range(6)]
+    assert longest(instants, [False, True, True, False, True, False]) == 2.0
+    assert longest(instants, [False] * 6) == 0.0
+    assert longest(instants, [False, False, False, False, True, True]) == 1.0  # until the last instant
 
 
 def test_gradient_sync_prints_every_part_on_two_ranks():
