@@ -11,9 +11,10 @@ import numpy as np
 
 from pydtnn_lite.comm.base import Communicator, Request
 from pydtnn_lite.errors import CollectiveTimeout
+from pydtnn_lite.runtime import usable_cores
 
 STUCK_TAG = 7301
-SPIN_SECONDS = 0.01  # poll without sleeping this long: most collectives finish within it
+SPIN_SECONDS = 0.01  # poll without sleeping this long, with a core per rank: most collectives finish within it
 
 
 class MPIRequest(Request):
@@ -65,6 +66,9 @@ class MPICommunicator(Communicator):
         hosts = handle.allgather(platform.node())
         here = [rank for rank, host in enumerate(hosts) if host == hosts[self.rank]]
         self.local_rank, self.local_size = here.index(self.rank), len(here)
+        # With more ranks than cores, a rank that spins while waiting takes the core of one that computes.
+        self.oversubscribed = self.local_size > usable_cores()
+        self.spin_seconds = 0.0 if self.oversubscribed else SPIN_SECONDS
         self.timeout = timeout
         self.blocked_seconds = 0.0
         self.started = 0  # collectives started by this rank, for matching across ranks
@@ -169,7 +173,7 @@ class MPICommunicator(Communicator):
                 waited = time.perf_counter() - began
                 if waited > self.timeout:
                     raise timed_out()
-                if waited > SPIN_SECONDS:
+                if waited > self.spin_seconds:
                     time.sleep(min(1e-3, waited / 100))
         finally:
             self.blocked_seconds += time.perf_counter() - began
@@ -206,4 +210,5 @@ class MPICommunicator(Communicator):
 
     def describe(self) -> str:
         version = " ".join(self.MPI.Get_library_version().splitlines()[0].split())
-        return f"{self.size} MPI ranks ({version})"
+        crowded = f", {self.local_size} on {usable_cores()} cores here" if self.oversubscribed else ""
+        return f"{self.size} MPI ranks ({version}){crowded}"

@@ -4,7 +4,9 @@ In a synchronous step every rank waits for the slowest, so a step lasts
 ``max_r(b_r / v_r)`` for shares ``b_r`` and speeds ``v_r`` (samples per second of work).
 Shares proportional to the speeds make every rank finish together. Speeds are measured
 on the training steps themselves: each rank's busy time (loading, forward, backward and
-update, without the time blocked in collectives) over the samples it trained. They are
+update, without the time blocked in collectives) over the samples it trained; with batches
+read ahead, at least the time its loader took to read the batch, since a rank whose data
+arrives late cannot go faster than its loader, however the reading overlaps. They are
 smoothed, and shares change only when the change is predicted to pay, so noise does not
 move samples back and forth. Every rank sees the same measurements (they are summed over
 ranks) and so computes the same shares: the ranks never disagree on the partition.

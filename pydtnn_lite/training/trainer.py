@@ -44,7 +44,9 @@ class Batch:
     this rank's first row in it: layers that draw per sample (dropout) need both. A batch
     of a step that accumulates gradients holds the rank's rows of each micro-batch in
     turn: ``parts`` gives each one's (rows of this rank, position of its first row in the
-    global batch); None is one part of all the rows at ``offset``.
+    global batch); None is one part of all the rows at ``offset``. ``read_seconds`` is how
+    long a batch read ahead took to read on the loader thread (0 for one read in the step,
+    whose time already holds it).
     """
 
     images: Any
@@ -52,6 +54,7 @@ class Batch:
     global_size: int
     offset: int
     parts: tuple[tuple[int, int], ...] | None = None
+    read_seconds: float = 0.0
 
     def micro_batches(self) -> list[tuple[Any, Any, int]]:
         """(images, labels, offset in the global batch) of each micro-batch."""
@@ -243,7 +246,7 @@ class Trainer:
         self.observer.done_elsewhere(DATA_LOAD, read.started, read.finished)
         host = read.item
         images, labels = self.observer.run(H2D_COPY, self.to_device, host.images, host.labels)
-        return Batch(images, labels, host.global_size, host.offset, host.parts)
+        return Batch(images, labels, host.global_size, host.offset, host.parts, read.finished - read.started)
 
     def prefetcher(self, epoch: int, first_step: int) -> Prefetcher[Batch]:
         """The batches of ``epoch`` from ``first_step`` on, read ``settings.prefetch`` steps ahead."""
@@ -271,7 +274,11 @@ class Trainer:
                 batch = self.load_step(epoch, step) if batches is None else self.prefetched_step(batches)
                 result = self.train_step(batch)
                 if self.balancer is not None:
-                    busy = time.perf_counter() - step_started - (self.comm.blocked_seconds - blocked)
+                    # Read ahead, loading overlaps the step and the time between steps, so the
+                    # step's own time can hide it; but a rank consumes batches no faster than
+                    # its loader reads them.
+                    busy = max(time.perf_counter() - step_started - (self.comm.blocked_seconds - blocked),
+                               batch.read_seconds)
                     self._balance(self.balancer, batch.samples, busy)
                     if batches is not None and self.rebalanced_at == self.global_step:
                         # Batches read ahead were split by the old shares: read them again.
