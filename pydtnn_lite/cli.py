@@ -9,6 +9,7 @@ given on the command line override them.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
@@ -23,6 +24,18 @@ else:  # pragma: no cover - Python 3.10 reads TOML with the tomli backport
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 SHARED_DESTS = {"help", "version", "config", "log_level"}  # flags a configuration file cannot set
+
+
+def print_output(text: str) -> None:
+    """Print a command's report; a reader that stops early (``| head``) is not an error.
+
+    Once the pipe is closed, standard output is pointed at the null device, so that the
+    interpreter's own flush at exit does not fail again.
+    """
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def version() -> str:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from pydtnn_lite import flags
-from pydtnn_lite.cli import command_parser, parse_command_line
+from pydtnn_lite.cli import command_parser, parse_command_line, print_output
 from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.data import partition
@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except UserError as error:
             print(f"{PROGRAM}: error: {error}", file=sys.stderr)
             return 2
-        print(json.dumps(result, indent=1) if args.json else heterogeneous_text(result))
+        print_output(json.dumps(result, indent=1) if args.json else heterogeneous_text(result))
         return 0
     try:
         machine, machine_name, nodes = machine_from_arguments(args, 8 if args.dtype == "float64" else 4)
@@ -185,11 +185,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(prediction_json(prediction, args.model, args.dataset, machine_name, args.batch_size),
-                         indent=1))
+        print_output(json.dumps(prediction_json(prediction, args.model, args.dataset, machine_name,
+                                                args.batch_size), indent=1))
     else:
-        print(prediction_text(prediction, f"{args.model} on {args.dataset}, global batch {args.batch_size} over "
-                                          f"{procs} ranks ({local_batch} per rank), {machine_name}", args.batch_size))
+        print_output(prediction_text(prediction, f"{args.model} on {args.dataset}, global batch {args.batch_size} "
+                                                 f"over {procs} ranks ({local_batch} per rank), {machine_name}",
+                                     args.batch_size))
     return 0
 
 

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from pydtnn_lite import flags
-from pydtnn_lite.cli import command_parser, parse_command_line
+from pydtnn_lite.cli import command_parser, parse_command_line, print_output
 from pydtnn_lite.tracing import load_trace, report
 
 PROGRAM = "pydtnn_lite.trace"
@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 2
-    print(report(kernels, steps, meta, top=args.top))
+    print_output(report(kernels, steps, meta, top=args.top))
     return 0
 
 

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pydtnn_lite.cli import command_parser, parse_command_line
+from pydtnn_lite.cli import command_parser, parse_command_line, print_output
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.machine_flags import add_machine_arguments, machine_from_arguments, names_a_machine
 from pydtnn_lite.perfmodel.modelling.trace_validation import check_trace, trace_calibration
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         detail = f"the trace's meta.json lacks {error}" if isinstance(error, KeyError) else str(error)
         print(f"{PROGRAM}: error: {detail}", file=sys.stderr)
         return 2
-    print(json.dumps(checked.summary(), indent=1) if args.json else checked.text())
+    print_output(json.dumps(checked.summary(), indent=1) if args.json else checked.text())
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -205,3 +206,12 @@ def test_mpmd_ranks_that_disagree_are_named(tmp_path):
                              "-n", "2", *common, "--batch-size", "32", "--device", "cpu"],
                             capture_output=True, text=True, timeout=120)
     assert_one_line_error(result, "--batch-size 16 on rank 0 but 32 on rank 1 (ranks that differ from rank 0: 1, 2)")
+
+
+def test_a_report_read_by_head_ends_without_a_traceback():
+    # A megabyte outgrows the pipe's buffer, so the write meets the pipe head has closed.
+    script = "from pydtnn_lite.cli import print_output; print_output('x' * 1_000_000)"
+    command = f"{shlex.quote(sys.executable)} -c {shlex.quote(script)} | head -c 5"
+    finished = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+    assert finished.stdout == "xxxxx"
+    assert "Traceback" not in finished.stderr and "BrokenPipe" not in finished.stderr, finished.stderr
