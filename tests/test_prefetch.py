@@ -46,9 +46,20 @@ def test_an_error_while_reading_is_raised_where_its_batch_is_taken():
 
 
 def test_closing_early_stops_the_thread():
-    items = Prefetcher(lambda step: step, range(10**9), 2)
+    produced = threading.Semaphore(0)
+
+    def produce(step: int) -> int:
+        produced.release()
+        return step
+
+    items = Prefetcher(produce, range(10**9), 2)
     assert next(items).item == 0
-    items.close()
+    for _ in range(4):  # steps 0-3: two queued, the fourth waiting for room in the full queue
+        produced.acquire()
+    closing = threading.Thread(target=items.close)
+    closing.start()
+    closing.join(timeout=30)  # a bound on a hang, not a timing: close must free the waiting thread
+    assert not closing.is_alive()
     assert not any(thread.name == "pydtnn-prefetch" for thread in threading.enumerate())
 
 

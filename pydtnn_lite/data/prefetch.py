@@ -74,13 +74,10 @@ class Prefetcher(Generic[T]):
         self._put(_END)
 
     def _put(self, item: object) -> None:
-        """Queue ``item``, waiting for room, unless the consumer stops first."""
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+        """Queue ``item``, waiting for room, unless the consumer has stopped (:meth:`close`
+        then makes room, so a wait that began before it stopped ends at once)."""
+        if not self._stop.is_set():
+            self._queue.put(item)
 
     def __iter__(self) -> Iterator[Produced[T]]:
         return self
@@ -99,6 +96,9 @@ class Prefetcher(Generic[T]):
         """Stop producing and wait for the thread to end."""
         if self._thread is not None:
             self._stop.set()
+            # Room for the one item the thread may be waiting to queue: it then sees the stop.
+            while not self._queue.empty():
+                self._queue.get_nowait()
             self._thread.join()
             self._thread = None
 
