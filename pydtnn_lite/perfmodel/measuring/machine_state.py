@@ -16,7 +16,6 @@ a buffer evicted from the cache, the slowest rank's time.
 """
 from __future__ import annotations
 
-import platform
 import statistics
 import threading
 import time
@@ -98,25 +97,18 @@ def cores_of(index: int, ranks: int, cores: int) -> int:
     return len(range(index, cores, ranks))
 
 
-def cores_to_probe(comm: Communicator) -> tuple[int, bool]:
-    """How many of its host's cores this rank probes (its share, none for ranks beyond the
-    cores), and whether the job's ranks outnumber some host's cores. Collective. Hosts,
-    not the job's nodes: an emulated cluster's nodes share one machine's cores."""
-    hosts = comm.allgather_object(platform.node())
-    here = [rank for rank, host in enumerate(hosts) if host == hosts[comm.rank]]
-    cores = usable_cores()
-    shared = any(comm.allgather_object(len(here) > cores))
-    return cores_of(here.index(comm.rank), len(here), cores), shared
-
-
 def probe_cores(comm: Communicator, repeats: int = REPEATS) -> CoreRates:
-    """Every core's rates, measured at once (collective; every rank gets them all)."""
-    threads, shared = cores_to_probe(comm)
+    """Every core's rates, measured at once (collective; every rank gets them all). The
+    communicator's host-local rank and count say which of its host's cores a rank probes:
+    hosts, not the job's nodes, since an emulated cluster's nodes share one machine's cores."""
+    cores = usable_cores()
+    threads = cores_of(comm.local_rank, comm.local_size, cores)
     mine = core_rates(threads, repeats) if threads else []
     wait_idly(comm)
-    rates = [rate for rank_rates in comm.allgather_object(mine) for rate in rank_rates]
+    gathered = comm.allgather_object((mine, comm.local_size > cores))
+    rates = [rate for rank_rates, _ in gathered for rate in rank_rates]
     return CoreRates(tuple(r[0] for r in rates), tuple(r[2] for r in rates),
-                     max(r[1] for r in rates), max(r[3] for r in rates), shared)
+                     max(r[1] for r in rates), max(r[3] for r in rates), any(crowded for _, crowded in gathered))
 
 
 def wait_idly(comm: Communicator) -> None:

@@ -98,8 +98,9 @@ class MachineState:
         paces (a run's), or with ``typical`` their median (a calibration's); and the mean
         of the ``allreduce`` probes (ranks, bytes, seconds, spread), which must have
         timed the same ranks and bytes."""
-        gemm, gemm_spread = _centre([1 / i.pace()[0] for i in instants], [i.gemm_spread for i in instants], typical)
-        copy, copy_spread = _centre([1 / i.pace()[1] for i in instants], [i.copy_spread for i in instants], typical)
+        paces = [instant.pace() for instant in instants]
+        gemm, gemm_spread = _centre([1 / pace[0] for pace in paces], [i.gemm_spread for i in instants], typical)
+        copy, copy_spread = _centre([1 / pace[1] for pace in paces], [i.copy_spread for i in instants], typical)
         ranks, nbytes, seconds, allreduce_spread = 1, 0, None, 0.0
         if allreduce:
             ranks, nbytes = allreduce[0][:2]
