@@ -141,13 +141,16 @@ def test_roofline_bounds():
 class ConstantMachine:
     """Every kernel ``kernel`` seconds, every Allreduce ``reduce`` seconds, a wait of
     ``wait`` times the work since the last synchronisation, ``outside`` seconds outside
-    the kernels per kernel call, ``load`` seconds per sample loaded and ``background`` the
-    share of reading ahead that the step waits for (hand-checkable steps)."""
+    the kernels per kernel call, ``load`` seconds per sample loaded, ``background`` the
+    share of reading ahead that the step waits for and ``during`` seconds for a reduction
+    that runs while ranks compute (default ``reduce``; hand-checkable steps)."""
 
     def __init__(self, kernel: float, reduce: float, overlaps_communication: bool = True, wait: float = 0.0,
-                 outside: float = 0.0, load: float = 0.0, background: float = 1.0) -> None:
+                 outside: float = 0.0, load: float = 0.0, background: float = 1.0,
+                 during: float | None = None) -> None:
         self.kernel, self.reduce, self.overlaps_communication = kernel, reduce, overlaps_communication
         self.wait, self.outside, self.load, self.background = wait, outside, load, background
+        self.during = reduce if during is None else during
 
     def overhead_seconds(self, calls: int) -> float:
         return self.outside * calls
@@ -166,6 +169,9 @@ class ConstantMachine:
 
     def allreduce_seconds(self, nbytes: float, procs: int) -> float:
         return self.reduce if procs > 1 else 0.0
+
+    def allreduce_during_compute_seconds(self, nbytes: float, procs: int) -> float:
+        return self.during if procs > 1 else 0.0
 
 
 def test_prediction_adds_up_and_overlap_hides_communication_behind_backward():
@@ -190,6 +196,17 @@ def test_prediction_adds_up_and_overlap_hides_communication_behind_backward():
 
     host_mpi = predict_step(network, optimizer, 16, 4, ConstantMachine(1e-3, 0.5, overlaps_communication=False))
     assert host_mpi.step_with_overlap == pytest.approx(host_mpi.step_without_overlap)
+
+
+def test_reductions_among_ranks_that_share_cores_cost_their_cpu_time_but_the_last():
+    """MPI on the host hides no reduction; where ranks time-share the cores, every bucket
+    but the last costs the step what it takes from the cores, the last its duration."""
+    network, optimizer = build_workload("vgg11", "cifar10")
+    shared = predict_step(network, optimizer, 16, 8,
+                          ConstantMachine(1e-3, 0.5, overlaps_communication=False, during=0.125), bucket_mb=4.0)
+    buckets = len(shared.bucket_bytes)
+    assert buckets > 3
+    assert shared.step_without_overlap - shared.step_with_overlap == pytest.approx((buckets - 1) * (0.5 - 0.125))
 
 
 def test_the_step_adds_the_batch_s_loading_and_the_time_outside_the_kernels():

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, allreduce_models
 from pydtnn_lite.perfmodel.modelling.placement import Placement, kernel_scale
 
 CALIBRATED = Placement(ranks=2, ranks_per_node=2, cores_per_node=2, threads_per_rank=1)
@@ -54,3 +56,24 @@ def test_an_impossible_placement_is_refused():
 ])
 def test_reading_ahead_costs_the_step_the_share_of_readers_without_an_idle_core(placement, share):
     assert placement.background_share == pytest.approx(share)
+
+
+def test_a_reduction_among_ranks_that_share_cores_costs_its_cpu_time_on_their_share():
+    """While other ranks compute, a reduction among ranks that time-share the cores costs
+    the step its CPU time times the ranks per core; with a core per rank, or without CPU
+    samples, its duration."""
+    durations = [(p, n, 0.01 * p) for p in (2, 4, 8) for n in (1e6, 4e6)]
+    cpu = [(p, n, 0.002) for p in (4, 8) for n in (1e6, 4e6)]
+    calibration = Calibration(machine={"ranks": 2, "usable_cores": 2}, peak_flops=1e11, memory_bandwidth=1e10,
+                              kernel_models={}, allreduce_samples=durations, allreduce_cpu_samples=cpu,
+                              allreduce_ranks=2)
+    duration_model = allreduce_models(durations)["interpolate"]
+    machine = CalibratedMachine(calibration, duration_model, allreduce_cpu=allreduce_models(cpu)["interpolate"])
+    assert adjusted_machine(machine, Placement(8, 8, 2, 1)).allreduce_during_compute_seconds(1e6, 8) == \
+        pytest.approx(0.002 * 4)
+    assert adjusted_machine(machine, Placement(4, 4, 2, 1)).allreduce_during_compute_seconds(4e6, 4) == \
+        pytest.approx(0.002 * 2)
+    assert adjusted_machine(machine).allreduce_during_compute_seconds(1e6, 2) == pytest.approx(0.02)
+    without_cpu = CalibratedMachine(calibration, duration_model)
+    assert adjusted_machine(without_cpu, Placement(8, 8, 2, 1)).allreduce_during_compute_seconds(1e6, 8) == \
+        pytest.approx(0.08)

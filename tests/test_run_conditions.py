@@ -46,13 +46,18 @@ def test_the_reference_calibration_timed_allreduce_up_to_four_ranks_per_core():
     counts = {int(sample[0]) for sample in document["allreduce_samples"]}
     cores = document["machine"]["usable_cores"]
     assert counts == set(range(2, 4 * cores + 1))
+    # The CPU time of the reductions at the counts beyond the calibration's own, of the same calls.
+    cpu = {(int(p), n): seconds for p, n, seconds in document["allreduce_cpu_samples"]}
+    durations = {(int(p), n): seconds for p, n, seconds in document["allreduce_samples"] if p > 2}
+    assert cpu.keys() == durations.keys()
+    assert all(0 < cpu[key] <= 1.5 * durations[key] for key in cpu)
     assert missing_counts(2, cores) == list(range(3, 4 * cores + 1))
 
 
 def test_a_child_job_times_allreduce_on_more_ranks_than_the_caller_has():
     samples = run_child(3, [1024, 65536])
-    assert [(ranks, nbytes) for ranks, nbytes, _ in samples] == [(3, 1024), (3, 65536)]
-    assert all(0 < seconds < 1 for _, _, seconds in samples)
+    assert [(ranks, nbytes) for ranks, nbytes, _, _ in samples] == [(3, 1024), (3, 65536)]
+    assert all(0 < seconds < 1 and 0 < cpu < 1 for _, _, seconds, cpu in samples)
 
 
 def test_predict_probe_corrects_for_the_machine_s_state_now():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -54,36 +55,54 @@ def rank_counts(size: int) -> list[int]:
 
 
 def call_seconds(comm: MPICommunicator, nbytes: int, budget: float, min_calls: int, max_calls: int,
-                 evict: Callable[[], None]) -> np.ndarray:
+                 evict: Callable[[], None]) -> tuple[np.ndarray, np.ndarray]:
     """Seconds of in-place Allreduce calls of ``nbytes`` on ``comm`` (every rank of it calls
     this): after one untimed warm-up, as many calls as fit in ``budget`` seconds, within
     ``min_calls`` and ``max_calls``. Each call starts after ``evict()`` and a barrier and
-    lasts until the slowest rank is done."""
+    lasts until the slowest rank is done. Returned with the CPU seconds each call took on
+    the calling threads (the mean over the ranks): where ranks time-share cores, what a
+    reduction takes from the ranks that compute while it runs."""
     buffer = np.zeros(max(nbytes // 4, 1), dtype=np.float32)  # zeros stay zeros: no overflow, no denormals
     started = time.perf_counter()
     comm.allreduce_bare(buffer)  # warm-up (page faults, MPICH's buffers), and a guess of the time
     first = max(comm.allgather_object(time.perf_counter() - started))
-    seconds = np.empty(int(np.clip(budget / max(first, 1e-9), min_calls, max_calls)))
-    for call in range(len(seconds)):
+    calls = int(np.clip(budget / max(first, 1e-9), min_calls, max_calls))
+    seconds, cpu_seconds = np.empty(calls), np.empty(calls)
+    for call in range(calls):
         evict()
         comm.barrier()
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         comm.allreduce_bare(buffer)
-        seconds[call] = time.perf_counter() - started
-    return np.max(comm.allgather_object(seconds), axis=0)
+        seconds[call], cpu_seconds[call] = time.perf_counter() - started, time.thread_time() - cpu_started
+    return (np.max(comm.allgather_object(seconds), axis=0), np.mean(comm.allgather_object(cpu_seconds), axis=0))
 
 
-def time_allreduce(comm: MPICommunicator, sizes: Sequence[int], rounds: int = ROUNDS) -> list[float]:
-    """Median seconds of an in-place Allreduce of each of ``sizes`` bytes on ``comm``
-    (collective), over the calls of ``rounds`` passes over the sizes, each call on a
-    buffer evicted from the cache."""
+@dataclass(frozen=True)
+class AllreduceTiming:
+    """One message size's Allreduce: the median over its calls of the slowest rank's seconds,
+    and of the CPU seconds per rank (:func:`call_seconds`)."""
+
+    seconds: float
+    cpu_seconds: float
+
+
+def allreduce_timings(comm: MPICommunicator, sizes: Sequence[int], rounds: int = ROUNDS) -> list[AllreduceTiming]:
+    """The Allreduce of each of ``sizes`` bytes on ``comm`` (collective), in place, over the
+    calls of ``rounds`` passes over the sizes, each call on a buffer evicted from the cache."""
     evict = CacheEvictor(make_backend("cpu"))
-    calls: dict[int, list[np.ndarray]] = {n: [] for n in sizes}
+    calls: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {n: [] for n in sizes}
     budget, min_calls, max_calls = SECONDS_PER_SIZE / rounds, max(1, MIN_CALLS // rounds), max(1, MAX_CALLS // rounds)
     for round_ in range(rounds):
         for nbytes in (sizes if round_ % 2 == 0 else sizes[::-1]):
             calls[nbytes].append(call_seconds(comm, nbytes, budget, min_calls, max_calls, evict))
-    return [float(np.median(np.concatenate(calls[n]))) for n in sizes]
+    return [AllreduceTiming(float(np.median(np.concatenate([wall for wall, _ in calls[n]]))),
+                            float(np.median(np.concatenate([cpu for _, cpu in calls[n]])))) for n in sizes]
+
+
+def time_allreduce(comm: MPICommunicator, sizes: Sequence[int], rounds: int = ROUNDS) -> list[float]:
+    """Median seconds of an in-place Allreduce of each of ``sizes`` bytes on ``comm``
+    (collective): the :func:`allreduce_timings`' seconds."""
+    return [timing.seconds for timing in allreduce_timings(comm, sizes, rounds)]
 
 
 def allreduce_samples(comm: MPICommunicator, sizes: Sequence[int]) -> list[tuple[int, float, float]]:

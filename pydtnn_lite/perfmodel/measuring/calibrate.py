@@ -163,8 +163,10 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     phase_done("data", f"loading {', '.join(data_load_samples)}")
 
     reductions = allreduce_samples(mpi_of(comm), settings.allreduce_sizes) if comm.size > 1 else []
+    reduction_cpu: list[tuple[int, int, float]] = []
     if settings.beyond_job:
-        reductions += samples_beyond(comm, usable_cores())
+        beyond, reduction_cpu = samples_beyond(comm, usable_cores())
+        reductions += beyond
     network = (network_timings(mpi_of(comm), node_name(), settings.allreduce_sizes, reductions)
                if comm.size > 1 else None)
     counts = sorted({ranks for ranks, _, _ in reductions})
@@ -186,6 +188,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                 "load_average": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)}}
     machine = dict(describe_machine(backend, blas_threads, comm.size), ranks_per_node=comm.local_size)
     return Calibration(machine, peak, bandwidth, models, reductions,
+                       allreduce_cpu_samples=[(p, float(n), t) for p, n, t in reduction_cpu],
                        allreduce_ranks=comm.size, kernel_samples=samples,
                        kernel_rates={name: best_rates(s) for name, s in sorted(samples.items())},
                        settings=recorded, sync_samples=sync_samples, sync_wait=sync_wait,
@@ -220,8 +223,11 @@ def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tup
     many ranks per node (:func:`check_allreduce_ranks`)."""
     check_allreduce_ranks(calibration, comm.size)
     started, load_before = time.perf_counter(), os.getloadavg()
-    samples = allreduce_samples(mpi_of(comm), sizes) + (samples_beyond(comm, usable_cores()) if beyond_job else [])
+    samples = allreduce_samples(mpi_of(comm), sizes)
+    beyond, cpu_samples = samples_beyond(comm, usable_cores()) if beyond_job else ([], [])
+    samples += beyond
     calibration.allreduce_samples = [(p, float(n), t) for p, n, t in samples]
+    calibration.allreduce_cpu_samples = [(p, float(n), t) for p, n, t in cpu_samples]
     calibration.network = network_timings(mpi_of(comm), node_name(), sizes, samples)
     if calibration.machine_state is not None:
         # A later run's Allreduce drifts from the one timed now (over another network, perhaps),

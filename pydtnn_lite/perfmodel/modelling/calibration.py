@@ -30,6 +30,8 @@ class Calibration:
     2048-cubed GEMM) and ``memory_bandwidth`` (a large copy, bytes read plus written)
     are the roofs, ``kernel_rates`` the best FLOP/s and bytes/s each kernel reached.
     ``allreduce_samples`` are (ranks, bytes, seconds) of in-place Allreduce;
+    ``allreduce_cpu_samples`` are (ranks, bytes, CPU seconds per rank) of the same calls at
+    the counts that time-share the cores (none in files written before they were timed);
     ``allreduce_ranks`` the ranks the calibration ran on. ``sync_wait`` predicts how long
     a rank waits for the slowest at a synchronisation, fitted on ``sync_samples`` (seconds
     of work since the last synchronisation, mean seconds waited; one per probe).
@@ -49,6 +51,7 @@ class Calibration:
     memory_bandwidth: float
     kernel_models: dict[str, KernelModel]
     allreduce_samples: list[tuple[int, float, float]]
+    allreduce_cpu_samples: list[tuple[int, float, float]] = field(default_factory=list)
     allreduce_ranks: int = 1
     kernel_samples: dict[str, list[KernelSample]] = field(default_factory=dict)
     kernel_rates: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -94,6 +97,7 @@ class Calibration:
                 "kernel_samples": {name: _columns(samples) for name, samples in sorted(self.kernel_samples.items())},
                 "allreduce_ranks": self.allreduce_ranks,
                 "allreduce_samples": [list(sample) for sample in self.allreduce_samples],
+                "allreduce_cpu_samples": [list(sample) for sample in self.allreduce_cpu_samples],
                 "synchronization": {"model": self.sync_wait.to_dict(),
                                     "samples": [list(sample) for sample in self.sync_samples]},
                 "overhead": {"model": self.overhead.to_dict(),
@@ -111,6 +115,8 @@ class Calibration:
                    memory_bandwidth=float(roofline["memory_bandwidth"]),
                    kernel_models={name: model_from_dict(model) for name, model in data["kernel_models"].items()},
                    allreduce_samples=[(int(p), float(n), float(s)) for p, n, s in data["allreduce_samples"]],
+                   allreduce_cpu_samples=[(int(p), float(n), float(s))
+                                          for p, n, s in data.get("allreduce_cpu_samples", [])],
                    allreduce_ranks=int(data["allreduce_ranks"]),
                    kernel_samples={name: _rows(columns) for name, columns in data["kernel_samples"].items()},
                    kernel_rates={name: dict(rates) for name, rates in roofline["kernels"].items()},

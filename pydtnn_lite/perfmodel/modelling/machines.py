@@ -29,11 +29,14 @@ class CalibratedMachine:
     the cores that also run backward: overlap hides no communication (docs/performance.md),
     except on several nodes (``calibration.network``), whose links move the data.
     The ranks wait for the slowest as much as the calibration's ranks did.
+    ``allreduce_cpu`` models the CPU time per rank of the reductions at the process counts
+    that time-share the cores (None where the calibration holds no such samples).
     """
 
     calibration: Calibration
     allreduce: AllreduceTime | None
     overlaps_communication: bool = False
+    allreduce_cpu: AllreduceTime | None = None
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         return self.calibration.kernel_seconds(kernel, cost)
@@ -48,6 +51,9 @@ class CalibratedMachine:
             raise UserError("the calibration holds no Allreduce timings: calibrate under mpiexec -n 2 or more "
                             "to predict several ranks")
         return self.allreduce.seconds(nbytes, procs)
+
+    def allreduce_during_compute_seconds(self, nbytes: float, procs: int) -> float:
+        return self.allreduce_seconds(nbytes, procs)  # the calibration's ranks each have a core
 
     def overhead_seconds(self, calls: int) -> float:
         return self.calibration.overhead.seconds(calls)
@@ -81,6 +87,17 @@ class AdjustedMachine:
 
     def allreduce_seconds(self, nbytes: float, procs: int) -> float:
         return self.base.allreduce_seconds(nbytes, procs) * self.drift.communication
+
+    def allreduce_during_compute_seconds(self, nbytes: float, procs: int) -> float:
+        """Where the node's ranks time-share its cores, a reduction that runs while other ranks
+        compute costs the step its CPU time on the rank's share of the cores: the cores stay
+        busy with the other ranks' work while it waits for them. Otherwise (or without CPU
+        samples in the calibration) it costs its duration."""
+        cpu = self.base.allreduce_cpu
+        if cpu is None or procs <= 1 or not self.placement.oversubscribed:
+            return self.allreduce_seconds(nbytes, procs)
+        ranks_per_core = max(1.0, self.placement.ranks_per_node / self.placement.cores_per_node)
+        return cpu.seconds(nbytes, procs) * ranks_per_core * self.drift.communication
 
     def sync_wait_seconds(self, segment: float, procs: int) -> float:
         return self.base.sync_wait_seconds(segment, procs)
@@ -137,10 +154,11 @@ def calibrated_machine(path: str, algorithm: str | None = None, allreduce: str =
         raise UserError(str(error)) from None
     if allreduce not in ALLREDUCE_MODELS:
         raise UserError(f"unknown Allreduce model {allreduce!r}: choose one of {', '.join(ALLREDUCE_MODELS)}")
-    samples = calibration.allreduce_samples
+    samples, cpu_samples = calibration.allreduce_samples, calibration.allreduce_cpu_samples
     # Between nodes the network moves the data while backward computes: overlap hides it.
     return CalibratedMachine(calibration, allreduce_models(samples, algorithm)[allreduce] if samples else None,
-                             overlaps_communication=calibration.network is not None)
+                             overlaps_communication=calibration.network is not None,
+                             allreduce_cpu=allreduce_models(cpu_samples, algorithm)[allreduce] if cpu_samples else None)
 
 
 def cluster_machine(cluster: Cluster, algorithm: str = "ring", itemsize: int = 4) -> RooflineMachine:

@@ -6,9 +6,10 @@ speed:
 
 - **Time-sharing.** When a node's ranks times their threads exceed its cores, the
   operating system shares the cores out, and every kernel takes longer by that ratio.
-  Ranks that wait in a collective do not give their share back: MPICH polls while it
-  waits, so a rank that finished its backward early keeps competing with the ranks that
-  are still computing. The ratio therefore holds for the whole step.
+  While some ranks wait for a bucket's reduction, the others' backward and the
+  reductions' copies keep the cores busy, so the ratio holds for the whole compute, and
+  a reduction overlapped with backward costs the step its CPU time on the rank's share
+  of the cores rather than its duration (``machines.AdjustedMachine``).
 - **Threads.** GEMM (BLAS) and the host's parallel loops (im2col, col2im, batch norm,
   ReLU, the residual add, pooling, the SGD and Adam updates: ``kernels/cpu.py``) run on the rank's threads;
   the other kernels run on one. With more (or fewer) cores per rank than in the

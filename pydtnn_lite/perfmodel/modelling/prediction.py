@@ -54,6 +54,9 @@ class Machine(Protocol):
     (NCCL, RDMA networks) or only inside MPI calls on the computing cores (MPI on the
     host, as MPICH on this machine), where overlap hides nothing. ``sync_wait_seconds``
     is the mean wait for the slowest of ``procs`` ranks after ``segment`` seconds of work.
+    ``allreduce_during_compute_seconds`` is what a reduction that runs while other ranks
+    still compute adds to a step that overlap cannot hide it in (its duration, or its CPU
+    time where ranks time-share the cores).
     ``overhead_seconds`` is a step's time outside its ``calls`` compute kernel calls,
     ``data_load_seconds`` the time to load ``samples`` of data set ``dataset``, and
     ``background_seconds`` how much of ``seconds`` of work on a rank's background thread
@@ -66,6 +69,8 @@ class Machine(Protocol):
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float: ...
 
     def allreduce_seconds(self, nbytes: float, procs: int) -> float: ...
+
+    def allreduce_during_compute_seconds(self, nbytes: float, procs: int) -> float: ...
 
     def sync_wait_seconds(self, segment: float, procs: int) -> float: ...
 
@@ -89,6 +94,9 @@ class RooflineMachine:
         return self.roofline.seconds(cost.flops, cost.bytes)
 
     def allreduce_seconds(self, nbytes: float, procs: int) -> float:
+        return self.allreduce.seconds(nbytes, procs)
+
+    def allreduce_during_compute_seconds(self, nbytes: float, procs: int) -> float:
         return self.allreduce.seconds(nbytes, procs)
 
     def sync_wait_seconds(self, segment: float, procs: int) -> float:
@@ -212,7 +220,7 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     data = stage[Stage.DATA] - read_ahead + (machine.background_seconds(read_ahead) if read_ahead else 0.0)
     compute = sum(stage[name] for name in COMPUTE_STAGES) + prediction.overhead_seconds
     exposed = (_exposed_bucket_seconds(network, kernels, buckets, bucket_seconds)
-               if machine.overlaps_communication else sum(bucket_seconds))
+               if machine.overlaps_communication else _unhidden_bucket_seconds(machine, bucket_bytes, procs))
     without_data = {False: compute + stage[Stage.COMM], True: compute + exposed + loss_seconds + end_wait}
     # Reading slower than the step's own work: the step waits for the rest of it.
     in_step = {overlap: max(data, read_ahead - rest) for overlap, rest in without_data.items()}
@@ -270,6 +278,17 @@ def _exposed_bucket_seconds(network: Network, kernels: list[PredictedKernel], bu
     for bucket, seconds in zip(buckets, bucket_seconds, strict=True):
         channel_free = max(channel_free, done_at[bucket.first_layer]) + seconds
     return max(0.0, channel_free - clock)
+
+
+def _unhidden_bucket_seconds(machine: Machine, bucket_bytes: list[float], procs: int) -> float:
+    """What the bucket reductions add to the step where they move data only on the computing
+    cores: each bucket but the last runs while backward goes on (on this or other ranks) and
+    costs what it takes from the cores; the last starts after the last backward and costs
+    its duration."""
+    if not bucket_bytes:
+        return 0.0
+    return (sum(machine.allreduce_during_compute_seconds(n, procs) for n in bucket_bytes[:-1])
+            + machine.allreduce_seconds(bucket_bytes[-1], procs))
 
 
 def balanced_shares(network: Network, optimizer: Optimizer, global_batch: int, machines: Sequence[Machine],
