@@ -1,8 +1,8 @@
 """How close the performance model comes to training steps, against how close the steps come to each other.
 
     python benchmarks/validation_accuracy.py --calibration calibration/dev-2core.json \\
-        [--runs 3] [--ranks 2 4 8] [--steps 8] [--configs vgg11:64 vgg11:128 resnet18:48] [--no-overlap] \\
-        [--matrix] [--plot FILE.png]
+        [--runs 3] [--ranks 2 4 8] [--steps 8] [--min-seconds 1] [--configs vgg11:64 vgg11:128 resnet18:48] \\
+        [--no-overlap] [--matrix] [--plot FILE.png]
 
 Each round trains every configuration (``model:global batch[:data set]``, on each of
 ``--ranks``; ``--matrix``: the zoo at two batch sizes) once under ``mpiexec -n RANKS``
@@ -10,6 +10,9 @@ with ``--trace``, the order rotating from round to round so that a slow spell of
 shared machine hits all of them alike, and validates every trace against the
 calibration, placed as the run's ranks were and corrected for the drift its
 machine-state probe measured (the step error before that correction is printed too).
+A run traces ``--steps`` steps, or more where the calibration predicts that they take
+less than ``--min-seconds``: a small model's 20 ms steps would otherwise measure one
+slow spell of a core rather than the model.
 Per configuration it prints:
 
 - model: the step error, stage WRE (FP, BP, WU) and COMM error of each run against the
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import statistics
 import subprocess
@@ -36,9 +40,12 @@ import tempfile
 from dataclasses import dataclass
 
 from pydtnn_lite.costs import COMPUTE_STAGES, Stage
-from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
+from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, calibrated_machine
+from pydtnn_lite.perfmodel.modelling.placement import Placement
+from pydtnn_lite.perfmodel.modelling.prediction import predict_step
 from pydtnn_lite.perfmodel.modelling.trace_validation import run_machines, validations_of
 from pydtnn_lite.perfmodel.modelling.validation import Validation, weighted_relative_error
+from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from pydtnn_lite.textable import format_table
 from pydtnn_lite.tracing import load_trace
 
@@ -69,6 +76,16 @@ class Config:
 
     def __str__(self) -> str:
         return f"{self.model}, global batch {self.batch}, {self.dataset}, {self.ranks} ranks"
+
+
+def steps_to_trace(config: Config, machine: CalibratedMachine, steps: int, min_seconds: float) -> int:
+    """``steps``, or as many as the calibration predicts to take ``min_seconds`` on the
+    configuration's ranks, all on this node."""
+    network, optimizer = build_workload(config.model, config.dataset)
+    placement = Placement(config.ranks, config.ranks, machine.calibration.placement.cores_per_node)
+    step = predict_step(network, optimizer, max(1, config.batch // config.ranks), config.ranks,
+                        adjusted_machine(machine, placement), dataset=config.dataset, prefetch=True).step_with_overlap
+    return max(steps, math.ceil(min_seconds / step))
 
 
 def traced_run(config: Config, steps: int, overlap: bool, trace: str) -> None:
@@ -120,7 +137,7 @@ def row(label: str, values: dict[str, float], signed: bool = True) -> tuple[str,
                      for name in FIGURES))
 
 
-def report(config: Config, validations: list[Validation], raw: list[Validation]) -> str:
+def report(config: Config, traced: int, validations: list[Validation], raw: list[Validation]) -> str:
     model = [figures(v) for v in validations]
     floor = [between(a, b) for a, b in itertools.permutations(validations, 2)]
     model_median, floor_median = median_magnitudes(model), median_magnitudes(floor)
@@ -134,7 +151,8 @@ def report(config: Config, validations: list[Validation], raw: list[Validation])
              ("model / between runs", *(f"{value:.2f}" for value in ratio.values()))]
     table = format_table(("(%; medians of magnitudes)", *FIGURES), rows)
     before = ", ".join(f"{100 * v.step.relative_error:+.1f}" for v in raw)
-    return "\n".join([f"{config}: measured steps {steps} ms; predicted {1e3 * validations[0].step.predicted:.1f} ms; "
+    return "\n".join([f"{config}, {traced} steps traced: measured steps {steps} ms; "
+                      f"predicted {1e3 * validations[0].step.predicted:.1f} ms; "
                       f"step error before the drift correction {before} %",
                       *("  " + line for line in table.split("\n"))])
 
@@ -187,12 +205,15 @@ def main() -> None:
     parser.add_argument("--matrix", action="store_true", help="the zoo at two batch sizes (instead of --configs)")
     parser.add_argument("--plot", default=None, metavar="FILE", help="draw the matrix's step errors into FILE (PNG)")
     parser.add_argument("--steps", type=int, default=8, help="traced steps per run, after one warm-up step")
+    parser.add_argument("--min-seconds", type=float, default=1.0,
+                        help="trace more steps where --steps would take less than this (predicted)")
     parser.add_argument("--no-overlap", action="store_true", help="reduce gradients after backward")
     args = parser.parse_args()
     if args.runs < 2:
         raise SystemExit("validation_accuracy: --runs must be at least 2 (the floor compares runs)")
     configs = [Config.parse(text, ranks) for text in (MATRIX if args.matrix else args.configs) for ranks in args.ranks]
     machine = calibrated_machine(args.calibration)
+    steps = {config: steps_to_trace(config, machine, args.steps, args.min_seconds) for config in configs}
     validations: dict[Config, list[Validation]] = {config: [] for config in configs}
     raw: dict[Config, list[Validation]] = {config: [] for config in configs}
     with tempfile.TemporaryDirectory() as scratch:
@@ -200,17 +221,18 @@ def main() -> None:
             for offset in range(len(configs)):
                 config = configs[(round_ + offset) % len(configs)]
                 trace = os.path.join(scratch, f"{config.model}-{config.batch}-{config.ranks}-{round_}")
-                traced_run(config, args.steps, not args.no_overlap, trace)
+                traced_run(config, steps[config], not args.no_overlap, trace)
                 loaded = load_trace(trace)
                 before, corrected = run_machines(machine, loaded[2])
                 validation_before, validation = validations_of(trace, loaded, [before, corrected])
                 validations[config].append(validation)
                 raw[config].append(validation_before)
-    print(f"ranks {', '.join(map(str, args.ranks))}; {args.steps} traced steps per run, {args.runs} runs each, "
+    print(f"ranks {', '.join(map(str, args.ranks))}; at least {args.steps} traced steps and "
+          f"{args.min_seconds:g} s (predicted) per run, {args.runs} runs each, "
           f"overlap {'off' if args.no_overlap else 'on'}, calibration {args.calibration}; load average "
           f"{os.getloadavg()[0]:.2f} at the end")
     for config in configs:
-        print(report(config, validations[config], raw[config]))
+        print(report(config, steps[config], validations[config], raw[config]))
     rows = [matrix_row(config, validations[config], raw[config]) for config in configs]
     print("\nMatrix (medians over the runs; WRE: the model's / between runs')")
     print(format_table(MATRIX_HEADER, rows))

@@ -16,6 +16,9 @@ sys.path.insert(0, BENCHMARKS)
 
 from core_speed import longest  # noqa: E402
 from heterogeneous import verdict_of  # noqa: E402
+from validation_accuracy import Config, steps_to_trace  # noqa: E402
+
+from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine  # noqa: E402
 
 from allreduce_model import benchmark_sizes  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
 from common import interleave  # noqa: E402
@@ -63,15 +66,23 @@ def test_gradient_sync_needs_two_ranks():
 def test_validation_accuracy_sets_the_model_against_the_runs_themselves():
     calibration = os.path.join(REPO, "calibration", "dev-2core.json")
     result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "validation_accuracy.py"), "--calibration",
-                             calibration, "--configs", "lenet:16:digits", "--runs", "2", "--steps", "2"],
-                            capture_output=True, text=True, timeout=300)
+                             calibration, "--configs", "lenet:16:digits", "--runs", "2", "--steps", "2",
+                             "--min-seconds", "0"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 ranks, 2 steps traced" in result.stdout
     for label in ("model, run 1", "model, run 2", "model, median", "between runs, median", "split-half, median",
                   "model / between runs"):
         assert result.stdout.count(label) == 1, result.stdout
     bad = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "validation_accuracy.py"), "--calibration",
                           calibration, "--configs", "lenet"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "model:batch[:dataset]" in bad.stderr
+
+
+def test_validation_runs_of_small_models_trace_a_second_of_steps():
+    machine = calibrated_machine(os.path.join(REPO, "calibration", "dev-2core.json"))
+    assert steps_to_trace(Config.parse("vgg11:64", 2), machine, 4, 1.0) == 4  # 4 steps take over a second
+    lenet = steps_to_trace(Config.parse("lenet:64", 2), machine, 4, 1.0)
+    assert lenet > 20 and steps_to_trace(Config.parse("lenet:64", 2), machine, 4, 2.0) in (2 * lenet - 1, 2 * lenet)
 
 
 def test_heterogeneous_benchmark_balances_a_slowed_rank():
