@@ -210,6 +210,9 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert all(work > 0 and wait >= 0 for work, wait in calibration.sync_samples)
     assert calibration.sync_wait.ranks == 2 and calibration.sync_wait.coefficient > 0
     assert "wait for the slowest rank" in result.stdout
+    # Reading ahead, timed against reading in the step: the share a step pays.
+    assert len(calibration.read_ahead_samples) == 3 and 0.0 <= calibration.read_ahead_share <= 1.0
+    assert all(inline > read > 0 and ahead > 0 for inline, ahead, read in calibration.read_ahead_samples)
     refitted = tmp_path / "refitted.json"
     result = calibrate_cli("--refit", str(out), "--out", str(refitted))
     assert result.returncode == 0, result.stderr[-2000:]

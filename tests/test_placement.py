@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from pydtnn_lite.perfmodel.measuring.data_loading import read_ahead_share
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, allreduce_models
 from pydtnn_lite.perfmodel.modelling.placement import Placement, kernel_scale
@@ -77,3 +78,21 @@ def test_a_reduction_among_ranks_that_share_cores_costs_its_cpu_time_on_their_sh
     without_cpu = CalibratedMachine(calibration, duration_model)
     assert adjusted_machine(without_cpu, Placement(8, 8, 2, 1)).allreduce_during_compute_seconds(1e6, 8) == \
         pytest.approx(0.08)
+
+
+def test_a_step_pays_the_measured_share_of_reading_ahead_where_no_core_is_idle():
+    # Reading in the step: 30 ms a step, of which 10 ms reading; reading ahead: 24 ms, so 4 of the 10 ms paid.
+    samples = [(0.030, 0.024, 0.010), (0.030, 0.026, 0.010), (0.030, 0.020, 0.010)]
+    assert read_ahead_share(samples) == pytest.approx(0.4)
+    assert read_ahead_share([(0.030, 0.045, 0.010)]) == 1.0 and read_ahead_share([(0.030, 0.010, 0.010)]) == 0.0
+    assert read_ahead_share([]) == 1.0
+    calibration = Calibration(machine={"ranks": 2, "usable_cores": 2}, peak_flops=1e11, memory_bandwidth=1e10,
+                              kernel_models={}, allreduce_samples=[], read_ahead_samples=samples,
+                              read_ahead_share=0.4)
+    assert calibration.read_ahead_seconds(0.01, Placement(2, 2, 2, 1)) == pytest.approx(0.004)
+    assert calibration.read_ahead_seconds(0.01, Placement(8, 8, 2, 1)) == pytest.approx(0.004)
+    assert calibration.read_ahead_seconds(0.01, Placement(2, 2, 3, 1)) == pytest.approx(0.002)  # one spare core
+    assert calibration.read_ahead_seconds(0.01, Placement(1, 1, 2, 1)) == 0.0
+    spare = Calibration(machine={"ranks": 1, "usable_cores": 2}, peak_flops=1e11, memory_bandwidth=1e10,
+                        kernel_models={}, allreduce_samples=[], read_ahead_share=0.0)
+    assert spare.read_ahead_seconds(0.01, Placement(2, 2, 2, 1)) == pytest.approx(0.01)  # it measured no share

@@ -26,7 +26,13 @@ from pydtnn_lite.comm import Communicator
 from pydtnn_lite.comm.mpi import MPICommunicator
 from pydtnn_lite.comm.nodes import node_name
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, allreduce_samples
-from pydtnn_lite.perfmodel.measuring.data_loading import time_data_loading
+from pydtnn_lite.perfmodel.measuring.data_loading import (
+    READ_AHEAD_DATASET,
+    READ_AHEAD_SAMPLES,
+    read_ahead_share,
+    time_data_loading,
+    time_read_ahead,
+)
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor, describe_machine, gemm_peak, memory_bandwidth
 from pydtnn_lite.perfmodel.measuring.machine_state import (
     WATCH_REPEATS,
@@ -160,7 +166,11 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     phase_done("kernels", f"{len(grid)} probe networks, {sum(map(len, samples.values()))} samples of "
                           f"{len(samples)} kernels")
     data_load_samples = time_data_loading(comm)
-    phase_done("data", f"loading {', '.join(data_load_samples)}")
+    read_ahead_samples = time_read_ahead(comm, fit_affine(data_load_samples[READ_AHEAD_DATASET]).seconds(
+        READ_AHEAD_SAMPLES))
+    read_ahead = read_ahead_share(read_ahead_samples)
+    phase_done("data", f"loading {', '.join(data_load_samples)}; a step reading ahead pays {100 * read_ahead:.0f} % "
+                       "of the reading")
 
     reductions = allreduce_samples(mpi_of(comm), settings.allreduce_sizes) if comm.size > 1 else []
     reduction_cpu: list[tuple[int, int, float]] = []
@@ -195,6 +205,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                        overhead_samples=overhead_samples, overhead=fit_affine(overhead_samples),
                        data_load_samples=data_load_samples,
                        data_load={name: fit_affine(rows) for name, rows in data_load_samples.items()},
+                       read_ahead_samples=read_ahead_samples, read_ahead_share=read_ahead,
                        machine_state=state, network=network)
 
 

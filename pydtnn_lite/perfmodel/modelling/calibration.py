@@ -39,7 +39,10 @@ class Calibration:
     be redone. ``overhead`` predicts a step's time outside its kernels, fitted on
     ``overhead_samples`` (compute kernel calls of a probe's step, seconds outside them);
     ``data_load`` the seconds of loading a batch of each embedded data set, fitted on
-    ``data_load_samples`` (samples, seconds).
+    ``data_load_samples`` (samples, seconds). ``read_ahead_share`` is the share of a batch's
+    reading on the loader thread that a step paid in the calibration's placement, measured
+    on ``read_ahead_samples`` (step seconds reading in the step, reading ahead, and the
+    batch's reading seconds); files without it read as 1, all of it.
     ``machine_state`` is the machine-state probe taken with the calibration, against
     which a later run's probe measures how far the machine moved. ``network`` holds the
     Allreduce between and inside the nodes of a calibration run on several (emulated) nodes,
@@ -62,6 +65,8 @@ class Calibration:
     overhead: AffineCost = NO_COST
     data_load_samples: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     data_load: dict[str, AffineCost] = field(default_factory=dict)
+    read_ahead_samples: list[tuple[float, float, float]] = field(default_factory=list)
+    read_ahead_share: float = 1.0
     machine_state: MachineState | None = None
     network: NetworkTimings | None = None
 
@@ -79,6 +84,15 @@ class Calibration:
         calibration did not time (file-based sets: their cost is the file system's)."""
         model = self.data_load.get(dataset)
         return model.seconds(samples) if model is not None and samples > 0 else 0.0
+
+    def read_ahead_seconds(self, seconds: float, placement: Placement) -> float:
+        """What ``seconds`` of reading ahead on a rank's loader thread cost a step of a job placed
+        as ``placement``: the share of its readers that find no idle core (the placement's
+        arithmetic), times the share of their work that the calibration's steps paid where
+        no core was idle."""
+        busy = self.placement.background_share
+        paid = min(1.0, self.read_ahead_share / busy) if busy > 0 else 1.0
+        return seconds * placement.background_share * paid
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         """Predicted seconds of one call of ``kernel`` with ``cost``; a kernel without a model
@@ -105,6 +119,8 @@ class Calibration:
                 "data_load": {name: {"model": model.to_dict(),
                                      "samples": [list(sample) for sample in self.data_load_samples.get(name, [])]}
                               for name, model in sorted(self.data_load.items())},
+                "read_ahead": {"share": self.read_ahead_share,
+                               "samples": [list(sample) for sample in self.read_ahead_samples]},
                 "machine_state": self.machine_state.to_dict() if self.machine_state else None,
                 "network": self.network.to_dict() if self.network else None}
 
@@ -128,6 +144,9 @@ class Calibration:
                    data_load_samples={name: [(float(n), float(t)) for n, t in entry["samples"]]
                                       for name, entry in data["data_load"].items()},
                    data_load={name: AffineCost.from_dict(entry["model"]) for name, entry in data["data_load"].items()},
+                   read_ahead_samples=[(float(a), float(b), float(c))
+                                       for a, b, c in data.get("read_ahead", {}).get("samples", [])],
+                   read_ahead_share=float(data.get("read_ahead", {}).get("share", 1.0)),
                    machine_state=MachineState.from_dict(data["machine_state"]) if data["machine_state"] else None,
                    network=NetworkTimings.from_dict(data["network"]) if data.get("network") else None)
 

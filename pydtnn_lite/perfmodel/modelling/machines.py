@@ -62,7 +62,7 @@ class CalibratedMachine:
         return self.calibration.data_load_seconds(dataset, samples)
 
     def background_seconds(self, seconds: float) -> float:
-        return seconds * self.calibration.placement.background_share
+        return self.calibration.read_ahead_seconds(seconds, self.calibration.placement)
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class AdjustedMachine:
         return self.base.data_load_seconds(dataset, samples) * self._scale(DATA_LOAD)
 
     def background_seconds(self, seconds: float) -> float:
-        return seconds * self.placement.background_share
+        return self.base.calibration.read_ahead_seconds(seconds, self.placement)
 
 
 OUTSIDE_KERNELS = "outside_kernels"  # the interpreter's time between kernels: scaled as a memory-bound kernel
