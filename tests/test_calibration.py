@@ -211,7 +211,7 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert calibration.sync_wait.ranks == 2 and calibration.sync_wait.coefficient > 0
     assert "wait for the slowest rank" in result.stdout
     # Reading ahead, timed against reading in the step: the share a step pays.
-    assert len(calibration.read_ahead_samples) == 3 and 0.0 <= calibration.read_ahead_share <= 1.0
+    assert len(calibration.read_ahead_samples) == 5 and 0.0 <= calibration.read_ahead_share <= 1.0
     assert all(inline > read > 0 and ahead > 0 for inline, ahead, read in calibration.read_ahead_samples)
     refitted = tmp_path / "refitted.json"
     result = calibrate_cli("--refit", str(out), "--out", str(refitted))

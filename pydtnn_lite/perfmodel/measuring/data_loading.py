@@ -39,9 +39,9 @@ def time_data_loading(comm: Communicator, timed: dict[str, tuple[int, ...]] = TI
 
 
 # A model whose step is about as long as reading its batch, so that the cost of reading
-# ahead shows: the zoo's MLP at 64 samples per rank on the synthetic set.
-READ_AHEAD_MODEL, READ_AHEAD_DATASET, READ_AHEAD_SAMPLES = "mlp", "synthetic", 64
-READ_AHEAD_STEPS, READ_AHEAD_ROUNDS = 40, 3
+# ahead shows: the zoo's MLP at 128 samples per rank on the synthetic set.
+READ_AHEAD_MODEL, READ_AHEAD_DATASET, READ_AHEAD_SAMPLES = "mlp", "synthetic", 128
+READ_AHEAD_STEPS, READ_AHEAD_ROUNDS = 40, 5
 
 
 def time_read_ahead(comm: Communicator, read_seconds: float, steps: int = READ_AHEAD_STEPS,
