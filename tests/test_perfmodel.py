@@ -28,6 +28,7 @@ from pydtnn_lite.perfmodel.modelling.roofline import Roofline, gemm_intensity
 from pydtnn_lite.perfmodel.modelling.synchronization import expected_maximum, fit_sync_wait
 from pydtnn_lite.perfmodel.modelling.validation import typical, validate
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
+from pydtnn_lite.tracing import load_trace
 from pydtnn_lite.tracing.records import KernelRecord, StepRecord
 
 from mpi import REPO, train_cli
@@ -402,6 +403,8 @@ def test_validate_a_short_traced_run_end_to_end(traced_run, tmp_path):
     assert len(rows) > 20 and rows[0].startswith("layer,layer_name,stage,kernel")
     assert "gemm" in (trace / "validation" / "report.html").read_text()
     assert "step" in result.stdout and "WRE" in result.stdout
+    # A few LeNet steps on 8x8 digits span milliseconds: too short to stand for the model.
+    assert "warning: the traced steps span" in result.stdout and "raise --steps-per-epoch" in result.stdout
     missing = run("pydtnn_lite.validate", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "is not a trace directory" in missing.stderr
 
@@ -419,6 +422,10 @@ def test_validate_prints_its_figures_as_one_json_object(traced_run, tmp_path):
                for key in ("measured_step_seconds", "predicted_step_seconds"))
     measured, predicted = document["measured_step_seconds"], document["predicted_step_seconds"]
     assert document["step_error"] == pytest.approx((predicted - measured) / measured)
+    spans: dict[int, float] = {}
+    for step in load_trace(str(trace))[1]:
+        spans[step.rank] = spans.get(step.rank, 0.0) + step.duration
+    assert document["traced_seconds"] == pytest.approx(max(spans.values()))
     # The run probed the machine's state, and so did the calibration: the error before the
     # correction is the one of the prediction divided by the drift factor.
     drift = document["drift_factor"]

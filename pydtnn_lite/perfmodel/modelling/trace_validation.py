@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,9 @@ from pydtnn_lite.perfmodel.modelling.validation import Validation, validate
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
 
 CALIBRATION_KEY = "calibration"  # meta.json: the calibration file the traced run was validated with
+# Traced steps spanning less than this measure a moment of the machine (its cores slow down
+# for seconds at a time: docs/performance-model.md) more than the model.
+MIN_TRACED_SECONDS = 1.0
 
 
 def trace_calibration(meta: dict) -> str:
@@ -96,6 +100,7 @@ class CheckedTrace:
     paths: list[str]
     raw: Validation | None = None  # before the drift correction, where one was made
     drift: Drift | None = None
+    traced_seconds: float = 0.0  # the span of the traced steps (the longest rank's)
 
     def text(self) -> str:
         """The title, the step and stage table, the drift, and where the report went."""
@@ -106,6 +111,10 @@ class CheckedTrace:
             if self.drift.moved:
                 lines.append(f"warning: the probes measured a move of {100 * self.drift.measured:.0f} % since the "
                              "calibration (more than 10 %): calibrate again for figures that need no correction")
+        if self.traced_seconds < MIN_TRACED_SECONDS:
+            lines.append(f"warning: the traced steps span {self.traced_seconds:.2f} s, less than "
+                         f"{MIN_TRACED_SECONDS:g} s: they measure a moment of the machine more than the model; "
+                         "trace more steps (raise --steps-per-epoch)")
         return "\n".join(lines + ["wrote " + ", ".join(self.paths)])
 
     def summary(self) -> dict:
@@ -114,6 +123,7 @@ class CheckedTrace:
         return {"trace": self.trace, "model": meta["model"], "dataset": meta["dataset"],
                 "global_batch": meta["global_batch"], "procs": int(meta["ranks"]),
                 "overlap": bool(meta.get("overlap", True)), "machine": self.machine_name,
+                "traced_seconds": self.traced_seconds,
                 **validation_figures(self.validation, self.raw, self.drift), "report": self.paths}
 
 
@@ -132,7 +142,10 @@ def check_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, m
     title = (f"{meta['model']} on {meta['dataset']}, global batch {meta['global_batch']}, {int(meta['ranks'])} "
              f"rank(s), {meta.get('device', '?')}: measured against predicted ({machine_name})")
     paths = write_report(out or os.path.join(trace, "validation"), validation, title)
-    return CheckedTrace(trace, meta, machine_name, validation, title, paths, raw, drift)
+    spans: defaultdict[int, float] = defaultdict(float)
+    for step in loaded[1]:
+        spans[step.rank] += step.duration
+    return CheckedTrace(trace, meta, machine_name, validation, title, paths, raw, drift, max(spans.values()))
 
 
 def validate_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, machine_name: str,
