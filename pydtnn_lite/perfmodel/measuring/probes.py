@@ -37,7 +37,7 @@ from pydtnn_lite.network import Network
 CLASSES = (10, 100, 1000)  # the head's width: the loss kernels' (batch, classes)
 SIZES = (4, 8, 16, 32)  # feature map height = width
 CHANNELS = (3, 16, 64, 128, 256, 512)
-FILTERS = (16, 64, 128, 256, 512)
+FILTERS = (6, 16, 64, 128, 256, 512)  # 6: a LeNet-sized GEMM of a few columns, far below the wide ones' rate
 KERNELS = (1, 3, 5)
 STRIDES = (1, 2)
 WIDTHS = (64, 256, 512, 1024, 2048, 4096)  # Dense inputs and outputs
