@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,10 @@ from pydtnn_lite.errors import UserError
 
 DTYPES = {"float32": np.float32, "float64": np.float64}
 DEFAULT_LAST_LEVEL_CACHE = 32 << 20  # where the operating system does not tell
+# States the host's last-level cache where the operating system's figure is not the one to
+# evict: a virtual machine reports its host's whole cache (hundreds of MiB on a 2-core guest).
+CACHE_VARIABLE = "PYDTNN_LITE_LAST_LEVEL_CACHE"
+CACHE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 class BackendError(UserError):
@@ -139,20 +144,33 @@ class CupyBackend(Backend):
         return int(self.xp.cuda.Device().attributes["L2CacheSize"])
 
 
+def cache_size_bytes(text: str) -> int | None:
+    """Bytes of a cache size written as sysfs writes it ("32768K", "4M", "1048576"); None if it is not one."""
+    text = text.strip().upper()
+    if text[:-1].isdigit() and text[-1] in CACHE_UNITS:
+        return int(text[:-1]) * CACHE_UNITS[text[-1]]
+    return int(text) if text.isdigit() else None
+
+
 def host_last_level_cache_bytes() -> int:
-    """The largest CPU cache, from Linux sysfs (e.g. "32768K"); 32 MiB where it cannot be read."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    """The largest CPU cache: :data:`CACHE_VARIABLE` where it is set, else from Linux sysfs;
+    32 MiB where neither tells."""
+    stated = os.environ.get(CACHE_VARIABLE)
+    if stated is not None:
+        size = cache_size_bytes(stated)
+        if not size:
+            raise UserError(f"{CACHE_VARIABLE}={stated!r} is not a cache size: give bytes, or a number with K, M "
+                            "or G (32M)")
+        return size
     sizes = []
     for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
         try:
             with open(path, encoding="ascii") as handle:
-                text = handle.read().strip()
+                size = cache_size_bytes(handle.read())
         except OSError:
             continue
-        if text[:-1].isdigit() and text[-1] in units:
-            sizes.append(int(text[:-1]) * units[text[-1]])
-        elif text.isdigit():
-            sizes.append(int(text))
+        if size is not None:
+            sizes.append(size)
     return max(sizes, default=DEFAULT_LAST_LEVEL_CACHE)
 
 

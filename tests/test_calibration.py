@@ -10,13 +10,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pydtnn_lite.backend import make_backend
+from pydtnn_lite.backend import CACHE_VARIABLE, cache_size_bytes, host_last_level_cache_bytes, make_backend
 from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.costs import ALLREDUCE, H2D_COPY, KernelCost, Stage
+from pydtnn_lite.errors import UserError
 from pydtnn_lite.models import create_model
 from pydtnn_lite.optim import SGD, Adam
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
 from pydtnn_lite.perfmodel.measuring.calibrate import CalibrationSettings, calibrate
+from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
 from pydtnn_lite.perfmodel.measuring.probes import QUICK, Probe, calibration_grid
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
@@ -60,7 +62,8 @@ def test_mlp_learns_a_product_of_sizes_deterministically():
 
 
 def test_an_ensemble_averages_its_members_in_log_time_and_reads_back_identically():
-    train, test = gemm_like(200, seed=1), gemm_like(20, seed=2)
+    # What is checked is how members combine, not how well they fit: few samples train them quickly.
+    train, test = gemm_like(60, seed=1), gemm_like(20, seed=2)
     ensemble = MLPEnsemble.fit(train, seed=3, members=3)
     members = [MLPRegressor.fit(train, seed=seed) for seed in (3, 4, 5)]
     restored = model_from_dict(json.loads(json.dumps(ensemble.to_dict())))
@@ -71,10 +74,11 @@ def test_an_ensemble_averages_its_members_in_log_time_and_reads_back_identically
 
 
 def test_the_mlp_is_kept_only_where_it_predicts_held_out_calls_better():
-    # A bumpy function of one size: no power law and no sum of rates follows it.
+    # A bumpy function of one size: no power law and no sum of rates follows it. Its two bumps
+    # and 100 samples (80 to fit, above MLP_MIN_SAMPLES) train the ensemble in seconds.
     rng = np.random.default_rng(0)
-    sizes = np.exp(rng.uniform(0, np.log(1e5), size=300))
-    bumpy = [KernelSample((int(n),), n, 4 * n, 1e-6 * np.exp(np.sin(2 * np.log(n)))) for n in sizes]
+    sizes = np.exp(rng.uniform(0, np.log(1e5), size=100))
+    bumpy = [KernelSample((int(n),), n, 4 * n, 1e-6 * np.exp(np.sin(np.log(n)))) for n in sizes]
     assert fit_kernel_model(bumpy).kind == "mlp_ensemble"
     linear = [KernelSample((int(n),), n, 4 * n, 2e-6 + 4 * n / 1e10) for n in sizes]
     model = fit_kernel_model(linear)
@@ -120,6 +124,19 @@ def test_every_kernel_call_of_a_probe_step_becomes_one_sample(probe):
     assert all(s.seconds > 0 for calls in samples.values() for s in calls)
     im2col = samples.get("im2col", [KernelSample((0,) * 6, 0, 0, 1)])[0]
     assert len(im2col.dims) == 6
+
+
+def test_the_environment_states_the_last_level_cache_that_is_evicted(monkeypatch):
+    assert cache_size_bytes("32768K\n") == 32 << 20 and cache_size_bytes("1048576") == 1 << 20
+    assert cache_size_bytes("lots") is None
+    monkeypatch.setenv(CACHE_VARIABLE, "6M")
+    assert make_backend().last_level_cache_bytes() == 6 << 20
+    assert CacheEvictor(make_backend()).buffer.nbytes == 12 << 20  # twice the cache
+    monkeypatch.setenv(CACHE_VARIABLE, "0")
+    with pytest.raises(UserError, match=f"{CACHE_VARIABLE}='0' is not a cache size"):
+        host_last_level_cache_bytes()
+    monkeypatch.delenv(CACHE_VARIABLE)
+    assert host_last_level_cache_bytes() > 0  # the operating system's figure
 
 
 @pytest.fixture(scope="module")
