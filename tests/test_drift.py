@@ -27,6 +27,19 @@ def test_a_slower_machine_scales_each_kind_of_work_by_its_own_rate():
     assert drift.measured == pytest.approx(0.5) and drift.moved and drift.noise == 0.0
 
 
+def test_a_gemm_moves_with_the_peak_only_for_the_share_of_its_time_spent_at_the_peak():
+    drift = drift_between(THEN, MachineState(60e9, 25e9))  # GEMM x1.5, memory x0.8
+    # At the calibration probe's 90 GFLOP/s the whole time is at the peak: the GEMM ratio.
+    assert drift.scale("gemm", flops=9e9, seconds=0.1) == pytest.approx(1.5)
+    # At 60 GFLOP/s two thirds of it was; the third spent below the peak moves as memory.
+    assert drift.scale("gemm", flops=6e9, seconds=0.1) == pytest.approx(2 / 3 * 1.5 + 1 / 3 * 0.8)
+    # Faster than the probe (several threads): the share is capped at all of it.
+    assert drift.scale("gemm", flops=18e9, seconds=0.1) == pytest.approx(1.5)
+    # Without the cost, or without the calibration's probe rate, the GEMM ratio as it is.
+    assert drift.scale("gemm") == pytest.approx(1.5)
+    assert Drift(compute=1.5, memory=0.8).scale("gemm", flops=6e9, seconds=0.1) == pytest.approx(1.5)
+
+
 def test_an_unmoved_machine_changes_nothing_and_raises_no_warning():
     drift = drift_between(THEN, MachineState(92e9, 19.5e9))
     assert drift.communication == 1.0  # one rank now: no Allreduce timed

@@ -5,7 +5,11 @@ of the machine runs a one-thread GEMM and then a copy at the same time, as a job
 ranks load every core, and an Allreduce is timed over the job's ranks. A kernel's
 predicted time is scaled by the ratio of the rate that bounds it, then to now:
 
-- GEMM, by the GEMM rates (compute-bound);
+- GEMM, by the GEMM rates for the part of its calibrated time that ran at the
+  calibration probe's GEMM rate, and by the copy rates for the rest (packing, the edges of
+  skinny products, memory traffic): processors differ most in their peak rates, and a
+  product that stayed below the peak on the calibration's machine moves less than the
+  peak does;
 - every other compute kernel, and the time between kernels, by the copy rates
   (memory-bound, or the interpreter's pace, which moves with the memory system and the
   clock alike);
@@ -136,19 +140,27 @@ def beyond_noise(ratio: float, *spreads: float) -> float:
 class Drift:
     """Time ratios, now over then, by the kind of work: >1 when the machine runs slower now;
     the moves beyond the probes' noise, with ``noise`` the largest combined spread of the
-    probes (relative) and ``measured`` the largest move before the noise was taken off."""
+    probes (relative) and ``measured`` the largest move before the noise was taken off;
+    ``peak_flops``, the calibration probe's one-core GEMM FLOP/s (0: unknown)."""
 
     compute: float = 1.0
     memory: float = 1.0
     communication: float = 1.0
     noise: float = 0.0
     measured: float = 0.0
+    peak_flops: float = 0.0
 
-    def scale(self, kernel: str, communication: bool = False) -> float:
-        """The factor for a kernel's predicted time (``communication``: a collective)."""
+    def scale(self, kernel: str, communication: bool = False, flops: float = 0.0, seconds: float = 0.0) -> float:
+        """The factor for a kernel's predicted time (``communication``: a collective). A
+        compute-bound kernel of ``flops`` that took ``seconds`` at the calibration moves with
+        the GEMM rates for the share of its time that ran at the calibration probe's rate
+        (``peak_flops``; the whole of it where either is unknown), the rest with memory."""
         if communication:
             return self.communication
-        return self.compute if kernel in COMPUTE_BOUND else self.memory
+        if kernel not in COMPUTE_BOUND:
+            return self.memory
+        at_peak = min(1.0, flops / (self.peak_flops * seconds)) if self.peak_flops > 0 and seconds > 0 else 1.0
+        return at_peak * self.compute + (1.0 - at_peak) * self.memory
 
     @property
     def moved(self) -> bool:
@@ -187,4 +199,4 @@ def drift_between(then: MachineState, now: MachineState,
                 "communication": (communication, then.allreduce_spread, now.allreduce_spread)}
     return Drift(**{kind: beyond_noise(*figures) for kind, figures in measured.items()},
                  noise=max(math.hypot(then_spread, now_spread) for _, then_spread, now_spread in measured.values()),
-                 measured=max(abs(ratio - 1.0) for ratio, _, _ in measured.values()))
+                 measured=max(abs(ratio - 1.0) for ratio, _, _ in measured.values()), peak_flops=then.gemm_flops)

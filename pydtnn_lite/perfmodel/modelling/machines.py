@@ -79,11 +79,13 @@ class AdjustedMachine:
     def overlaps_communication(self) -> bool:
         return self.base.overlaps_communication
 
-    def _scale(self, kernel: str) -> float:
-        return kernel_scale(kernel, self.placement, self.base.calibration.placement) * self.drift.scale(kernel)
+    def _scale(self, kernel: str, flops: float = 0.0, seconds: float = 0.0) -> float:
+        return (kernel_scale(kernel, self.placement, self.base.calibration.placement)
+                * self.drift.scale(kernel, flops=flops, seconds=seconds))
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
-        return self.base.kernel_seconds(kernel, cost) * self._scale(kernel)
+        seconds = self.base.kernel_seconds(kernel, cost)
+        return seconds * self._scale(kernel, cost.flops, seconds)
 
     def allreduce_seconds(self, nbytes: float, procs: int) -> float:
         return self.base.allreduce_seconds(nbytes, procs) * self.drift.communication
