@@ -43,7 +43,7 @@ from pydtnn_lite.perfmodel.measuring.machine_state import (
 from pydtnn_lite.perfmodel.measuring.network_timing import network_timings
 from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, calibration_grid
 from pydtnn_lite.perfmodel.measuring.process_counts import samples_beyond
-from pydtnn_lite.perfmodel.measuring.sampling import measure_probe, rounded
+from pydtnn_lite.perfmodel.measuring.sampling import measure_probe, median_over_ranks, rounded
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.drift import MachineState
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
@@ -90,20 +90,6 @@ def _mean_waits(per_rank: list[list[list[tuple[float, float]]]]) -> list[tuple[f
     return [(rounded(float(np.mean([w for rank in ranks for w, _ in rank]))),
              rounded(float(np.mean([t for rank in ranks for _, t in rank]))))
             for ranks in zip(*per_rank, strict=True) if all(ranks)]
-
-
-def _median_over_ranks(per_rank: list[dict[str, list[KernelSample]]]) -> dict[str, list[KernelSample]]:
-    """Every rank ran the same grid in the same order: one sample per call, its seconds the
-    median over the ranks."""
-    merged = {}
-    for name, first in per_rank[0].items():
-        columns = [rank_samples[name] for rank_samples in per_rank]
-        if any(len(column) != len(first) for column in columns):
-            raise RuntimeError(f"the ranks measured different numbers of {name} calls")
-        merged[name] = [KernelSample(calls[0].dims, calls[0].flops, calls[0].bytes,
-                                     rounded(float(np.median([call.seconds for call in calls]))))
-                        for calls in zip(*columns, strict=True)]
-    return merged
 
 
 @dataclass(frozen=True)
@@ -158,7 +144,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
         my_overheads.append(measured.overhead)
     instants.append(probe_cores(comm))
     state = MachineState.over(instants, allreduce, typical=True)
-    samples = _median_over_ranks(comm.allgather_object(mine))
+    samples = median_over_ranks(comm.allgather_object(mine))
     sync_samples = _mean_waits(comm.allgather_object(my_waits))
     sync_wait = fit_sync_wait(sync_samples, comm.size)
     overhead_samples = [(calls[0][0], rounded(float(np.median([seconds for _, seconds in calls]))))

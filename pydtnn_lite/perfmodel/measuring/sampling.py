@@ -178,3 +178,17 @@ def paired_samples(records: Sequence[KernelRecord], costs: dict[CallKey, KernelC
         samples[key.kernel].append(KernelSample(tuple(cost.dims), cost.flops, cost.bytes,
                                                 rounded(statistics.median(seconds))))
     return dict(samples)
+
+
+def median_over_ranks(per_rank: list[dict[str, list[KernelSample]]]) -> dict[str, list[KernelSample]]:
+    """Every rank ran the same grid in the same order: one sample per call, its seconds the
+    median over the ranks."""
+    merged = {}
+    for name, first in per_rank[0].items():
+        columns = [rank_samples[name] for rank_samples in per_rank]
+        if any(len(column) != len(first) for column in columns):
+            raise RuntimeError(f"the ranks measured different numbers of {name} calls")
+        merged[name] = [KernelSample(calls[0].dims, calls[0].flops, calls[0].bytes,
+                                     rounded(float(np.median([call.seconds for call in calls]))))
+                        for calls in zip(*columns, strict=True)]
+    return merged

@@ -12,11 +12,17 @@ import os
 from dataclasses import dataclass, field
 
 from pydtnn_lite.costs import KernelCost
-from pydtnn_lite.perfmodel.modelling.drift import MachineState
+from pydtnn_lite.perfmodel.modelling.drift import COMPUTE_BOUND, MachineState
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
 from pydtnn_lite.perfmodel.modelling.outside_kernels import NO_COST, AffineCost
 from pydtnn_lite.perfmodel.modelling.placement import Placement
-from pydtnn_lite.perfmodel.modelling.regression import KernelModel, KernelSample, model_from_dict
+from pydtnn_lite.perfmodel.modelling.regression import (
+    KernelModel,
+    KernelSample,
+    model_from_dict,
+    sample_columns,
+    samples_from_columns,
+)
 from pydtnn_lite.perfmodel.modelling.synchronization import NO_WAIT, SyncWaitModel
 
 FORMAT, VERSION = "pydtnn_lite calibration", 4
@@ -69,6 +75,7 @@ class Calibration:
     read_ahead_share: float = 1.0
     machine_state: MachineState | None = None
     network: NetworkTimings | None = None
+    _widest: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def placement(self) -> Placement:
@@ -96,11 +103,26 @@ class Calibration:
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         """Predicted seconds of one call of ``kernel`` with ``cost``; a kernel without a model
-        gets the roofline time max(flops / peak_flops, bytes / memory_bandwidth)."""
+        gets the roofline time max(flops / peak_flops, bytes / memory_bandwidth).
+
+        A call beyond the largest batch sampled (the leading dim of every kernel but GEMM
+        grows with the batch) is predicted as that many calls at the largest one: its work
+        grows in proportion, where a fitted model's curve past its samples may not."""
         model = self.kernel_models.get(kernel)
-        if model is not None:
+        if model is None:
+            return max(cost.flops / self.peak_flops, cost.bytes / self.memory_bandwidth)
+        widest = self._widest_sampled(kernel)
+        if kernel in COMPUTE_BOUND or not cost.dims or not widest or cost.dims[0] <= widest:
             return model.predict(cost.dims, cost.flops, cost.bytes)
-        return max(cost.flops / self.peak_flops, cost.bytes / self.memory_bandwidth)
+        calls = cost.dims[0] / widest
+        return calls * model.predict((widest, *cost.dims[1:]), cost.flops / calls, cost.bytes / calls)
+
+    def _widest_sampled(self, kernel: str) -> int:
+        """The largest leading dim among ``kernel``'s samples (0 without samples)."""
+        if kernel not in self._widest:
+            self._widest[kernel] = max((sample.dims[0] for sample in self.kernel_samples.get(kernel, [])
+                                        if sample.dims), default=0)
+        return self._widest[kernel]
 
     # ------------------------------------------------------------------ file
     def to_dict(self) -> dict:
@@ -108,7 +130,8 @@ class Calibration:
                 "roofline": {"peak_flops": self.peak_flops, "memory_bandwidth": self.memory_bandwidth,
                              "kernels": self.kernel_rates},
                 "kernel_models": {name: model.to_dict() for name, model in sorted(self.kernel_models.items())},
-                "kernel_samples": {name: _columns(samples) for name, samples in sorted(self.kernel_samples.items())},
+                "kernel_samples": {name: sample_columns(samples)
+                                   for name, samples in sorted(self.kernel_samples.items())},
                 "allreduce_ranks": self.allreduce_ranks,
                 "allreduce_samples": [list(sample) for sample in self.allreduce_samples],
                 "allreduce_cpu_samples": [list(sample) for sample in self.allreduce_cpu_samples],
@@ -134,7 +157,8 @@ class Calibration:
                    allreduce_cpu_samples=[(int(p), float(n), float(s))
                                           for p, n, s in data.get("allreduce_cpu_samples", [])],
                    allreduce_ranks=int(data["allreduce_ranks"]),
-                   kernel_samples={name: _rows(columns) for name, columns in data["kernel_samples"].items()},
+                   kernel_samples={name: samples_from_columns(columns)
+                                   for name, columns in data["kernel_samples"].items()},
                    kernel_rates={name: dict(rates) for name, rates in roofline["kernels"].items()},
                    settings=dict(data["settings"]),
                    sync_samples=[(float(work), float(wait)) for work, wait in data["synchronization"]["samples"]],
@@ -184,13 +208,3 @@ class Calibration:
             raise ValueError(f"{path} is a damaged calibration file ({type(error).__name__}: {error}): "
                              "calibrate again") from error
 
-
-def _columns(samples: list[KernelSample]) -> dict:
-    """Samples as four parallel lists: a third of the size of one list per sample."""
-    return {"dims": [list(s.dims) for s in samples], "flops": [s.flops for s in samples],
-            "bytes": [s.bytes for s in samples], "seconds": [s.seconds for s in samples]}
-
-
-def _rows(columns: dict) -> list[KernelSample]:
-    return [KernelSample.from_list(row) for row in zip(columns["dims"], columns["flops"], columns["bytes"],
-                                                       columns["seconds"], strict=True)]

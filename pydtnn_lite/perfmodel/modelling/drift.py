@@ -10,9 +10,11 @@ predicted time is scaled by the ratio of the rate that bounds it, then to now:
   skinny products, memory traffic): processors differ most in their peak rates, and a
   product that stayed below the peak on the calibration's machine moves less than the
   peak does;
-- every other compute kernel, and the time between kernels, by the copy rates
-  (memory-bound, or the interpreter's pace, which moves with the memory system and the
-  clock alike);
+- every other compute kernel by its own ratio where the run's kernel probe
+  (``measuring/kernel_probe.py``) timed it: its calls' times now over what the
+  calibration's model predicts for them (:func:`kernel_ratios`); otherwise, and the time
+  between kernels, by the copy rates (memory-bound, or the interpreter's pace, which
+  moves with the memory system and the clock alike);
 - communication, by the probe's Allreduce time now against the calibration's probe,
   carried over to the run's rank count by the calibration's Allreduce model.
 
@@ -35,8 +37,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+
+from pydtnn_lite.perfmodel.modelling.regression import KernelSample
 
 DRIFT_WARNING = 0.10  # a probe rate that moved more than this makes validate warn
 
@@ -141,7 +145,8 @@ class Drift:
     """Time ratios, now over then, by the kind of work: >1 when the machine runs slower now;
     the moves beyond the probes' noise, with ``noise`` the largest combined spread of the
     probes (relative) and ``measured`` the largest move before the noise was taken off;
-    ``peak_flops``, the calibration probe's one-core GEMM FLOP/s (0: unknown)."""
+    ``peak_flops``, the calibration probe's one-core GEMM FLOP/s (0: unknown); ``kernels``,
+    the ratios of the kernels the run's kernel probe timed (:func:`kernel_ratios`)."""
 
     compute: float = 1.0
     memory: float = 1.0
@@ -149,6 +154,7 @@ class Drift:
     noise: float = 0.0
     measured: float = 0.0
     peak_flops: float = 0.0
+    kernels: Mapping[str, float] = field(default_factory=dict)
 
     def scale(self, kernel: str, communication: bool = False, flops: float = 0.0, seconds: float = 0.0) -> float:
         """The factor for a kernel's predicted time (``communication``: a collective). A
@@ -158,7 +164,7 @@ class Drift:
         if communication:
             return self.communication
         if kernel not in COMPUTE_BOUND:
-            return self.memory
+            return self.kernels.get(kernel, self.memory)
         at_peak = min(1.0, flops / (self.peak_flops * seconds)) if self.peak_flops > 0 and seconds > 0 else 1.0
         return at_peak * self.compute + (1.0 - at_peak) * self.memory
 
@@ -168,14 +174,39 @@ class Drift:
         return self.measured > DRIFT_WARNING
 
     def describe(self) -> str:
+        own = (f"; {len(self.kernels)} other kernels by their own probe calls (x{min(self.kernels.values()):.2f} "
+               f"to x{max(self.kernels.values()):.2f})") if self.kernels else ""
         noise = (f"; the probes measured moves up to {100 * self.measured:.0f} % and repeat within "
                  f"+-{100 * self.noise:.0f} %, a part of each move that is not corrected") if self.noise else ""
-        return (f"GEMM x{self.compute:.3f}, memory x{self.memory:.3f}, communication x{self.communication:.3f} "
-                f"(time now over time at calibration{noise})")
+        return (f"GEMM x{self.compute:.3f}, memory x{self.memory:.3f}, communication x{self.communication:.3f}"
+                f"{own} (time now over time at calibration{noise})")
+
+
+def kernel_ratios(calls: Mapping[str, Sequence[KernelSample]], then: Callable[[str, KernelSample], float],
+                  model_error: Callable[[str], float]) -> dict[str, float]:
+    """Each compute kernel's time now over then, from the kernel probe's ``calls`` (seconds
+    measured now) and ``then(kernel, call)``, the calibration's predicted seconds of the
+    same call: their totals' ratio, which weighs each call by its time as a step does (a
+    probe's smallest calls, a few microseconds of launching a loop, say little of a large
+    model's), with the part of its move that the calibration model's own error
+    (``model_error(kernel)``, its held-out time error, over the square root of the calls)
+    can explain taken off (:func:`beyond_noise`). GEMM is left to the GEMM and copy rates.
+    """
+    ratios = {}
+    for kernel, samples in calls.items():
+        if kernel in COMPUTE_BOUND or not samples:
+            continue
+        now, before = sum(call.seconds for call in samples), sum(then(kernel, call) for call in samples)
+        if now <= 0 or before <= 0:
+            continue
+        error = model_error(kernel)
+        ratios[kernel] = beyond_noise(now / before, (error if math.isfinite(error) else 0.0) / math.sqrt(len(samples)))
+    return ratios
 
 
 def drift_between(then: MachineState, now: MachineState,
-                  allreduce_model: Callable[[float, int], float] | None = None) -> Drift:
+                  allreduce_model: Callable[[float, int], float] | None = None,
+                  kernels: Mapping[str, float] | None = None) -> Drift:
     """The drift from the calibration's probe ``then`` to a run's probe ``now``.
 
     Communication compares the two probes' Allreduce: directly when they timed the same
@@ -183,7 +214,8 @@ def drift_between(then: MachineState, now: MachineState,
     model, which says how much longer the run's Allreduce takes than the calibration's
     on an unmoved machine. Without both probes' Allreduce (or the model, where it is
     needed) communication is taken as unmoved. Each ratio keeps only its move beyond the
-    two probes' spreads (:func:`beyond_noise`).
+    two probes' spreads (:func:`beyond_noise`). ``kernels`` are the ratios of the kernels
+    the run's kernel probe timed (:func:`kernel_ratios`).
     """
     communication = 1.0
     if now.allreduce_seconds and then.allreduce_seconds:
@@ -199,4 +231,5 @@ def drift_between(then: MachineState, now: MachineState,
                 "communication": (communication, then.allreduce_spread, now.allreduce_spread)}
     return Drift(**{kind: beyond_noise(*figures) for kind, figures in measured.items()},
                  noise=max(math.hypot(then_spread, now_spread) for _, then_spread, now_spread in measured.values()),
-                 measured=max(abs(ratio - 1.0) for ratio, _, _ in measured.values()), peak_flops=then.gemm_flops)
+                 measured=max(abs(ratio - 1.0) for ratio, _, _ in measured.values()), peak_flops=then.gemm_flops,
+                 kernels=dict(kernels or {}))

@@ -1,10 +1,11 @@
 """The machine a prediction assumes: a preset cluster, figures given on the command line, or a calibration."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pydtnn_lite.costs import DATA_LOAD, KernelCost
+from pydtnn_lite.costs import DATA_LOAD, KernelCost, Stage
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.allreduce import (
     AllreduceModel,
@@ -15,9 +16,10 @@ from pydtnn_lite.perfmodel.modelling.allreduce import (
 )
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.clusters import PRESETS, Cluster
-from pydtnn_lite.perfmodel.modelling.drift import Drift, MachineState, drift_between
+from pydtnn_lite.perfmodel.modelling.drift import Drift, MachineState, drift_between, kernel_ratios
 from pydtnn_lite.perfmodel.modelling.placement import Placement, kernel_scale
 from pydtnn_lite.perfmodel.modelling.prediction import RooflineMachine
+from pydtnn_lite.perfmodel.modelling.regression import KernelSample
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline
 
 
@@ -118,16 +120,37 @@ OUTSIDE_KERNELS = "outside_kernels"  # the interpreter's time between kernels: s
 
 
 def adjusted_machine(machine: CalibratedMachine, placement: Placement | None = None,
-                     now: MachineState | None = None) -> AdjustedMachine:
+                     now: MachineState | None = None,
+                     kernel_calls: Mapping[str, Sequence[KernelSample]] | None = None) -> AdjustedMachine:
     """``machine`` with its ranks placed as ``placement`` (default: as in the calibration) and
     corrected for the drift from the calibration's machine-state probe to ``now`` (none
-    when either probe is missing)."""
+    when either probe is missing), the kernels that ``kernel_calls`` (a run's kernel probe)
+    timed by their own ratios where the calibration ran one single-thread rank per core, as
+    the kernel probe does."""
     calibration = machine.calibration
     drift = Drift()
     if now is not None and calibration.machine_state is not None:
         model = machine.allreduce_seconds if machine.allreduce is not None else None
-        drift = drift_between(calibration.machine_state, now, model)
+        drift = drift_between(calibration.machine_state, now, model, probed_kernel_ratios(calibration, kernel_calls))
     return AdjustedMachine(machine, placement or calibration.placement, drift)
+
+
+def probed_kernel_ratios(calibration: Calibration,
+                         kernel_calls: Mapping[str, Sequence[KernelSample]] | None) -> dict[str, float]:
+    """The kernel probe's ratios against ``calibration`` (:func:`~pydtnn_lite.perfmodel.modelling.drift.kernel_ratios`);
+    none where the calibration's kernels ran otherwise placed than the probe's."""
+    placed = calibration.placement
+    if not kernel_calls or placed.threads_per_rank != 1 or placed.ranks_per_node != placed.cores_per_node:
+        return {}
+
+    def then(kernel: str, call: KernelSample) -> float:
+        return calibration.kernel_seconds(kernel, KernelCost(Stage.FP, kernel, call.flops, call.bytes, call.dims))
+
+    def model_error(kernel: str) -> float:
+        model = calibration.kernel_models.get(kernel)
+        return model.held_out_time_error if model is not None else math.nan
+
+    return kernel_ratios(kernel_calls, then, model_error)
 
 
 ALLREDUCE_MODELS = ("interpolate", "fit")
