@@ -89,3 +89,7 @@ def test_a_traced_hierarchical_run_probes_the_machine_and_records_its_strategy(t
     meta = json.loads((trace / "meta.json").read_text())
     assert meta["strategy"] == "hierarchical" and meta["nodes"] == 1
     assert meta["machine_state"]["allreduce_seconds"] > 0
+    # The kernel probe timed every kernel of the zoo's steps, each call with its cost.
+    probed = meta["kernel_probes"]
+    assert {"gemm", "im2col", "batchnorm_sums", "maxpool", "add", "sgd_update", "adam_update"} <= set(probed)
+    assert all(seconds > 0 for seconds in probed["im2col"]["seconds"])

@@ -1,14 +1,26 @@
 """Drift scaling and the affine fits of the time outside kernels, against hand-computed cases."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 from pydtnn_lite.comm import SerialCommunicator
+from pydtnn_lite.costs import KernelCost, Stage
 from pydtnn_lite.perfmodel.measuring.machine_state import StateWatch, cores_of, median_and_spread
-from pydtnn_lite.perfmodel.modelling.drift import CoreRates, Drift, MachineState, beyond_noise, drift_between
+from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.drift import (
+    CoreRates,
+    Drift,
+    MachineState,
+    beyond_noise,
+    drift_between,
+    kernel_ratios,
+)
+from pydtnn_lite.perfmodel.modelling.machines import probed_kernel_ratios
 from pydtnn_lite.perfmodel.modelling.outside_kernels import fit_affine
+from pydtnn_lite.perfmodel.modelling.regression import KernelSample, RateModel
 from pydtnn_lite.runtime import usable_cores
 
 THEN = MachineState(gemm_flops=90e9, copy_bytes_per_second=20e9, allreduce_ranks=2, allreduce_bytes=1 << 20,
@@ -149,3 +161,47 @@ def test_a_probe_s_spread_is_half_its_interquartile_range_over_its_median():
     median, spread = median_and_spread([1.0, 2.0, 3.0, 4.0, 5.0])  # quartiles 1.5 and 4.5
     assert median == 3.0 and spread == pytest.approx(0.5)
     assert median_and_spread([2.0] * 11) == (2.0, 0.0)
+
+
+def test_each_probed_kernel_moves_by_the_ratio_of_its_calls_total_times():
+    # relu's calls took 30 + 90 us now against 20 + 60 predicted: 1.5x, weighted by time;
+    # GEMM is left to the GEMM and copy rates, the update to the copy rates.
+    calls = {"relu": [KernelSample((1000,), 0.0, 8e3, 30e-6), KernelSample((9000,), 0.0, 72e3, 90e-6)],
+             "gemm": [KernelSample((64, 64, 64, 0, 0), 5e5, 5e4, 1e-4)],
+             "sgd_update": [KernelSample((4096,), 1e4, 5e4, 1e-4)]}  # updates follow the copy probe
+    then = {30e-6: 20e-6, 90e-6: 60e-6, 1e-4: 5e-5}
+
+    def predicted(kernel: str, call: KernelSample) -> float:
+        return then[call.seconds]
+
+    assert kernel_ratios(calls, predicted, lambda kernel: math.nan) == {"relu": pytest.approx(1.5)}
+    # A model that errs by 20 % a call, over two calls, explains 1.2 / 1.414 of the move.
+    noisy = kernel_ratios(calls, predicted, lambda kernel: 0.2)["relu"]
+    assert noisy == pytest.approx(1.5 / (1 + 0.2 / math.sqrt(2)))
+    drift = drift_between(THEN, MachineState(60e9, 25e9), kernels={"relu": 1.5})
+    assert drift.scale("relu") == pytest.approx(1.5) and drift.scale("add") == pytest.approx(0.8)
+    assert "1 other kernels by their own probe calls" in drift.describe()
+
+
+def test_the_kernel_probe_is_compared_only_with_a_calibration_placed_as_it_runs():
+    model = RateModel(0.0, 0.0, 1e-9)  # 1 ns a byte
+    calls = {"relu": [KernelSample((1000,), 0.0, 8e3, 16e-6)]}
+    placed = {"ranks": 2, "usable_cores": 2, "blas_threads": 1}
+    calibration = Calibration(machine=placed, peak_flops=1e11, memory_bandwidth=1e10,
+                              kernel_models={"relu": model}, allreduce_samples=[])
+    assert probed_kernel_ratios(calibration, calls) == {"relu": pytest.approx(2.0)}
+    threaded = dataclasses.replace(calibration, machine={**placed, "ranks": 1, "blas_threads": 2})
+    assert probed_kernel_ratios(threaded, calls) == {}
+
+
+def test_a_call_beyond_the_largest_sampled_batch_takes_time_in_proportion():
+    model = RateModel(5e-6, 0.0, 1e-9)  # 5 us a call and 1 ns a byte
+    samples = [KernelSample((n,), 0.0, 8.0 * n, 5e-6 + 8e-9 * n) for n in (100, 1000)]
+    calibration = Calibration(machine={"ranks": 2, "usable_cores": 2}, peak_flops=1e11, memory_bandwidth=1e10,
+                              kernel_models={"relu": model}, allreduce_samples=[],
+                              kernel_samples={"relu": samples})
+    inside = KernelCost(Stage.FP, "relu", 0.0, 8e3, (1000,))
+    assert calibration.kernel_seconds("relu", inside) == pytest.approx(5e-6 + 8e-6)
+    # Three times the largest batch: three calls' time, overheads included.
+    beyond = KernelCost(Stage.FP, "relu", 0.0, 24e3, (3000,))
+    assert calibration.kernel_seconds("relu", beyond) == pytest.approx(3 * (5e-6 + 8e-6))

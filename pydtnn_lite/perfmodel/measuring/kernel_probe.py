@@ -37,8 +37,8 @@ KERNEL_PROBES = (
     Probe("pool", 64, (16, 64, 2, 2, 0)),
     Probe("pool", 16, (8, 128, 3, 2, 1)),
     Probe("merge", 16, (16, 64)),
-    Probe("dense", 32, (512, 512, 10)),
-    Probe("dense", 32, (512, 512, 10), "adam"),
+    Probe("dense", 32, (4096, 512, 10)),  # 2M weights: updates that stream from memory, as a model's do
+    Probe("dense", 32, (4096, 512, 10), "adam"),
 )
 PROBE_STEPS = 3  # traced steps per network; a sample is a call's median over them
 
