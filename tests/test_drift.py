@@ -157,9 +157,10 @@ def test_only_the_move_beyond_the_probes_noise_is_corrected():
     assert math.isclose(drift_between(THEN, THEN).compute, 1.0)
 
 
-def test_a_probe_s_spread_is_half_its_interquartile_range_over_its_median():
+def test_a_probe_s_spread_is_the_standard_error_of_its_median():
     median, spread = median_and_spread([1.0, 2.0, 3.0, 4.0, 5.0])  # quartiles 1.5 and 4.5
-    assert median == 3.0 and spread == pytest.approx(0.5)
+    # sigma = 3 / 1.349; the median's standard error 1.2533 sigma / sqrt(5), over the median 3.
+    assert median == 3.0 and spread == pytest.approx(1.2533 * (3 / 1.349) / math.sqrt(5) / 3)
     assert median_and_spread([2.0] * 11) == (2.0, 0.0)
 
 

@@ -16,6 +16,7 @@ a buffer evicted from the cache, the slowest rank's time.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
@@ -38,13 +39,17 @@ REPEATS = 11  # a shared machine's timings are bimodal at times: the median of m
 WATCH_REPEATS = 3  # the probe between a run's steps: short, and repeated about once a second
 WATCH_INTERVAL = 1.0  # seconds between probes in a run: a core's slow spells last seconds
 SLEEP_SECONDS = 1e-3  # how often a waiting rank looks whether the others are done
+IQR_PER_SIGMA = 1.349  # a normal distribution's interquartile range, in standard deviations
+MEDIAN_ERROR = 1.2533  # a median's standard error over a mean's, for normal samples
 
 
 def median_and_spread(seconds: Sequence[float]) -> tuple[float, float]:
-    """The median of ``seconds`` and its relative spread: half the interquartile range
-    over the median (0.05: the middle half of the repeats lies within about +-5 %)."""
+    """The median of ``seconds`` and its relative uncertainty: the standard error of a
+    median of that many repeats (1.25 sigma / sqrt(n)), sigma taken from the interquartile
+    range (IQR / 1.35), which the odd outlier of a shared machine leaves alone."""
     lower, median, upper = statistics.quantiles(seconds, n=4)
-    return median, (upper - lower) / (2 * median)
+    sigma = (upper - lower) / IQR_PER_SIGMA
+    return median, MEDIAN_ERROR * sigma / math.sqrt(len(seconds)) / median
 
 
 def _timed(run: Callable[[], object], repeats: int) -> tuple[float, float]:
