@@ -40,7 +40,6 @@ from pydtnn_lite.perfmodel.measuring.kernel_probe import probe_kernels
 from pydtnn_lite.perfmodel.measuring.machine_state import StateWatch
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
 from pydtnn_lite.perfmodel.modelling.network import model_choice
-from pydtnn_lite.perfmodel.modelling.regression import sample_columns
 from pydtnn_lite.perfmodel.modelling.trace_validation import validate_trace
 from pydtnn_lite.progress import ProgressBar, StepLines, make_progress
 from pydtnn_lite.resume import resume
@@ -471,7 +470,7 @@ def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str, watch:
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "ranks_per_node": max(comm.allgather_object(comm.local_size)),
             "cores_per_node": usable_cores(), "machine_state": state.to_dict(),
             "core_probes": [asdict(instant) for instant in watch.instants], "strategy": comm.name,
-            "kernel_probes": {name: sample_columns(calls) for name, calls in sorted(watch.kernel_calls.items())},
+            "kernel_probes": watch.probed.to_dict(),
             "nodes": len(set(comm.allgather_object(node_name())))}
     if config.validate:
         meta["calibration"] = os.path.abspath(config.validate)
@@ -530,7 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The machine's state over the traced steps: a validation corrects for its drift since
             # calibrating. Probed over MPI, as the calibration's (a two-level communicator's requests
             # complete only when waited for, which the probe's idle wait never does).
-            job.watch = StateWatch(world, lambda: len(tracer.steps), probe_kernels(world))
+            job.watch = StateWatch(world, lambda: len(tracer.steps), probe_kernels(world, config.dataset))
             tracer.attach()
         train(job, comm)
         if tracer is not None and job.watch is not None and config.trace:

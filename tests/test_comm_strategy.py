@@ -91,5 +91,7 @@ def test_a_traced_hierarchical_run_probes_the_machine_and_records_its_strategy(t
     assert meta["machine_state"]["allreduce_seconds"] > 0
     # The kernel probe timed every kernel of the zoo's steps, each call with its cost.
     probed = meta["kernel_probes"]
-    assert {"gemm", "im2col", "batchnorm_sums", "maxpool", "add", "sgd_update", "adam_update"} <= set(probed)
-    assert all(seconds > 0 for seconds in probed["im2col"]["seconds"])
+    assert {"gemm", "im2col", "batchnorm_sums", "maxpool", "add", "sgd_update", "adam_update"} <= set(probed["calls"])
+    assert all(seconds > 0 for seconds in probed["calls"]["im2col"]["seconds"])
+    assert len(probed["outside"]) == 8 * 2  # each network's step, on each of the 2 probing ranks
+    assert [samples for samples, _ in probed["data"]["digits"]] == [16, 64, 16, 64]

@@ -7,19 +7,20 @@ import math
 import pytest
 
 from pydtnn_lite.comm import SerialCommunicator
-from pydtnn_lite.costs import KernelCost, Stage
+from pydtnn_lite.costs import DATA_LOAD, KernelCost, Stage
 from pydtnn_lite.perfmodel.measuring.machine_state import StateWatch, cores_of, median_and_spread
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.drift import (
     CoreRates,
     Drift,
     MachineState,
+    ProbedWork,
     beyond_noise,
     drift_between,
     kernel_ratios,
 )
-from pydtnn_lite.perfmodel.modelling.machines import probed_kernel_ratios
-from pydtnn_lite.perfmodel.modelling.outside_kernels import fit_affine
+from pydtnn_lite.perfmodel.modelling.machines import OUTSIDE_KERNELS, probed_ratios
+from pydtnn_lite.perfmodel.modelling.outside_kernels import AffineCost, fit_affine
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample, RateModel
 from pydtnn_lite.runtime import usable_cores
 
@@ -181,18 +182,23 @@ def test_each_probed_kernel_moves_by_the_ratio_of_its_calls_total_times():
     assert noisy == pytest.approx(1.5 / (1 + 0.2 / math.sqrt(2)))
     drift = drift_between(THEN, MachineState(60e9, 25e9), kernels={"relu": 1.5})
     assert drift.scale("relu") == pytest.approx(1.5) and drift.scale("add") == pytest.approx(0.8)
-    assert "1 other kernels by their own probe calls" in drift.describe()
+    assert "1 kinds of work by the kernel probe's" in drift.describe()
 
 
 def test_the_kernel_probe_is_compared_only_with_a_calibration_placed_as_it_runs():
     model = RateModel(0.0, 0.0, 1e-9)  # 1 ns a byte
-    calls = {"relu": [KernelSample((1000,), 0.0, 8e3, 16e-6)]}
+    probed = ProbedWork({"relu": [KernelSample((1000,), 0.0, 8e3, 16e-6)]},
+                        outside=[(20.0, 3e-4), (40.0, 9e-4)],  # 1.2 ms against 0.6 ms: 2x
+                        data={"synthetic": [(16.0, 2e-4), (64.0, 8e-4)]})  # 1 ms against 2 ms: 0.5x
     placed = {"ranks": 2, "usable_cores": 2, "blas_threads": 1}
     calibration = Calibration(machine=placed, peak_flops=1e11, memory_bandwidth=1e10,
-                              kernel_models={"relu": model}, allreduce_samples=[])
-    assert probed_kernel_ratios(calibration, calls) == {"relu": pytest.approx(2.0)}
+                              kernel_models={"relu": model}, allreduce_samples=[],
+                              overhead=AffineCost(0.0, 10e-6), data_load={"synthetic": AffineCost(0.0, 25e-6)})
+    assert probed_ratios(calibration, probed) == {"relu": pytest.approx(2.0), OUTSIDE_KERNELS: pytest.approx(2.0),
+                                                  DATA_LOAD: pytest.approx(0.5)}
+    assert ProbedWork.from_dict(probed.to_dict()) == probed  # as a trace's meta keeps it
     threaded = dataclasses.replace(calibration, machine={**placed, "ranks": 1, "blas_threads": 2})
-    assert probed_kernel_ratios(threaded, calls) == {}
+    assert probed_ratios(threaded, probed) == {}
 
 
 def test_a_call_beyond_the_largest_sampled_batch_takes_time_in_proportion():

@@ -6,9 +6,10 @@ copy's, and the kernels follow neither closely once the processor changes: on
 Xeon) copied 1.7x faster than at the calibration, while its batch-norm kernels ran at
 about the calibration's speed and its updates 1.9x faster. So a traced run also trains
 these few small networks as ``calibrate`` samples its grid (the tracer times every
-kernel call, each paired with its cost) and keeps every call's median seconds. A
-validation sets them against the calibration's models for the same calls: each kernel's
-time now over then (``modelling/drift.py``).
+kernel call, each paired with its cost) and keeps every call's median seconds, with the
+time of each step outside its kernels, and times loading batches of the run's data set. A
+validation sets them against the calibration's models for the same work: each kernel's,
+the interpreter's and the loader's time now over then (``modelling/drift.py``).
 
 They run as the reference calibration's kernels ran: one single-thread rank per core, all
 at once; the job's ranks beyond the cores wait without spinning.
@@ -21,10 +22,12 @@ from threadpoolctl import threadpool_limits
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import Communicator, SerialCommunicator
 from pydtnn_lite.kernels import cpu
+from pydtnn_lite.perfmodel.measuring.data_loading import TIMED, time_data_loading
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
 from pydtnn_lite.perfmodel.measuring.machine_state import wait_idly
 from pydtnn_lite.perfmodel.measuring.probes import Probe
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe, median_over_ranks
+from pydtnn_lite.perfmodel.modelling.drift import ProbedWork
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample
 from pydtnn_lite.runtime import usable_cores
 
@@ -41,32 +44,44 @@ KERNEL_PROBES = (
     Probe("dense", 32, (4096, 512, 10), "adam"),
 )
 PROBE_STEPS = 3  # traced steps per network; a sample is a call's median over them
+# Batches of the calibration's timed data sets, a few tens of milliseconds in all.
+DATA_BATCHES = {"synthetic": (16, 64), "synthetic-imagenet": (2, 4), "digits": (16, 64)}
 
 
-def probe_kernels(comm: Communicator) -> dict[str, list[KernelSample]]:
-    """Every kernel call of the probe networks with its median seconds over the probing ranks
-    (collective; every rank gets them)."""
-    mine: dict[str, list[KernelSample]] = {}
+def probe_kernels(comm: Communicator, dataset: str | None = None) -> ProbedWork:
+    """Every kernel call of the probe networks, with its median seconds over the probing
+    ranks; their steps' time outside the kernels; and, where the calibration times
+    ``dataset`` (the run's), loading batches of it (collective; every rank gets them all)."""
+    mine = ProbedWork()
     if comm.local_rank < usable_cores():
-        mine = _measure_one_thread()
+        mine = _measure_one_thread(dataset)
     wait_idly(comm)
-    measured = [samples for samples in comm.allgather_object(mine) if samples]
-    return median_over_ranks(measured)
+    measured = [work for work in comm.allgather_object(mine) if work.calls]
+    return ProbedWork(median_over_ranks([work.calls for work in measured]),
+                      [sample for work in measured for sample in work.outside],
+                      {name: [sample for work in measured for sample in work.data.get(name, [])]
+                       for name in measured[0].data})
 
 
-def _measure_one_thread() -> dict[str, list[KernelSample]]:
-    """The probe networks on this rank alone, its BLAS and parallel loops on one thread."""
+def _measure_one_thread(dataset: str | None) -> ProbedWork:
+    """The probe networks, and the data set's batches, on this rank alone, its BLAS and
+    parallel loops on one thread."""
     backend = make_backend("cpu")
     evict = CacheEvictor(backend)
     threads = numba.get_num_threads()
     cpu.set_threads(1)
     try:
-        samples: dict[str, list[KernelSample]] = {}
+        calls: dict[str, list[KernelSample]] = {}
+        outside = []
         with threadpool_limits(1, user_api="blas"):
             for probe in KERNEL_PROBES:
                 measured = measure_probe(probe, backend, SerialCommunicator(), PROBE_STEPS, evict)
-                for name, calls in measured.samples.items():
-                    samples.setdefault(name, []).extend(calls)
-        return samples
+                for name, samples in measured.samples.items():
+                    calls.setdefault(name, []).extend(samples)
+                outside.append(measured.overhead)
+        data = {}
+        if dataset in TIMED:
+            data = time_data_loading(SerialCommunicator(), {dataset: DATA_BATCHES[dataset]})
+        return ProbedWork(calls, outside, data)
     finally:
         cpu.set_threads(threads)

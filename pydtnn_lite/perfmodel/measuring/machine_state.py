@@ -28,8 +28,7 @@ from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.comm.mpi import MPICommunicator
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
-from pydtnn_lite.perfmodel.modelling.drift import CoreRates, MachineState
-from pydtnn_lite.perfmodel.modelling.regression import KernelSample
+from pydtnn_lite.perfmodel.modelling.drift import CoreRates, MachineState, ProbedWork
 from pydtnn_lite.runtime import usable_cores
 
 GEMM_SIZE = 1024  # n of the n^3 product: ~2 GFLOP, tens of milliseconds on one core
@@ -161,8 +160,8 @@ def probe_machine_state(comm: Communicator) -> MachineState:
 
 class StateWatch:
     """The machine's state over a run: the full probe as it starts and ends, and the core
-    probe between its traced steps, about every :data:`WATCH_INTERVAL` seconds; with the
-    ``kernel_calls`` a kernel probe timed as the run started (``kernel_probe.py``).
+    probe between its traced steps, about every :data:`WATCH_INTERVAL` seconds; with what
+    the kernel probe measured as the run started (``probed``: ``kernel_probe.py``).
 
     ``traced_steps()`` counts the steps traced so far. Every rank must call
     :meth:`after_step` after the same steps (a probe is collective): the interval in steps
@@ -171,9 +170,9 @@ class StateWatch:
     """
 
     def __init__(self, comm: Communicator, traced_steps: Callable[[], int],
-                 kernel_calls: dict[str, list[KernelSample]] | None = None) -> None:
+                 probed: ProbedWork | None = None) -> None:
         self.comm, self.traced_steps = comm, traced_steps
-        self.kernel_calls = kernel_calls or {}
+        self.probed = probed or ProbedWork()
         self.instants = [probe_cores(comm)]
         self.allreduce = [allreduce_probe(comm)] if comm.size > 1 else []
         self.every: int | None = None

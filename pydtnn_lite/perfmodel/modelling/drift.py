@@ -40,7 +40,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
-from pydtnn_lite.perfmodel.modelling.regression import KernelSample
+from pydtnn_lite.perfmodel.modelling.regression import KernelSample, sample_columns, samples_from_columns
 
 DRIFT_WARNING = 0.10  # a probe rate that moved more than this makes validate warn
 
@@ -178,12 +178,46 @@ class Drift:
         return self.measured > DRIFT_WARNING
 
     def describe(self) -> str:
-        own = (f"; {len(self.kernels)} other kernels by their own probe calls (x{min(self.kernels.values()):.2f} "
+        own = (f"; {len(self.kernels)} kinds of work by the kernel probe's (x{min(self.kernels.values()):.2f} "
                f"to x{max(self.kernels.values()):.2f})") if self.kernels else ""
         noise = (f"; the probes measured moves up to {100 * self.measured:.0f} % and repeat within "
                  f"+-{100 * self.noise:.0f} %, a part of each move that is not corrected") if self.noise else ""
         return (f"GEMM x{self.compute:.3f}, memory x{self.memory:.3f}, communication x{self.communication:.3f}"
                 f"{own} (time now over time at calibration{noise})")
+
+
+@dataclass(frozen=True)
+class ProbedWork:
+    """What a run's kernel probe measured (``measuring/kernel_probe.py``): every kernel call
+    of its networks with its median seconds (``calls``, by kernel); each network's step,
+    (compute kernel calls, seconds outside them) (``outside``); and loading batches of the
+    run's data set, (samples, seconds) by data set (``data``)."""
+
+    calls: Mapping[str, Sequence[KernelSample]] = field(default_factory=dict)
+    outside: Sequence[tuple[float, float]] = ()
+    data: Mapping[str, Sequence[tuple[float, float]]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"calls": {name: sample_columns(list(calls)) for name, calls in sorted(self.calls.items())},
+                "outside": [list(sample) for sample in self.outside],
+                "data": {name: [list(sample) for sample in samples] for name, samples in self.data.items()}}
+
+    @classmethod
+    def from_dict(cls, record: dict) -> ProbedWork:
+        return cls({name: samples_from_columns(columns) for name, columns in record.get("calls", {}).items()},
+                   [(float(calls), float(seconds)) for calls, seconds in record.get("outside", [])],
+                   {name: [(float(n), float(seconds)) for n, seconds in samples]
+                    for name, samples in record.get("data", {}).items()})
+
+
+def work_ratio(seconds: Sequence[tuple[float, float]], error: float = 0.0) -> float | None:
+    """Time now over then of pieces of work timed now and predicted by the calibration,
+    ``seconds`` as (now, then) pairs: their totals' ratio, less the part that ``error``
+    (relative, of one piece) over the square root of the pieces explains; None without any."""
+    now, before = sum(pair[0] for pair in seconds), sum(pair[1] for pair in seconds)
+    if not seconds or now <= 0 or before <= 0:
+        return None
+    return beyond_noise(now / before, error / math.sqrt(len(seconds)))
 
 
 def kernel_ratios(calls: Mapping[str, Sequence[KernelSample]], then: Callable[[str, KernelSample], float],
@@ -199,13 +233,13 @@ def kernel_ratios(calls: Mapping[str, Sequence[KernelSample]], then: Callable[[s
     """
     ratios = {}
     for kernel, samples in calls.items():
-        if kernel in COMPUTE_BOUND | STREAMING or not samples:
-            continue
-        now, before = sum(call.seconds for call in samples), sum(then(kernel, call) for call in samples)
-        if now <= 0 or before <= 0:
+        if kernel in COMPUTE_BOUND | STREAMING:
             continue
         error = model_error(kernel)
-        ratios[kernel] = beyond_noise(now / before, (error if math.isfinite(error) else 0.0) / math.sqrt(len(samples)))
+        ratio = work_ratio([(call.seconds, then(kernel, call)) for call in samples],
+                           error if math.isfinite(error) else 0.0)
+        if ratio is not None:
+            ratios[kernel] = ratio
     return ratios
 
 

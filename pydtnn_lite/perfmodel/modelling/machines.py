@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydtnn_lite.costs import DATA_LOAD, KernelCost, Stage
@@ -16,7 +16,14 @@ from pydtnn_lite.perfmodel.modelling.allreduce import (
 )
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.clusters import PRESETS, Cluster
-from pydtnn_lite.perfmodel.modelling.drift import Drift, MachineState, drift_between, kernel_ratios
+from pydtnn_lite.perfmodel.modelling.drift import (
+    Drift,
+    MachineState,
+    ProbedWork,
+    drift_between,
+    kernel_ratios,
+    work_ratio,
+)
 from pydtnn_lite.perfmodel.modelling.placement import Placement, kernel_scale
 from pydtnn_lite.perfmodel.modelling.prediction import RooflineMachine
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample
@@ -120,27 +127,28 @@ OUTSIDE_KERNELS = "outside_kernels"  # the interpreter's time between kernels: s
 
 
 def adjusted_machine(machine: CalibratedMachine, placement: Placement | None = None,
-                     now: MachineState | None = None,
-                     kernel_calls: Mapping[str, Sequence[KernelSample]] | None = None) -> AdjustedMachine:
+                     now: MachineState | None = None, probed: ProbedWork | None = None) -> AdjustedMachine:
     """``machine`` with its ranks placed as ``placement`` (default: as in the calibration) and
     corrected for the drift from the calibration's machine-state probe to ``now`` (none
-    when either probe is missing), the kernels that ``kernel_calls`` (a run's kernel probe)
-    timed by their own ratios where the calibration ran one single-thread rank per core, as
-    the kernel probe does."""
+    when either probe is missing), the work that ``probed`` (a run's kernel probe) timed
+    by its own ratios where the calibration ran one single-thread rank per core, as the
+    kernel probe does."""
     calibration = machine.calibration
     drift = Drift()
     if now is not None and calibration.machine_state is not None:
         model = machine.allreduce_seconds if machine.allreduce is not None else None
-        drift = drift_between(calibration.machine_state, now, model, probed_kernel_ratios(calibration, kernel_calls))
+        drift = drift_between(calibration.machine_state, now, model, probed_ratios(calibration, probed))
     return AdjustedMachine(machine, placement or calibration.placement, drift)
 
 
-def probed_kernel_ratios(calibration: Calibration,
-                         kernel_calls: Mapping[str, Sequence[KernelSample]] | None) -> dict[str, float]:
-    """The kernel probe's ratios against ``calibration`` (:func:`~pydtnn_lite.perfmodel.modelling.drift.kernel_ratios`);
-    none where the calibration's kernels ran otherwise placed than the probe's."""
+def probed_ratios(calibration: Calibration, probed: ProbedWork | None) -> dict[str, float]:
+    """The kernel probe's ratios against ``calibration``: each kernel's
+    (:func:`~pydtnn_lite.perfmodel.modelling.drift.kernel_ratios`), the time outside the
+    kernels' (:data:`OUTSIDE_KERNELS`) and loading data's (``DATA_LOAD``); none where the
+    calibration's kernels ran otherwise placed than the probe's."""
     placed = calibration.placement
-    if not kernel_calls or placed.threads_per_rank != 1 or placed.ranks_per_node != placed.cores_per_node:
+    if probed is None or not probed.calls or placed.threads_per_rank != 1 \
+            or placed.ranks_per_node != placed.cores_per_node:
         return {}
 
     def then(kernel: str, call: KernelSample) -> float:
@@ -150,7 +158,13 @@ def probed_kernel_ratios(calibration: Calibration,
         model = calibration.kernel_models.get(kernel)
         return model.held_out_time_error if model is not None else math.nan
 
-    return kernel_ratios(kernel_calls, then, model_error)
+    ratios = kernel_ratios(probed.calls, then, model_error)
+    outside = work_ratio([(seconds, calibration.overhead.seconds(calls)) for calls, seconds in probed.outside])
+    loading = work_ratio([(seconds, calibration.data_load_seconds(name, int(samples)))
+                          for name, samples_seconds in probed.data.items() for samples, seconds in samples_seconds])
+    ratios.update({name: ratio for name, ratio in ((OUTSIDE_KERNELS, outside), (DATA_LOAD, loading))
+                   if ratio is not None})
+    return ratios
 
 
 ALLREDUCE_MODELS = ("interpolate", "fit")

@@ -14,12 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.modelling.drift import Drift, MachineState
+from pydtnn_lite.perfmodel.modelling.drift import Drift, MachineState, ProbedWork
 from pydtnn_lite.perfmodel.modelling.machines import AdjustedMachine, CalibratedMachine, adjusted_machine
 from pydtnn_lite.perfmodel.modelling.network import TwoLevelAllreduce
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.prediction import Machine, StepPrediction, predict_step
-from pydtnn_lite.perfmodel.modelling.regression import samples_from_columns
 from pydtnn_lite.perfmodel.modelling.report import summary_text, validation_figures, write_report
 from pydtnn_lite.perfmodel.modelling.validation import Validation, validate
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
@@ -55,8 +54,8 @@ def run_machines(machine: Machine, meta: dict) -> tuple[Machine, Machine]:
         return machine, machine
     placement = job_placement(meta)
     state = MachineState.from_dict(meta["machine_state"]) if meta.get("machine_state") else None
-    kernel_calls = {name: samples_from_columns(columns) for name, columns in meta.get("kernel_probes", {}).items()}
-    raw, corrected = adjusted_machine(machine, placement), adjusted_machine(machine, placement, state, kernel_calls)
+    probed = ProbedWork.from_dict(meta["kernel_probes"]) if meta.get("kernel_probes") else None
+    raw, corrected = adjusted_machine(machine, placement), adjusted_machine(machine, placement, state, probed)
     network = machine.calibration.network
     if meta.get("strategy") == "hierarchical" and network is not None:  # the drift stays the flat model's
         # Its reductions run when the synchronizer waits for them, after backward: nothing overlaps.
