@@ -529,7 +529,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The machine's state over the traced steps: a validation corrects for its drift since
             # calibrating. Probed over MPI, as the calibration's (a two-level communicator's requests
             # complete only when waited for, which the probe's idle wait never does).
-            job.watch = StateWatch(world, lambda: len(tracer.steps), probe_kernels(world, config.dataset))
+            probed = probe_kernels(world, config.dataset, on_host=job.network.backend.device == "cpu")
+            job.watch = StateWatch(world, lambda: len(tracer.steps), probed)
             tracer.attach()
         train(job, comm)
         if tracer is not None and job.watch is not None and config.trace:

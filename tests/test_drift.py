@@ -199,6 +199,8 @@ def test_the_kernel_probe_is_compared_only_with_a_calibration_placed_as_it_runs(
     assert ProbedWork.from_dict(probed.to_dict()) == probed  # as a trace's meta keeps it
     threaded = dataclasses.replace(calibration, machine={**placed, "ranks": 1, "blas_threads": 2})
     assert probed_ratios(threaded, probed) == {}
+    on_gpu = dataclasses.replace(calibration, machine={**placed, "device": "gpu"})
+    assert probed_ratios(on_gpu, probed) == {}  # the probe times the host's kernels
 
 
 def test_a_call_beyond_the_largest_sampled_batch_takes_time_in_proportion():

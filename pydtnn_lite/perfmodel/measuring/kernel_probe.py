@@ -48,15 +48,18 @@ PROBE_STEPS = 3  # traced steps per network; a sample is a call's median over th
 DATA_BATCHES = {"synthetic": (16, 64), "synthetic-imagenet": (2, 4), "digits": (16, 64)}
 
 
-def probe_kernels(comm: Communicator, dataset: str | None = None) -> ProbedWork:
+def probe_kernels(comm: Communicator, dataset: str | None = None, on_host: bool = True) -> ProbedWork:
     """Every kernel call of the probe networks, with its median seconds over the probing
     ranks; their steps' time outside the kernels; and, where the calibration times
-    ``dataset`` (the run's), loading batches of it (collective; every rank gets them all)."""
+    ``dataset`` (the run's), loading batches of it (collective; every rank gets them all).
+    Only ranks that train ``on_host`` probe: the networks are the host's kernels."""
     mine = ProbedWork()
-    if comm.local_rank < usable_cores():
+    if on_host and comm.local_rank < usable_cores():
         mine = _measure_one_thread(dataset)
     wait_idly(comm)
     measured = [work for work in comm.allgather_object(mine) if work.calls]
+    if not measured:
+        return ProbedWork()
     return ProbedWork(median_over_ranks([work.calls for work in measured]),
                       [sample for work in measured for sample in work.outside],
                       {name: [sample for work in measured for sample in work.data.get(name, [])]

@@ -145,10 +145,10 @@ def probed_ratios(calibration: Calibration, probed: ProbedWork | None) -> dict[s
     """The kernel probe's ratios against ``calibration``: each kernel's
     (:func:`~pydtnn_lite.perfmodel.modelling.drift.kernel_ratios`), the time outside the
     kernels' (:data:`OUTSIDE_KERNELS`) and loading data's (``DATA_LOAD``); none where the
-    calibration's kernels ran otherwise placed than the probe's."""
+    calibration's kernels ran otherwise placed than the probe's, or on a GPU."""
     placed = calibration.placement
-    if probed is None or not probed.calls or placed.threads_per_rank != 1 \
-            or placed.ranks_per_node != placed.cores_per_node:
+    if probed is None or not probed.calls or calibration.machine.get("device", "cpu") != "cpu" \
+            or placed.threads_per_rank != 1 or placed.ranks_per_node != placed.cores_per_node:
         return {}
 
     def then(kernel: str, call: KernelSample) -> float:
