@@ -4,9 +4,10 @@
         [--optimizer sgd|adam]
 
 One trainer, one fixed batch; the steps alternate between the kernel entries as shipped
-(Numba for im2col, col2im, batch norm (fused with ReLU or not), ReLU, add, pooling and the SGD and Adam updates) and the same entries
-pointed at the NumPy functions, so a shared machine's load hits both alike. Prints each
-median step time, the time inside those kernels, and the speed-up.
+(Numba for im2col, col2im, batch norm (fused with ReLU or not), ReLU, add, pooling and the
+SGD and Adam updates) and the same entries pointed at the NumPy functions, so a shared
+machine's load hits both alike. Prints each median step time, the time inside those
+kernels, and the speed-up.
 """
 from __future__ import annotations
 
