@@ -11,7 +11,8 @@ from pydtnn_lite import kernels
 from pydtnn_lite.costs import FUSED_KERNELS
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.kernels import cpu, elementwise, normalization
-from pydtnn_lite.layers import BatchNorm, ReLU, StepContext
+from pydtnn_lite.layers import BatchNorm, Conv2D, Dense, Flatten, GlobalAvgPool2D, ReLU, StepContext
+from pydtnn_lite.network import Network
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
 from pydtnn_lite.perfmodel.modelling.prediction import predict_step
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
@@ -93,3 +94,31 @@ def test_a_calibration_without_the_fused_kernels_predicts_them_from_the_unfused_
             parts = sum(machine.kernel_seconds(part.kernel, part) for part in cost.replaces)
             expected = parts * cost.bytes / sum(part.bytes for part in cost.replaces)
             assert machine.kernel_seconds(cost.kernel, cost) == pytest.approx(expected)
+
+
+def small_network(fused: bool) -> Network:
+    """Conv - BN - ReLU - Conv - BN - ReLU - head, with each BN - ReLU fused or not."""
+    net = Network("bn-relu", (6, 6, 3), 4)
+    for filters in (5, 7):
+        net.add(Conv2D(filters, 3, padding=1, use_bias=False))
+        if fused:
+            net.add(BatchNorm(activation="relu"))
+        else:
+            net.add(BatchNorm())
+            net.add(ReLU())
+    net.add(GlobalAvgPool2D())
+    net.add(Flatten())
+    net.add(Dense(4))
+    return net.build(FLOAT64, seed=0)
+
+
+def test_weights_of_the_unfused_network_load_into_the_fused_one():
+    """The fused layer keeps the parameter and buffer names: weight files and checkpoints
+    written before the fusion load, and compute the same."""
+    unfused, fused = small_network(False), small_network(True)
+    x = normal((3, 6, 6, 3), 7)
+    ctx = StepContext(training=True, global_batch=3, step=1)
+    unfused.forward(x, ctx)  # moves the running statistics off their start
+    fused.load_state_dict(unfused.state_dict())
+    evaluation = StepContext(training=False, global_batch=3, step=1)
+    np.testing.assert_allclose(fused.forward(x, evaluation), unfused.forward(x, evaluation), rtol=1e-13, atol=1e-13)
