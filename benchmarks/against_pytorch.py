@@ -43,7 +43,9 @@ def torch_layers(network: Network) -> list:
         elif layer.kind in ("avgpool", "globalpool"):
             layers.append(nn.AvgPool2d(layer.pool_size, layer.stride, layer.padding))
         elif layer.kind == "bn":
-            layers.append(nn.BatchNorm2d(source[-1]) if len(source) == 3 else nn.BatchNorm1d(source[-1]))
+            norm = nn.BatchNorm2d(source[-1]) if len(source) == 3 else nn.BatchNorm1d(source[-1])
+            # PyTorch's eager mode has no fused batch norm + ReLU: the pair, as one step.
+            layers.append(nn.Sequential(norm, nn.ReLU()) if layer.activation else norm)
         elif layer.kind == "dropout":
             layers.append(nn.Dropout(layer.rate))
         elif layer.kind in ("add", "concat"):

@@ -4,9 +4,10 @@
         [--optimizer sgd|adam]
 
 One trainer, one fixed batch; the steps alternate between the kernel entries as shipped
-(Numba for im2col, col2im, batch norm, ReLU, add, pooling and the SGD and Adam updates) and the same entries
-pointed at the NumPy functions, so a shared machine's load hits both alike. Prints each
-median step time, the time inside those kernels, and the speed-up.
+(Numba for im2col, col2im, batch norm (fused with ReLU or not), ReLU, add, pooling and the
+SGD and Adam updates) and the same entries pointed at the NumPy functions, so a shared
+machine's load hits both alike. Prints each median step time, the time inside those
+kernels, and the speed-up.
 """
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ NUMPY_VERSIONS = {
     "add": elementwise.add, "batchnorm_sums": normalization.batchnorm_sums,
     "batchnorm_normalize": normalization.batchnorm_normalize,
     "batchnorm_grad_sums": normalization.batchnorm_grad_sums,
-    "batchnorm_grad_input": normalization.batchnorm_grad_input, "maxpool": pooling.maxpool,
+    "batchnorm_grad_input": normalization.batchnorm_grad_input,
+    "batchnorm_relu_normalize": normalization.batchnorm_relu_normalize,
+    "batchnorm_relu_grad_sums": normalization.batchnorm_relu_grad_sums,
+    "batchnorm_relu_grad_input": normalization.batchnorm_relu_grad_input, "maxpool": pooling.maxpool,
     "maxpool_grad": pooling.maxpool_grad, "avgpool": pooling.avgpool, "avgpool_grad": pooling.avgpool_grad,
     "sgd_update": update.sgd_update, "adam_update": update.adam_update,
 }

@@ -1,7 +1,7 @@
 """DenseNet-121 (Huang et al., 2017): growth rate 32, blocks 6-12-24-16, compression 0.5."""
 from __future__ import annotations
 
-from pydtnn_lite.layers import AvgPool2D, BatchNorm, Concat, Dense, Flatten, GlobalAvgPool2D, MaxPool2D, ReLU
+from pydtnn_lite.layers import AvgPool2D, BatchNorm, Concat, Dense, Flatten, GlobalAvgPool2D, MaxPool2D
 from pydtnn_lite.models.blocks import bn_relu_conv, conv_bn_relu, is_imagenet_sized
 from pydtnn_lite.network import Network
 
@@ -29,8 +29,7 @@ def densenet121(input_shape: tuple, num_classes: int) -> Network:
             channels //= 2
             index = bn_relu_conv(net, index, channels, 1)
             index = net.add(AvgPool2D(2), index)
-    index = net.add(BatchNorm(), index)
-    index = net.add(ReLU(), index)
+    index = net.add(BatchNorm(activation="relu"), index)
     net.add(GlobalAvgPool2D(), index)
     net.add(Flatten())
     net.add(Dense(num_classes, init="glorot"))

@@ -6,7 +6,8 @@ Layers and the optimizer list a step's calls as :class:`KernelCost` entries, in 
 they make them, and the tracer records the calls it times in the same order. So the
 i-th call of a kernel by a layer in a stage, traced, sampled or predicted, is the i-th
 cost listed for that (layer, stage, kernel): :class:`CallKey` is that key and
-:class:`CallCounter` numbers the calls of a step by it.
+:class:`CallCounter` numbers the calls of a step by it. The fused kernels are named here
+too, with the unfused kernels they replace (:data:`FUSED_KERNELS`).
 """
 from __future__ import annotations
 
@@ -56,6 +57,25 @@ class KernelCost:
     flops: float
     bytes: float
     dims: tuple = ()
+    replaces: tuple[KernelCost, ...] = ()  # a fused kernel's unfused calls (see FUSED_KERNELS)
+
+
+# The fused kernels, each with the unfused kernels whose calls it replaces, in their order.
+# A calibration without samples of a fused kernel predicts it from these (see
+# Calibration.kernel_seconds); the ReLU gradient is folded into both backward kernels but
+# its call is counted once, in the sums.
+FUSED_KERNELS: dict[str, tuple[str, ...]] = {
+    "batchnorm_relu_normalize": ("batchnorm_normalize", "relu"),
+    "batchnorm_relu_grad_sums": ("relu_grad", "batchnorm_grad_sums"),
+    "batchnorm_relu_grad_input": ("batchnorm_grad_input",),
+}
+
+
+def fused_cost(kernel: str, flops: float, nbytes: float, dims: tuple, replaces: list[KernelCost]) -> KernelCost:
+    """The cost of a call of the fused ``kernel`` (a key of :data:`FUSED_KERNELS`) in the stage
+    of the calls it ``replaces``, which must be those its entry names."""
+    assert tuple(part.kernel for part in replaces) == FUSED_KERNELS[kernel], (kernel, replaces)
+    return KernelCost(replaces[0].stage, kernel, flops, nbytes, dims, tuple(replaces))
 
 
 class CallKey(NamedTuple):

@@ -53,6 +53,13 @@ def test_a_gemm_moves_with_the_peak_only_for_the_share_of_its_time_spent_at_the_
     assert Drift(compute=1.5, memory=0.8).scale("gemm", flops=6e9, seconds=0.1) == pytest.approx(1.5)
 
 
+def test_a_fused_kernel_the_probe_did_not_time_moves_as_the_mean_of_its_parts():
+    drift = Drift(memory=0.8, kernels={"batchnorm_normalize": 1.2, "relu": 0.6, "batchnorm_relu_grad_input": 1.1})
+    assert drift.scale("batchnorm_relu_normalize") == pytest.approx((1.2 + 0.6) / 2)
+    assert drift.scale("batchnorm_relu_grad_sums") == pytest.approx(0.8)  # neither part timed: memory
+    assert drift.scale("batchnorm_relu_grad_input") == pytest.approx(1.1)  # timed itself: its own
+
+
 def test_an_unmoved_machine_changes_nothing_and_raises_no_warning():
     drift = drift_between(THEN, MachineState(92e9, 19.5e9))
     assert drift.communication == 1.0  # one rank now: no Allreduce timed

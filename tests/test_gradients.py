@@ -89,6 +89,11 @@ def test_batchnorm_on_maps_and_vectors():
     check_layer(BatchNorm(), [(6,)], batch=5)
 
 
+def test_batchnorm_with_relu_fused():
+    check_layer(BatchNorm(activation="relu"), [(3, 4, 5)], batch=4)
+    check_layer(BatchNorm(activation="relu"), [(6,)], batch=5)
+
+
 def test_relu():
     check_layer(ReLU(), [(4, 4, 3)])
 

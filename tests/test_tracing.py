@@ -15,7 +15,7 @@ import pytest
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import SerialCommunicator
-from pydtnn_lite.costs import ALLREDUCE, NO_LAYER, Stage
+from pydtnn_lite.costs import ALLREDUCE, FUSED_KERNELS, NO_LAYER, Stage
 from pydtnn_lite.data import SyntheticDataset, open_dataset
 from pydtnn_lite.kernels import blas
 from pydtnn_lite.layers import Conv2D, Dense, Flatten, ReLU
@@ -67,6 +67,15 @@ def test_each_step_records_exactly_the_kernels_the_cost_model_lists(make):
             (layer, cost.stage, cost.kernel, cost.bytes) for layer, cost in reductions)
         annotated = [k for k in tracer.kernels if k.step == step and k.phase == TRAIN and k.stage != Stage.DATA]
         assert not any(math.isnan(k.flops) or math.isnan(k.bytes) for k in annotated)
+
+
+def test_resnet_trains_fused_and_the_tracer_records_the_fused_kernels():
+    """Batch norm then ReLU runs, and is traced, as the fused kernels."""
+    network = zoo("resnet18")
+    assert not any(isinstance(layer, ReLU) for layer in network.layers[:4])  # conv, bn+relu, pool, ...
+    _, tracer = traced_trainer(network, batch=4, steps=2)
+    traced = {k.kernel for k in tracer.kernels}
+    assert set(FUSED_KERNELS) <= traced  # a block's last batch norm feeds the residual add, unfused
 
 
 def test_traced_flops_of_a_tiny_network_are_the_hand_computed_ones():

@@ -6,12 +6,13 @@ point: :func:`instrument` wraps every entry (the tracer times them) from outside
 layers, without a line of layer code knowing. With tracing off the entries are the plain
 functions, so an untraced step pays nothing.
 
-On the host, the memory-bound kernels (im2col, col2im, batch norm, ReLU, the residual
-add, pooling, the SGD and Adam updates) are the Numba loops of :mod:`~pydtnn_lite.kernels.cpu`, which use
-every thread of the process; the NumPy versions they replace stay the reference. The
-window kernels (im2col, col2im and the pooling kernels) also have CUDA versions, in
-:mod:`~pydtnn_lite.kernels.gpu`. An entry picks its version by its first argument's
-array type, for the cost of one ``isinstance`` check.
+On the host, the memory-bound kernels (im2col, col2im, batch norm, ReLU, batch norm
+fused with ReLU, the residual add, pooling, the SGD and Adam updates) are the Numba loops
+of :mod:`~pydtnn_lite.kernels.cpu`, which use every thread of the process; the NumPy
+versions they replace stay the reference. The window kernels (im2col, col2im and the
+pooling kernels) also have CUDA versions, in :mod:`~pydtnn_lite.kernels.gpu`. An entry
+picks its version by its first argument's array type, for the cost of one ``isinstance``
+check.
 """
 from __future__ import annotations
 
@@ -66,6 +67,10 @@ batchnorm_sums = _by_array_type(cpu.batchnorm_sums, normalization.batchnorm_sums
 batchnorm_normalize = _by_array_type(cpu.batchnorm_normalize, normalization.batchnorm_normalize)
 batchnorm_grad_sums = _by_array_type(cpu.batchnorm_grad_sums, normalization.batchnorm_grad_sums)
 batchnorm_grad_input = _by_array_type(cpu.batchnorm_grad_input, normalization.batchnorm_grad_input)
+batchnorm_relu_normalize = _by_array_type(cpu.batchnorm_relu_normalize, normalization.batchnorm_relu_normalize)
+batchnorm_relu_grad_sums = _by_array_type(cpu.batchnorm_relu_grad_sums, normalization.batchnorm_relu_grad_sums)
+batchnorm_relu_grad_input = _by_array_type(cpu.batchnorm_relu_grad_input,
+                                           normalization.batchnorm_relu_grad_input)
 sgd_update = _by_array_type(cpu.sgd_update, update.sgd_update)
 adam_update = _by_array_type(cpu.adam_update, update.adam_update)
 
@@ -74,7 +79,7 @@ __all__ = [
     "dropout_mask", "dropout_apply", "add", "concat", "split", "softmax_cross_entropy",
     "softmax_cross_entropy_grad", "squared_error", "squared_error_grad", "batchnorm_sums",
     "batchnorm_normalize", "batchnorm_grad_sums",
-    "batchnorm_grad_input",
+    "batchnorm_grad_input", "batchnorm_relu_normalize", "batchnorm_relu_grad_sums", "batchnorm_relu_grad_input",
     "batchnorm_inference", "maxpool", "maxpool_grad", "avgpool", "avgpool_grad",
     "sgd_update", "adam_update",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydtnn_lite.backend import array_module
+from pydtnn_lite.kernels.elementwise import relu_grad
 
 
 def batchnorm_sums(x: Any, shift: Any) -> Any:
@@ -59,3 +60,25 @@ def batchnorm_grad_input(grad_out: Any, x_hat: Any, inv_std: Any, gamma: Any, gr
     mean_grad = grad_sums[0] / rows
     mean_grad_hat = grad_sums[1] / rows
     return (gamma * inv_std) * (grad_out - mean_grad - x_hat * mean_grad_hat)
+
+
+# The fused batch norm + ReLU kernels. These references define the results through the
+# unfused kernels; the host versions (kernels.cpu) make one pass each, never writing the
+# ReLU output or the masked gradient to a separate array.
+def batchnorm_relu_normalize(x: Any, mean: Any, inv_std: Any, gamma: Any, beta: Any) -> tuple[Any, Any]:
+    """Return (max(gamma * x_hat + beta, 0), x_hat) with x_hat = (x - mean) * inv_std."""
+    out, x_hat = batchnorm_normalize(x, mean, inv_std, gamma, beta)
+    return array_module(x).maximum(out, 0, out=out), x_hat
+
+
+def batchnorm_relu_grad_sums(grad_out: Any, out: Any, x_hat: Any) -> Any:
+    """:func:`batchnorm_grad_sums` of the upstream gradient masked by ``out > 0`` (``out`` is the
+    fused layer's output, after the ReLU)."""
+    return batchnorm_grad_sums(relu_grad(grad_out, out), x_hat)
+
+
+def batchnorm_relu_grad_input(grad_out: Any, out: Any, x_hat: Any, inv_std: Any, gamma: Any, grad_sums: Any,
+                              rows: int) -> Any:
+    """:func:`batchnorm_grad_input` of the upstream gradient masked by ``out > 0``, given the
+    (all-rank) sums of :func:`batchnorm_relu_grad_sums`."""
+    return batchnorm_grad_input(relu_grad(grad_out, out), x_hat, inv_std, gamma, grad_sums, rows)

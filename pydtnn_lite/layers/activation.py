@@ -23,7 +23,10 @@ class ReLU(Layer):
         return grad_in
 
     def costs(self, batch: int) -> list[KernelCost]:
-        n = self.elements(batch)
-        dims = (n,)
-        return [KernelCost(Stage.FP, "relu", n, 2 * n * self.itemsize, dims),
-                KernelCost(Stage.BP, "relu_grad", n, 3 * n * self.itemsize, dims)]
+        return relu_costs(self.elements(batch), self.itemsize)
+
+
+def relu_costs(n: int, itemsize: int) -> list[KernelCost]:
+    """The forward and backward calls of a ReLU over ``n`` elements of ``itemsize`` bytes."""
+    return [KernelCost(Stage.FP, "relu", n, 2 * n * itemsize, (n,)),
+            KernelCost(Stage.BP, "relu_grad", n, 3 * n * itemsize, (n,))]

@@ -8,8 +8,12 @@ import numpy as np
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend, array_module
-from pydtnn_lite.costs import ALLREDUCE, KernelCost, Stage
+from pydtnn_lite.costs import ALLREDUCE, KernelCost, Stage, fused_cost
+from pydtnn_lite.errors import UserError
+from pydtnn_lite.layers.activation import relu_costs
 from pydtnn_lite.layers.base import Layer, Shape, StepContext
+
+ACTIVATIONS = (None, "relu")
 
 
 class BatchNorm(Layer):
@@ -21,13 +25,20 @@ class BatchNorm(Layer):
     in float64 about a shared shift, so float32 inputs far from zero keep their variance.
     Running statistics follow PyTorch:
     ``running = (1 - momentum) * running + momentum * batch`` with the unbiased variance.
+
+    ``activation="relu"`` applies a ReLU to the output, fused into the layer's kernels: the
+    forward writes the activated output in the pass that normalises, and the backward masks
+    the upstream gradient by ``out > 0`` as it reads it, so BatchNorm followed by ReLU makes
+    the memory passes of BatchNorm alone.
     """
 
     kind = "bn"
 
-    def __init__(self, momentum: float = 0.1, eps: float = 1e-5) -> None:
+    def __init__(self, momentum: float = 0.1, eps: float = 1e-5, activation: str | None = None) -> None:
         super().__init__()
-        self.momentum, self.eps = momentum, eps
+        if activation not in ACTIVATIONS:
+            raise UserError(f"BatchNorm activation {activation!r} is none of {ACTIVATIONS}")
+        self.momentum, self.eps, self.activation = momentum, eps, activation
 
     def init(self, input_shapes: Sequence[Shape], backend: Backend, rng: np.random.Generator) -> Shape:
         channels = input_shapes[0][-1]
@@ -41,8 +52,9 @@ class BatchNorm(Layer):
     def forward(self, x: Any, ctx: StepContext) -> Any:
         gamma, beta = self.params["gamma"], self.params["beta"]
         if not ctx.training:
-            return kernels.batchnorm_inference(x, gamma, beta, self.buffers["running_mean"],
-                                               self.buffers["running_var"], self.eps)
+            out = kernels.batchnorm_inference(x, gamma, beta, self.buffers["running_mean"],
+                                              self.buffers["running_var"], self.eps)
+            return kernels.relu(out) if self.activation else out
         xp = array_module(x)
         # Every rank holds the same running mean: a shift they share, close to the batch
         # mean after the first steps, so the float64 sums below barely cancel.
@@ -53,7 +65,11 @@ class BatchNorm(Layer):
         mean = shift + offset
         var = xp.maximum(sums[1] / self.rows - offset * offset, 0.0)
         self.inv_std = (1.0 / xp.sqrt(var + self.eps)).astype(x.dtype)
-        out, self.x_hat = kernels.batchnorm_normalize(x, mean.astype(x.dtype), self.inv_std, gamma, beta)
+        if self.activation:
+            out, self.x_hat = kernels.batchnorm_relu_normalize(x, mean.astype(x.dtype), self.inv_std, gamma, beta)
+            self.out = out  # the backward's ReLU mask
+        else:
+            out, self.x_hat = kernels.batchnorm_normalize(x, mean.astype(x.dtype), self.inv_std, gamma, beta)
         unbiased = var * (self.rows / max(self.rows - 1, 1))
         m = self.momentum
         self.buffers["running_mean"][...] = (1 - m) * self.buffers["running_mean"] + m * mean
@@ -62,7 +78,8 @@ class BatchNorm(Layer):
         return out
 
     def backward(self, grad_out: Any) -> Any:
-        local = kernels.batchnorm_grad_sums(grad_out, self.x_hat)
+        local = (kernels.batchnorm_relu_grad_sums(grad_out, self.out, self.x_hat) if self.activation
+                 else kernels.batchnorm_grad_sums(grad_out, self.x_hat))
         # Parameter gradients stay local (the gradient Allreduce adds them); the input
         # gradient needs the all-rank sums.
         self.grads["beta"][...] = local[0]
@@ -70,10 +87,15 @@ class BatchNorm(Layer):
         grad_in = None
         if self.needs_input_grad:
             total = self.sum_across_ranks(local)
-            grad_in = kernels.batchnorm_grad_input(grad_out, self.x_hat, self.inv_std, self.params["gamma"],
-                                                   total, self.rows)
-        self.x_hat = None
+            gamma = self.params["gamma"]
+            grad_in = (kernels.batchnorm_relu_grad_input(grad_out, self.out, self.x_hat, self.inv_std, gamma,
+                                                         total, self.rows) if self.activation
+                       else kernels.batchnorm_grad_input(grad_out, self.x_hat, self.inv_std, gamma, total, self.rows))
+        self.x_hat = self.out = None
         return grad_in
+
+    def describe(self) -> str:
+        return f"+{self.activation}" if self.activation else ""
 
     def costs(self, batch: int) -> list[KernelCost]:
         """The kernels, and the reductions over the ranks of the per-channel sums (2 x C
@@ -85,10 +107,19 @@ class BatchNorm(Layer):
         sums, grad_sums = 2 * shape[-1] * 8, 2 * shape[-1] * s  # the statistics are float64
         # Two passes over the input: the mean, then the squared deviations.
         out = [KernelCost(Stage.FP, "batchnorm_sums", 4 * n, 2 * n * s, dims),
-               KernelCost(Stage.FP, ALLREDUCE, 0.0, sums, (sums,)),
-               KernelCost(Stage.FP, "batchnorm_normalize", 4 * n, 3 * n * s, dims),
-               KernelCost(Stage.BP, "batchnorm_grad_sums", 3 * n, 2 * n * s, dims)]
+               KernelCost(Stage.FP, ALLREDUCE, 0.0, sums, (sums,))]
+        normalize = KernelCost(Stage.FP, "batchnorm_normalize", 4 * n, 3 * n * s, dims)
+        grad_sums_call = KernelCost(Stage.BP, "batchnorm_grad_sums", 3 * n, 2 * n * s, dims)
+        grad_input = KernelCost(Stage.BP, "batchnorm_grad_input", 5 * n, 3 * n * s, dims)
+        if self.activation:
+            # The fused calls read and write what the batch-norm calls do, plus the output
+            # (the ReLU mask) read by each backward call, and one FLOP an element for the ReLU.
+            relu, relu_grad = relu_costs(n, s)
+            normalize = fused_cost("batchnorm_relu_normalize", 5 * n, 3 * n * s, dims, [normalize, relu])
+            grad_sums_call = fused_cost("batchnorm_relu_grad_sums", 4 * n, 3 * n * s, dims,
+                                        [relu_grad, grad_sums_call])
+            grad_input = fused_cost("batchnorm_relu_grad_input", 6 * n, 4 * n * s, dims, [grad_input])
+        out += [normalize, grad_sums_call]
         if self.needs_input_grad:
-            out += [KernelCost(Stage.BP, ALLREDUCE, 0.0, grad_sums, (grad_sums,)),
-                    KernelCost(Stage.BP, "batchnorm_grad_input", 5 * n, 3 * n * s, dims)]
+            out += [KernelCost(Stage.BP, ALLREDUCE, 0.0, grad_sums, (grad_sums,)), grad_input]
         return out

@@ -94,7 +94,10 @@ class Probe:
         if self.family == "conv":
             _, _, filters, kernel, stride, padding = self.shape
             net.add(Conv2D(filters, kernel, stride=stride, padding=padding))
-            net.add(BatchNorm())  # after a layer with parameters: it computes its input gradient
+            # After a layer with parameters, both batch norms compute their input gradients:
+            # the fused kernels and the unfused ones over the same shapes.
+            net.add(BatchNorm(activation="relu"))
+            net.add(BatchNorm())
             net.add(ReLU())
         elif self.family == "dense":
             net.add(Dense(self.shape[1]))

@@ -109,6 +109,8 @@ class Calibration:
         grows with the batch) is predicted as that many calls at the largest one: its work
         grows in proportion, where a fitted model's curve past its samples may not."""
         model = self.kernel_models.get(kernel)
+        if model is None and cost.replaces:
+            return self._unfused_seconds(cost)
         if model is None:
             return max(cost.flops / self.peak_flops, cost.bytes / self.memory_bandwidth)
         widest = self._widest_sampled(kernel)
@@ -116,6 +118,15 @@ class Calibration:
             return model.predict(cost.dims, cost.flops, cost.bytes)
         calls = cost.dims[0] / widest
         return calls * model.predict((widest, *cost.dims[1:]), cost.flops / calls, cost.bytes / calls)
+
+    def _unfused_seconds(self, cost: KernelCost) -> float:
+        """A fused call that the calibration never sampled (one older than the fused kernel):
+        the predicted seconds of the unfused calls it replaces, each by its own model (or
+        roofline), scaled by the fused call's bytes over theirs. These kernels are
+        memory-bound, and what fusing saves is the passes over memory."""
+        parts = cost.replaces
+        seconds = sum(self.kernel_seconds(part.kernel, part) for part in parts)
+        return seconds * cost.bytes / sum(part.bytes for part in parts)
 
     def _widest_sampled(self, kernel: str) -> int:
         """The largest leading dim among ``kernel``'s samples (0 without samples)."""

@@ -12,8 +12,9 @@ predicted time is scaled by the ratio of the rate that bounds it, then to now:
   peak does;
 - every other compute kernel by its own ratio where the run's kernel probe
   (``measuring/kernel_probe.py``) timed it: its calls' times now over what the
-  calibration's model predicts for them (:func:`kernel_ratios`); otherwise, and the time
-  between kernels, by the copy rates (memory-bound, or the interpreter's pace, which
+  calibration's model predicts for them (:func:`kernel_ratios`); a fused kernel that it
+  did not time, by the mean of the ratios of the kernels it replaces; otherwise, and the
+  time between kernels, by the copy rates (memory-bound, or the interpreter's pace, which
   moves with the memory system and the clock alike);
 - communication, by the probe's Allreduce time now against the calibration's probe,
   carried over to the run's rank count by the calibration's Allreduce model.
@@ -40,6 +41,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
+from pydtnn_lite.costs import FUSED_KERNELS
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample, sample_columns, samples_from_columns
 
 DRIFT_WARNING = 0.10  # a probe rate that moved more than this makes validate warn
@@ -167,6 +169,11 @@ class Drift:
         (``peak_flops``; the whole of it where either is unknown), the rest with memory."""
         if communication:
             return self.communication
+        if kernel in FUSED_KERNELS and kernel not in self.kernels:
+            # A calibration older than the fused kernel predicts it from its parts (and so
+            # the probe has no ratio of its own for it): they move as their parts do.
+            parts = FUSED_KERNELS[kernel]
+            return sum(self.kernels.get(part, self.memory) for part in parts) / len(parts)
         if kernel not in COMPUTE_BOUND:
             return self.kernels.get(kernel, self.memory)
         at_peak = min(1.0, flops / (self.peak_flops * seconds)) if self.peak_flops > 0 and seconds > 0 else 1.0

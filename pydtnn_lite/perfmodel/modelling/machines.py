@@ -5,7 +5,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pydtnn_lite.costs import DATA_LOAD, KernelCost, Stage
+from pydtnn_lite.costs import DATA_LOAD, FUSED_KERNELS, KernelCost, Stage
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.allreduce import (
     AllreduceModel,
@@ -158,7 +158,11 @@ def probed_ratios(calibration: Calibration, probed: ProbedWork | None) -> dict[s
         model = calibration.kernel_models.get(kernel)
         return model.held_out_time_error if model is not None else math.nan
 
-    ratios = kernel_ratios(probed.calls, then, model_error)
+    # A fused kernel the calibration never sampled is predicted from the unfused calls it
+    # replaces, which a probed call's cost does not name: it has no "then" to set against.
+    calls = {kernel: samples for kernel, samples in probed.calls.items()
+             if kernel not in FUSED_KERNELS or kernel in calibration.kernel_models}
+    ratios = kernel_ratios(calls, then, model_error)
     outside = work_ratio([(seconds, calibration.overhead.seconds(calls)) for calls, seconds in probed.outside])
     loading = work_ratio([(seconds, calibration.data_load_seconds(name, int(samples)))
                           for name, samples_seconds in probed.data.items() for samples, seconds in samples_seconds])

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 # Kernels that run on all of the rank's threads (BLAS's, and the same number of Numba's).
 THREADED_KERNELS = frozenset({"gemm", "im2col", "col2im", "batchnorm_sums", "batchnorm_normalize",
-                              "batchnorm_grad_sums", "batchnorm_grad_input", "relu", "relu_grad", "add",
+                              "batchnorm_grad_sums", "batchnorm_grad_input", "batchnorm_relu_normalize",
+                              "batchnorm_relu_grad_sums", "batchnorm_relu_grad_input", "relu", "relu_grad", "add",
                               "maxpool", "maxpool_grad", "avgpool", "avgpool_grad", "sgd_update",
                               "adam_update"})
 
