@@ -13,7 +13,12 @@ import sys
 import numpy as np
 import pytest
 
+from pydtnn_lite.backend import make_backend
+from pydtnn_lite.comm.gradients import MIB
 from pydtnn_lite.costs import KernelCost
+from pydtnn_lite.layers import BatchNorm, Conv2D, Dense, Flatten, GlobalAvgPool2D
+from pydtnn_lite.network import Network
+from pydtnn_lite.optim import SGD
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, KIB, log_spaced_sizes
 from pydtnn_lite.perfmodel.modelling.allreduce import (
     AllreduceModel,
@@ -197,6 +202,39 @@ def test_prediction_adds_up_and_overlap_hides_communication_behind_backward():
 
     host_mpi = predict_step(network, optimizer, 16, 4, ConstantMachine(1e-3, 0.5, overlaps_communication=False))
     assert host_mpi.step_with_overlap == pytest.approx(host_mpi.step_without_overlap)
+
+
+def test_a_batch_norm_reduction_of_backward_waits_for_the_buckets_ahead_of_it_on_the_channel():
+    """Conv - BN - Conv - BN - pool - Flatten - Dense, its first bucket the Dense layer's
+    gradient alone, the second the rest (ready only when backward is done). The second BN's
+    reduction in backward goes out behind the first bucket, and waits for it."""
+    net = Network("queue", (6, 6, 3), 4)
+    for filters in (5, 7):
+        net.add(Conv2D(filters, 3, padding=1, use_bias=False))
+        net.add(BatchNorm())
+    for layer in (GlobalAvgPool2D(), Flatten(), Dense(4)):
+        net.add(layer)
+    network = net.build(make_backend("cpu", "float32"), seed=0)
+    optimizer = SGD(network, momentum=0.0)
+    dense, second_bn = len(network.layers) - 1, 3
+    first_bucket_mb = network.layers[dense].param_count * 4 / MIB
+    kernel, reduce = 1e-3, 0.5
+
+    def bn_reductions(overlaps: bool) -> tuple[dict[int, float], StepPrediction]:
+        step = predict_step(network, optimizer, 8, 2, ConstantMachine(kernel, reduce, overlaps_communication=overlaps),
+                            bucket_mb=1.0, first_bucket_mb=first_bucket_mb)
+        assert [b / 4 for b in step.bucket_bytes] == [network.layers[dense].param_count,
+                                                       network.param_count - network.layers[dense].param_count]
+        return {k.layer: k.seconds for k in step.kernels if k.kernel == "allreduce" and k.stage == "BP"}, step
+
+    queued, step = bn_reductions(True)
+    # The bucket starts when the Dense layer's backward is done; the BN's reduction comes after
+    # the backward of the layers between them and its own first kernel (the sums).
+    between = sum(k.stage == "BP" and second_bn < k.layer < dense for k in step.kernels) + 1
+    assert queued[second_bn] == pytest.approx(reduce + (reduce - between * kernel))
+    assert queued[1] == pytest.approx(reduce)  # the channel is free again by then
+    unqueued, _ = bn_reductions(False)  # reductions that move no data beside the compute queue for nothing
+    assert unqueued == {1: pytest.approx(reduce), second_bn: pytest.approx(reduce)}
 
 
 def test_reductions_among_ranks_that_share_cores_cost_their_cpu_time_but_the_last():
