@@ -27,6 +27,7 @@ from pydtnn_lite.perfmodel.modelling.allreduce import (
     allreduce_seconds,
     fit_allreduce,
 )
+from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
 from pydtnn_lite.perfmodel.modelling.prediction import PredictedKernel, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline, gemm_intensity
@@ -134,6 +135,26 @@ def test_expected_maximum_of_normal_draws_and_the_fitted_wait():
     assert model.seconds(0.4, 8) == pytest.approx(0.012 * 0.4 ** 0.7 * expected_maximum(8) / expected_maximum(2))
     assert model.seconds(0.4, 1) == 0.0
     assert fit_sync_wait([(0.1, 0.01), (0.2, 0.02)], ranks=1).seconds(0.4, 8) == 0.0  # one rank measures no wait
+
+
+def test_the_fitted_wait_grows_at_most_as_the_work_and_at_least_as_its_square_root():
+    # Waits that grow as T ** 2 over the probes' range: held at T ** 1, with the coefficient
+    # that fits best under that exponent (the geometric mean of wait / T).
+    steep = [(t, 0.3 * t ** 2) for t in (0.05, 0.1, 0.2)]
+    model = fit_sync_wait(steep, ranks=2)
+    assert model.exponent == 1.0
+    assert model.coefficient == pytest.approx(0.3 * math.prod((0.05, 0.1, 0.2)) ** (1 / 3))
+    flat = fit_sync_wait([(t, 0.002 * t ** 0.1) for t in (0.1, 1.0, 10.0)], ranks=2)
+    assert flat.exponent == 0.5 and flat.coefficient == pytest.approx(0.002)  # T ** -0.4 at 0.1 and 10 cancel
+
+
+def test_a_calibration_file_s_wait_is_fitted_again_from_its_samples_as_it_loads(tmp_path):
+    path = tmp_path / "calibration.json"
+    data = json.loads(open(REFERENCE_CALIBRATION, encoding="utf-8").read())
+    data["synchronization"] = {"model": {"coefficient": 0.33, "exponent": 2.1, "ranks": 2},
+                               "samples": [[t, 0.3 * t ** 2] for t in (0.05, 0.1, 0.2)]}
+    path.write_text(json.dumps(data))
+    assert Calibration.load(str(path)).sync_wait == fit_sync_wait([(t, 0.3 * t ** 2) for t in (0.05, 0.1, 0.2)], 2)
 
 
 def test_roofline_bounds():

@@ -23,7 +23,7 @@ from pydtnn_lite.perfmodel.modelling.regression import (
     sample_columns,
     samples_from_columns,
 )
-from pydtnn_lite.perfmodel.modelling.synchronization import NO_WAIT, SyncWaitModel
+from pydtnn_lite.perfmodel.modelling.synchronization import NO_WAIT, SyncWaitModel, fit_sync_wait
 
 FORMAT, VERSION = "pydtnn_lite calibration", 4
 
@@ -161,6 +161,11 @@ class Calibration:
     @classmethod
     def from_dict(cls, data: dict) -> Calibration:
         roofline = data["roofline"]
+        synchronization = data["synchronization"]
+        sync_samples = [(float(work), float(wait)) for work, wait in synchronization["samples"]]
+        # Fitted again from its samples, so that a file written under an older rule follows today's.
+        sync_wait = (fit_sync_wait(sync_samples, int(synchronization["model"]["ranks"])) if sync_samples
+                     else SyncWaitModel.from_dict(synchronization["model"]))
         return cls(machine=dict(data["machine"]), peak_flops=float(roofline["peak_flops"]),
                    memory_bandwidth=float(roofline["memory_bandwidth"]),
                    kernel_models={name: model_from_dict(model) for name, model in data["kernel_models"].items()},
@@ -172,8 +177,8 @@ class Calibration:
                                    for name, columns in data["kernel_samples"].items()},
                    kernel_rates={name: dict(rates) for name, rates in roofline["kernels"].items()},
                    settings=dict(data["settings"]),
-                   sync_samples=[(float(work), float(wait)) for work, wait in data["synchronization"]["samples"]],
-                   sync_wait=SyncWaitModel.from_dict(data["synchronization"]["model"]),
+                   sync_samples=sync_samples,
+                   sync_wait=sync_wait,
                    overhead_samples=[(float(calls), float(seconds)) for calls, seconds in data["overhead"]["samples"]],
                    overhead=AffineCost.from_dict(data["overhead"]["model"]),
                    data_load_samples={name: [(float(n), float(t)) for n, t in entry["samples"]]
