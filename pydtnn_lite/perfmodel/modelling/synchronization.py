@@ -16,10 +16,10 @@ beyond those bounds over the probes' narrow range (2.1 in one calibration, from 
 steps of 45-220 ms) predicted a wait of 180 ms at the end of an 8-rank VGG11 step of
 580 ms, whose communication, waits included, measured 160 ms.
 
-For P ranks whose times vary independently, the mean wait is the expected maximum of P draws minus their mean, i.e. sigma * E[max of P standard
-normals]; so a wait measured on ``ranks`` ranks is scaled to P ranks by the ratio of those
-expected maxima (:func:`expected_maximum`): 0.56 for 2 ranks, 1.03 for 4, 1.42 for 8,
-2.34 for 64.
+For P ranks whose times vary independently, the mean wait is the expected maximum of P
+draws minus their mean, i.e. sigma * E[max of P standard normals]; so a wait measured on
+``ranks`` ranks is scaled to P ranks by the ratio of those expected maxima
+(:func:`expected_maximum`): 0.56 for 2 ranks, 1.03 for 4, 1.42 for 8, 2.34 for 64.
 """
 from __future__ import annotations
 
