@@ -74,6 +74,7 @@ class Machine:
     """Every kernel and every Allreduce a millisecond: enough to plan a prediction's buckets."""
 
     overlaps_communication = True
+    starts_inside_calls = False
 
     def kernel_seconds(self, kernel: str, cost: object) -> float:
         return 1e-3

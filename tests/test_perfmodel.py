@@ -169,13 +169,15 @@ class ConstantMachine:
     """Every kernel ``kernel`` seconds, every Allreduce ``reduce`` seconds, a wait of
     ``wait`` times the work since the last synchronisation, ``outside`` seconds outside
     the kernels per kernel call, ``load`` seconds per sample loaded, ``background`` the
-    share of reading ahead that the step waits for and ``during`` seconds for a reduction
-    that runs while ranks compute (default ``reduce``; hand-checkable steps)."""
+    share of reading ahead that the step waits for, ``during`` seconds for a reduction
+    that runs while ranks compute (default ``reduce``) and whether a bucket begins only
+    inside an MPI call (``starts_inside_calls``; hand-checkable steps)."""
 
     def __init__(self, kernel: float, reduce: float, overlaps_communication: bool = True, wait: float = 0.0,
                  outside: float = 0.0, load: float = 0.0, background: float = 1.0,
-                 during: float | None = None) -> None:
+                 during: float | None = None, starts_inside_calls: bool = False) -> None:
         self.kernel, self.reduce, self.overlaps_communication = kernel, reduce, overlaps_communication
+        self.starts_inside_calls = starts_inside_calls
         self.wait, self.outside, self.load, self.background = wait, outside, load, background
         self.during = reduce if during is None else during
 
@@ -256,6 +258,38 @@ def test_a_batch_norm_reduction_of_backward_waits_for_the_buckets_ahead_of_it_on
     assert queued[1] == pytest.approx(reduce)  # the channel is free again by then
     unqueued, _ = bn_reductions(False)  # reductions that move no data beside the compute queue for nothing
     assert unqueued == {1: pytest.approx(reduce), second_bn: pytest.approx(reduce)}
+
+
+def test_over_mpi_a_bucket_begins_only_at_a_progress_call_after_the_one_before_it():
+    """Three Dense layers, a bucket each. A bucket takes half a kernel longer than layer 1's
+    backward: over MPI the bucket of layer 1 finds the channel busy at the progress call
+    after its layer and waits for the end of backward; NCCL begins it when the channel frees."""
+    net = Network("calls", (4,), 3)
+    for width in (8, 8, 3):
+        net.add(Dense(width))
+    network = net.build(make_backend("cpu", "float32"), seed=0)
+    optimizer = SGD(network, momentum=0.0)
+    sizes = [layer.param_count for layer in network.layers]
+    kernel = 1e-3
+    backward = {layer: 0 for layer in range(3)}
+    for layer, cost in network.costs(8):
+        if cost.stage == "BP" and layer in backward:
+            backward[layer] += 1
+    reduce = (backward[1] + 0.5) * kernel
+    assert backward[0] <= backward[1]  # the channel is still busy when backward ends
+
+    def exposed(starts_inside_calls: bool) -> float:
+        machine = ConstantMachine(kernel, reduce, starts_inside_calls=starts_inside_calls)
+        step = predict_step(network, optimizer, 8, 2, machine, bucket_mb=max(sizes) * 4 / MIB,
+                            first_bucket_mb=sizes[2] * 4 / MIB)
+        assert [n / 4 for n in step.bucket_bytes] == [sizes[2], sizes[1], sizes[0]]
+        compute = sum(step.stage_seconds[stage] for stage in ("FP", "BP", "WU"))
+        return step.step_with_overlap - compute - reduce  # less the loss reduction
+
+    # MPI: the first bucket from layer 2's end; the others back to back from backward's end.
+    assert exposed(True) == pytest.approx(2 * reduce)
+    # NCCL: the three back to back from layer 2's end, which backward's last two layers follow.
+    assert exposed(False) == pytest.approx(3 * reduce - (backward[1] + backward[0]) * kernel)
 
 
 def test_reductions_among_ranks_that_share_cores_cost_their_cpu_time_but_the_last():

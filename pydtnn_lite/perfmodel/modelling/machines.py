@@ -46,6 +46,7 @@ class CalibratedMachine:
     allreduce: AllreduceTime | None
     overlaps_communication: bool = False
     allreduce_cpu: AllreduceTime | None = None
+    starts_inside_calls: bool = True  # MPICH moves a reduction's data only inside MPI calls
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         return self.calibration.kernel_seconds(kernel, cost)
@@ -87,6 +88,10 @@ class AdjustedMachine:
     @property
     def overlaps_communication(self) -> bool:
         return self.base.overlaps_communication
+
+    @property
+    def starts_inside_calls(self) -> bool:
+        return self.base.starts_inside_calls
 
     def _scale(self, kernel: str, flops: float = 0.0, seconds: float = 0.0) -> float:
         return (kernel_scale(kernel, self.placement, self.base.calibration.placement)

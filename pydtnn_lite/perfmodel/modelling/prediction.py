@@ -14,11 +14,16 @@ and the end of the step after the work since the last batch-norm reduction of ba
 wait, as its measured time does; the wait at the end of the step is a COMM entry of its
 own, ``sync_wait``.
 
-Where the reductions overlap backward, they share one channel: a batch-norm reduction
-that backward makes while buckets are still being reduced goes out behind them (one
-connection between two ranks, first in, first out), and waits for the buckets ahead of
-it to finish. Over a network of 1 Gbit/s, ResNet18's backward spends most of its
-gradient's transfer in these waits.
+Where the reductions overlap backward, they share one channel, one bucket at a time. With
+MPI over TCP a bucket begins to move only inside an MPI call: at the progress call the
+trainer makes after each layer's backward, or inside a blocking reduction, once the
+bucket before it is done; a long layer's backward leaves the link idle (VGG11 over an
+emulated 2 Gbit/s link: two whole buckets still waiting when backward ends). NCCL and
+RDMA networks (the presets) begin each bucket as soon as the one before it is done. A
+batch-norm reduction that backward makes while a bucket is on the channel goes out behind
+it (one connection between two ranks, first in, first out), and waits for it: over a
+network of 1 Gbit/s, ResNet18's backward spends most of its gradient's transfer in these
+waits.
 """
 from __future__ import annotations
 
@@ -58,7 +63,10 @@ class Machine(Protocol):
 
     ``overlaps_communication`` says whether an Allreduce advances while the rank computes
     (NCCL, RDMA networks) or only inside MPI calls on the computing cores (MPI on the
-    host, as MPICH on this machine), where overlap hides nothing. ``sync_wait_seconds``
+    host, as MPICH on this machine), where overlap hides nothing. Where it overlaps,
+    ``starts_inside_calls`` says whether a bucket's reduction begins to move only inside an
+    MPI call (MPICH over TCP: the progress calls at layer boundaries) rather than as soon
+    as the bucket before it is done (NCCL). ``sync_wait_seconds``
     is the mean wait for the slowest of ``procs`` ranks after ``segment`` seconds of work.
     ``allreduce_during_compute_seconds`` is what a reduction that runs while other ranks
     still compute adds to a step that overlap cannot hide it in (its duration, or its CPU
@@ -71,6 +79,9 @@ class Machine(Protocol):
 
     @property
     def overlaps_communication(self) -> bool: ...
+
+    @property
+    def starts_inside_calls(self) -> bool: ...
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float: ...
 
@@ -95,6 +106,7 @@ class RooflineMachine:
     roofline: Roofline
     allreduce: AllreduceModel
     overlaps_communication: bool = True
+    starts_inside_calls: bool = False  # the presets' networks (NCCL, RDMA) move data on their own
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         return self.roofline.seconds(cost.flops, cost.bytes)
@@ -210,7 +222,9 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     bucket_bytes = [float(b.size * itemsize) for b in buckets]
     bucket_seconds = [machine.allreduce_seconds(n, procs) for n in bucket_bytes]
     if machine.overlaps_communication:
-        kernels = _queued_behind_buckets(network, kernels, buckets, bucket_seconds)
+        kernels, exposed = _backward_channel(network, kernels, buckets, bucket_seconds, machine.starts_inside_calls)
+    else:
+        exposed = _unhidden_bucket_seconds(machine, bucket_bytes, procs)
     kernels = data_kernels + kernels
     loss_seconds = machine.allreduce_seconds(LOSS_VALUES_BYTES, procs)
     if procs > 1:
@@ -227,8 +241,6 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     read_ahead = sum(k.seconds for k in data_kernels if k.kernel == DATA_LOAD) if prefetch else 0.0
     data = stage[Stage.DATA] - read_ahead + (machine.background_seconds(read_ahead) if read_ahead else 0.0)
     compute = sum(stage[name] for name in COMPUTE_STAGES) + prediction.overhead_seconds
-    exposed = (_exposed_bucket_seconds(network, kernels, buckets, bucket_seconds)
-               if machine.overlaps_communication else _unhidden_bucket_seconds(machine, bucket_bytes, procs))
     without_data = {False: compute + stage[Stage.COMM], True: compute + exposed + loss_seconds + end_wait}
     # Reading slower than the step's own work: the step waits for the rest of it.
     in_step = {overlap: max(data, read_ahead - rest) for overlap, rest in without_data.items()}
@@ -275,44 +287,46 @@ def _backward_order(network: Network, kernels: list[PredictedKernel]) -> list[Pr
     return sorted(backward, key=lambda k: (k.layer != network.loss_index, -k.layer))
 
 
-def _queued_behind_buckets(network: Network, kernels: list[PredictedKernel], buckets: list,
-                           bucket_seconds: list[float]) -> list[PredictedKernel]:
-    """``kernels`` with each batch-norm reduction of backward waiting for the buckets that
-    started before it to finish, on the channel they share: backward is walked in order,
-    each bucket starting when its first layer's backward is done, after the buckets before it."""
+def _backward_channel(network: Network, kernels: list[PredictedKernel], buckets: list, bucket_seconds: list[float],
+                      starts_inside_calls: bool) -> tuple[list[PredictedKernel], float]:
+    """Backward walked in order beside the channel its bucket reductions share, one at a time
+    (see the module's docstring): ``kernels`` with each batch-norm reduction of backward
+    waiting for the bucket on the channel, and how long the buckets outlast backward. A
+    bucket is ready when backward is done with its first layer; it begins when the bucket
+    before it is done, or with ``starts_inside_calls`` at the first MPI call after that:
+    the progress call after every layer's backward, or a blocking call (a batch-norm
+    reduction, the wait at the end of backward), inside which the buckets ready before it
+    move back to back."""
     if not buckets:
-        return kernels
+        return kernels, 0.0
     queued: dict[CallKey, float] = {}
-    clock, channel_free, started = 0.0, 0.0, 0
-    for kernel in _backward_order(network, kernels):
-        # Every layer after this kernel's is done: the buckets they complete have started.
-        while started < len(buckets) and buckets[started].first_layer > kernel.layer:
-            channel_free = max(channel_free, clock) + bucket_seconds[started]
-            started += 1
-        if kernel.kernel == ALLREDUCE and channel_free > clock:
-            queued[kernel.key] = channel_free - clock
-            clock = channel_free
-        clock += kernel.seconds
-    return [replace(k, seconds=k.seconds + queued[k.key]) if k.key in queued else k for k in kernels]
+    clock, channel_free, begun, ready = 0.0, 0.0, 0, 0
 
+    def progress(now: float, blocking: bool = False) -> None:
+        """Begin the ready buckets the channel takes by ``now``: every one, back to back, where
+        the data moves on its own or inside a blocking call, else the next one if it is free."""
+        nonlocal channel_free, begun
+        while begun < ready and (channel_free <= now or blocking or not starts_inside_calls):
+            channel_free = max(channel_free, now) + bucket_seconds[begun]
+            begun += 1
 
-def _exposed_bucket_seconds(network: Network, kernels: list[PredictedKernel], buckets: list,
-                            bucket_seconds: list[float]) -> float:
-    """How long the bucket reductions outlast backward when each starts as soon as its last
-    layer's backward is done and the reductions run one after another."""
-    if not buckets:
-        return 0.0
-    clock, done_at = 0.0, {}
+    layer = None
     for kernel in _backward_order(network, kernels):
+        if kernel.layer != layer:  # the layers after this one are done: a progress call
+            while ready < len(buckets) and buckets[ready].first_layer > kernel.layer:
+                ready += 1
+            progress(clock)
+            layer = kernel.layer
+        if kernel.kernel == ALLREDUCE:  # a blocking reduction, behind every bucket ready before it
+            progress(clock, blocking=True)
+            if channel_free > clock:
+                queued[kernel.key] = channel_free - clock
+                clock = channel_free
         clock += kernel.seconds
-        done_at[kernel.layer] = clock
-    # Layers without backward kernels are done when the layer after them is.
-    for index in range(len(network.layers) - 1, -1, -1):
-        done_at.setdefault(index, done_at.get(index + 1, 0.0))
-    channel_free = 0.0
-    for bucket, seconds in zip(buckets, bucket_seconds, strict=True):
-        channel_free = max(channel_free, done_at[bucket.first_layer]) + seconds
-    return max(0.0, channel_free - clock)
+    ready = len(buckets)
+    progress(clock, blocking=True)  # the wait for every bucket at the end of backward
+    waited = [replace(k, seconds=k.seconds + queued[k.key]) if k.key in queued else k for k in kernels]
+    return waited, max(0.0, channel_free - clock)
 
 
 def _unhidden_bucket_seconds(machine: Machine, bucket_bytes: list[float], procs: int) -> float:
