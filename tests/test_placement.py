@@ -41,6 +41,12 @@ def test_threads_beyond_the_cores_share_them():
     assert kernel_scale("concat", job, CALIBRATED) == 2.0
 
 
+def test_a_calibration_whose_ranks_outnumbered_its_cores_timed_its_kernels_unshared():
+    crowded = Placement(4, 4, 2, 1)  # 4 ranks on 2 cores, as under an emulated 2 x 2 cluster
+    assert kernel_scale("gemm", crowded, crowded) == 2.0 and kernel_scale("concat", crowded, crowded) == 2.0
+    assert kernel_scale("gemm", CALIBRATED, crowded) == 1.0  # a job of one rank per core
+
+
 def test_an_impossible_placement_is_refused():
     with pytest.raises(ValueError):
         Placement(2, 4, 2, 1)

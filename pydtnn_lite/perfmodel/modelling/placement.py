@@ -86,7 +86,12 @@ class Placement:
 
 
 def kernel_scale(kernel: str, job: Placement, calibrated: Placement) -> float:
-    """How many times longer ``kernel`` runs on a rank of ``job`` than it did in the calibration."""
+    """How many times longer ``kernel`` runs on a rank of ``job`` than it did in the calibration.
+
+    A calibration's samples are medians of its probes' calls, most of them shorter than the
+    scheduler's time slice: where its ranks outnumbered the cores (a calibration under an
+    emulated cluster of 2 nodes x 2 ranks on 2 cores), its kernels still ran as if on cores
+    of their own, and a job time-shares them by its own placement only."""
     if kernel in THREADED_KERNELS:
-        return calibrated.blas_cores / job.blas_cores
-    return job.time_sharing / calibrated.time_sharing
+        return calibrated.threads_per_rank / job.blas_cores
+    return job.time_sharing
