@@ -121,16 +121,19 @@ def bucket_sweep(sync: GradientSynchronizer, sizes_mb: Sequence[float], repeats:
 
 class ProgressTimer:
     """Stands in for a synchronizer in the trainer and adds up the seconds of the layer_done calls
-    backward makes: the communication work that the overlap moves into backward."""
+    backward makes and of the synchronizer's tests after kernel calls: the communication work
+    that the overlap moves into backward."""
 
     def __init__(self, synchronizer: GradientSynchronizer) -> None:
         self.synchronizer, self.seconds = synchronizer, 0.0
         self.comm = synchronizer.comm  # the trainer's collectives go through its synchronizer's communicator
+        self.tests_before = synchronizer.kernel_test_seconds
 
     def layer_done(self, layer_index: int) -> None:
         self.seconds += timed(lambda: self.synchronizer.layer_done(layer_index))
 
     def finish(self) -> None:
+        self.seconds += self.synchronizer.kernel_test_seconds - self.tests_before
         self.synchronizer.finish()
 
 

@@ -7,9 +7,11 @@ import os
 import numpy as np
 import pytest
 
+from pydtnn_lite import kernels
 from pydtnn_lite.comm import Communicator, Request, SerialCommunicator, make_gradient_synchronizer
 from pydtnn_lite.comm.base import CompletedRequest
 from pydtnn_lite.comm.gradients import FIRST_BUCKET_MB, MIB, GradientSynchronizer, plan_buckets
+from pydtnn_lite.layers import StepContext
 from pydtnn_lite.perfmodel.modelling.prediction import predict_step
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
 
@@ -104,3 +106,44 @@ def test_one_first_bucket_default_for_synchronizers_and_predictions(bucket_mb):
     assert make_gradient_synchronizer(network, comm, bucket_mb, overlap=True).buckets == expected
     predicted = predict_step(network, optimizer, 8, 2, Machine(), bucket_mb)
     assert predicted.bucket_bytes == [b.size * 4.0 for b in expected]
+
+
+class TwoRanks(SerialCommunicator):
+    """A serial communicator that says it has two ranks, whose reductions never complete
+    until waited for, and which counts the tests of them."""
+
+    size = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tests = 0
+
+    def iallreduce(self, array: np.ndarray) -> Request:
+        comm = self
+
+        class Outstanding(Request):
+            def test(self) -> bool:
+                comm.tests += 1
+                return False
+
+            def wait(self) -> None:
+                pass
+        return Outstanding()
+
+
+def test_outstanding_buckets_are_tested_after_every_kernel_of_backward_and_the_kernels_restored_after():
+    """MPI moves a bucket only inside an MPI call: while buckets are outstanding, each kernel
+    call tests them, not only each layer's end; finish puts the plain kernel entries back."""
+    network, _ = build_workload("lenet", "mnist")
+    comm = TwoRanks()
+    # A first bucket of the last layer's gradient alone, outstanding all through backward.
+    synchronizer = GradientSynchronizer(network, comm, bucket_mb=4.0, first_bucket_mb=0.001, overlap=True)
+    assert len(synchronizer.buckets) == 2
+    plain = {name: getattr(kernels, name) for name in kernels.__all__}
+    x = np.random.default_rng(0).normal(size=(4, *network.input_shape)).astype(np.float32)
+    logits = network.forward(x, StepContext(training=True, global_batch=4, step=1))
+    network.backward(np.ones_like(logits), on_layer_done=synchronizer.layer_done)
+    assert comm.tests > 2 * len(network.layers)  # tests after kernels, beyond one at each layer's end
+    assert any(getattr(kernels, name) is not kernel for name, kernel in plain.items())
+    synchronizer.finish()
+    assert all(getattr(kernels, name) is kernel for name, kernel in plain.items())

@@ -260,10 +260,10 @@ def test_a_batch_norm_reduction_of_backward_waits_for_the_buckets_ahead_of_it_on
     assert unqueued == {1: pytest.approx(reduce), second_bn: pytest.approx(reduce)}
 
 
-def test_over_mpi_a_bucket_begins_only_at_a_progress_call_after_the_one_before_it():
-    """Three Dense layers, a bucket each. A bucket takes half a kernel longer than layer 1's
-    backward: over MPI the bucket of layer 1 finds the channel busy at the progress call
-    after its layer and waits for the end of backward; NCCL begins it when the channel frees."""
+def test_over_mpi_a_bucket_begins_only_at_the_test_after_a_kernel_once_the_one_before_it_is_done():
+    """Three Dense layers, a bucket each; a bucket takes a quarter kernel longer than layer 1's
+    backward. NCCL begins the next bucket the moment the channel frees; over MPI it begins
+    at the test after the kernel running then, and the link idles until that kernel ends."""
     net = Network("calls", (4,), 3)
     for width in (8, 8, 3):
         net.add(Dense(width))
@@ -275,7 +275,7 @@ def test_over_mpi_a_bucket_begins_only_at_a_progress_call_after_the_one_before_i
     for layer, cost in network.costs(8):
         if cost.stage == "BP" and layer in backward:
             backward[layer] += 1
-    reduce = (backward[1] + 0.5) * kernel
+    reduce = (backward[1] + 0.25) * kernel
     assert backward[0] <= backward[1]  # the channel is still busy when backward ends
 
     def exposed(starts_inside_calls: bool) -> float:
@@ -286,10 +286,11 @@ def test_over_mpi_a_bucket_begins_only_at_a_progress_call_after_the_one_before_i
         compute = sum(step.stage_seconds[stage] for stage in ("FP", "BP", "WU"))
         return step.step_with_overlap - compute - reduce  # less the loss reduction
 
-    # MPI: the first bucket from layer 2's end; the others back to back from backward's end.
-    assert exposed(True) == pytest.approx(2 * reduce)
     # NCCL: the three back to back from layer 2's end, which backward's last two layers follow.
     assert exposed(False) == pytest.approx(3 * reduce - (backward[1] + backward[0]) * kernel)
+    # MPI: the first bucket ends a quarter into layer 0's first kernel; the link idles to its end.
+    idle = (backward[1] + 1) * kernel - reduce
+    assert exposed(True) == pytest.approx(exposed(False) + idle)
 
 
 def test_reductions_among_ranks_that_share_cores_cost_their_cpu_time_but_the_last():

@@ -4,17 +4,23 @@ Buckets are contiguous slices of the network's flat gradient (no packing), fille
 reverse layer order, the order backward produces them, and identical on every rank
 because they depend only on the model. The first bucket is kept small so communication
 starts after the first layers' backward. With overlap on, a bucket's non-blocking
-Allreduce starts as soon as its last layer is done and every later layer boundary tests
-the outstanding requests: MPICH makes no progress in the background, so these tests are
-what moves the data while backward computes.
+Allreduce starts as soon as its last layer is done, and while any is outstanding every
+kernel call tests them: MPICH makes no progress in the background (over TCP a bucket
+begins to move only inside an MPI call), so these tests are what moves the data while
+backward computes, and a test only at layer boundaries leaves a network link idle through
+a long layer's backward. The tests wrap the kernel entries from outside
+(``kernels.instrument``) only while buckets are outstanding, outside a tracer's timing.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from pydtnn_lite import kernels
 from pydtnn_lite.comm.base import Communicator, Request
 from pydtnn_lite.network import Network
 
@@ -63,7 +69,9 @@ class GradientSynchronizer:
     """Sums the flat gradient over all ranks during (overlap) or after (blocking) backward.
 
     Use ``layer_done`` as the network's backward callback, then ``finish`` before the
-    update. ``exposed_seconds`` is the time the last ``finish`` spent waiting.
+    update. ``exposed_seconds`` is the time the last ``finish`` spent waiting, and
+    ``kernel_test_seconds`` the time the tests after kernel calls have taken, all steps
+    together.
     """
 
     def __init__(self, network: Network, comm: Communicator, bucket_mb: float = 4.0,
@@ -74,6 +82,8 @@ class GradientSynchronizer:
         self.pending: list[Request] = []
         self.next_bucket = 0
         self.exposed_seconds = 0.0
+        self.kernel_test_seconds = 0.0
+        self._plain_kernels: Callable[[], None] | None = None  # restores the entries while tests wrap them
 
     @property
     def active(self) -> bool:
@@ -87,7 +97,23 @@ class GradientSynchronizer:
             bucket = self.buckets[self.next_bucket]
             self.pending.append(self.comm.iallreduce(self.network.flat_grads[bucket.start:bucket.stop]))
             self.next_bucket += 1
+        self._test_pending()
+        if self.pending and self._plain_kernels is None:
+            self._plain_kernels = kernels.instrument(self._testing_after)
+
+    def _test_pending(self) -> None:
         self.pending = [request for request in self.pending if not request.test()]
+
+    def _testing_after(self, name: str, kernel: Callable) -> Callable:
+        """``kernel``, then a test of the outstanding buckets."""
+        def run(*args: Any, **kwargs: Any) -> Any:
+            result = kernel(*args, **kwargs)
+            if self.pending:
+                started = time.perf_counter()
+                self._test_pending()
+                self.kernel_test_seconds += time.perf_counter() - started
+            return result
+        return run
 
     def finish(self) -> None:
         """Complete the reduction of every bucket."""
@@ -95,6 +121,9 @@ class GradientSynchronizer:
         if self.active:
             if self.overlap:
                 self.layer_done(-1)  # any bucket not yet started (e.g. layers without backward)
+                if self._plain_kernels is not None:
+                    self._plain_kernels()
+                    self._plain_kernels = None
                 for request in self.pending:
                     request.wait()
             else:

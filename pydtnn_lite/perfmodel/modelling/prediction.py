@@ -15,10 +15,11 @@ wait, as its measured time does; the wait at the end of the step is a COMM entry
 own, ``sync_wait``.
 
 Where the reductions overlap backward, they share one channel, one bucket at a time. With
-MPI over TCP a bucket begins to move only inside an MPI call: at the progress call the
-trainer makes after each layer's backward, or inside a blocking reduction, once the
-bucket before it is done; a long layer's backward leaves the link idle (VGG11 over an
-emulated 2 Gbit/s link: two whole buckets still waiting when backward ends). NCCL and
+MPI over TCP a bucket begins to move only inside an MPI call, once the bucket before it
+is done: at the test the trainer makes after each kernel and layer of backward while
+buckets are outstanding, or inside a blocking reduction; between two calls the link
+idles (with tests at layer boundaries only, VGG11 over an emulated 2 Gbit/s link had two
+whole buckets still waiting when backward ended). NCCL and
 RDMA networks (the presets) begin each bucket as soon as the one before it is done. A
 batch-norm reduction that backward makes while a bucket is on the channel goes out behind
 it (one connection between two ranks, first in, first out), and waits for it: over a
@@ -294,7 +295,7 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], buckets:
     waiting for the bucket on the channel, and how long the buckets outlast backward. A
     bucket is ready when backward is done with its first layer; it begins when the bucket
     before it is done, or with ``starts_inside_calls`` at the first MPI call after that:
-    the progress call after every layer's backward, or a blocking call (a batch-norm
+    the test after every kernel and layer of backward, or a blocking call (a batch-norm
     reduction, the wait at the end of backward), inside which the buckets ready before it
     move back to back."""
     if not buckets:
@@ -310,13 +311,10 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], buckets:
             channel_free = max(channel_free, now) + bucket_seconds[begun]
             begun += 1
 
-    layer = None
     for kernel in _backward_order(network, kernels):
-        if kernel.layer != layer:  # the layers after this one are done: a progress call
-            while ready < len(buckets) and buckets[ready].first_layer > kernel.layer:
-                ready += 1
-            progress(clock)
-            layer = kernel.layer
+        while ready < len(buckets) and buckets[ready].first_layer > kernel.layer:
+            ready += 1  # the layers after this kernel's are done
+        progress(clock)  # the test after the previous kernel (or layer)
         if kernel.kernel == ALLREDUCE:  # a blocking reduction, behind every bucket ready before it
             progress(clock, blocking=True)
             if channel_free > clock:
