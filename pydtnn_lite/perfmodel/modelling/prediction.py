@@ -66,8 +66,8 @@ class Machine(Protocol):
     (NCCL, RDMA networks) or only inside MPI calls on the computing cores (MPI on the
     host, as MPICH on this machine), where overlap hides nothing. Where it overlaps,
     ``starts_inside_calls`` says whether a bucket's reduction begins to move only inside an
-    MPI call (MPICH over TCP: the progress calls at layer boundaries) rather than as soon
-    as the bucket before it is done (NCCL). ``sync_wait_seconds``
+    MPI call (MPICH over TCP: the synchronizer's tests after kernels and layers, and
+    blocking calls) rather than as soon as the bucket before it is done (NCCL). ``sync_wait_seconds``
     is the mean wait for the slowest of ``procs`` ranks after ``segment`` seconds of work.
     ``allreduce_during_compute_seconds`` is what a reduction that runs while other ranks
     still compute adds to a step that overlap cannot hide it in (its duration, or its CPU
@@ -314,9 +314,9 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], buckets:
     for kernel in _backward_order(network, kernels):
         while ready < len(buckets) and buckets[ready].first_layer > kernel.layer:
             ready += 1  # the layers after this kernel's are done
-        progress(clock)  # the test after the previous kernel (or layer)
-        if kernel.kernel == ALLREDUCE:  # a blocking reduction, behind every bucket ready before it
-            progress(clock, blocking=True)
+        # The test after the previous kernel; a blocking reduction goes out behind every ready bucket.
+        progress(clock, blocking=kernel.kernel == ALLREDUCE)
+        if kernel.kernel == ALLREDUCE:
             if channel_free > clock:
                 queued[kernel.key] = channel_free - clock
                 clock = channel_free
