@@ -13,29 +13,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from pydtnn_lite.data.base import DataError, Dataset
-
-_MASK = (1 << 64) - 1
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 step on uint64 arrays: every output bit depends on every input bit.
-
-    Counter-based (no generator state), so one vectorised call serves a whole batch;
-    arrays wrap on overflow silently, as the hash needs.
-    """
-    x = x + _GOLDEN
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+from pydtnn_lite.data.hashing import WORD_MASK, mix
 
 
 def _sample_hashes(indices: np.ndarray, seed: int, epoch: int, words: int) -> np.ndarray:
     """``words`` independent uint64 hashes of (seed, epoch, index) per sample: shape (words, n)."""
     # A one-element array, not a NumPy scalar: scalars warn when the multiplications wrap.
-    key = _mix(_mix(np.array([seed & _MASK], dtype=np.uint64)) ^ np.uint64(epoch & _MASK))
-    per_sample = _mix(key ^ np.asarray(indices, dtype=np.int64).astype(np.uint64))
-    return _mix(per_sample[None, :] ^ np.arange(words, dtype=np.uint64)[:, None])
+    key = mix(mix(np.array([seed & WORD_MASK], dtype=np.uint64)) ^ np.uint64(epoch & WORD_MASK))
+    per_sample = mix(key ^ np.asarray(indices, dtype=np.int64).astype(np.uint64))
+    return mix(per_sample[None, :] ^ np.arange(words, dtype=np.uint64)[:, None])
 
 
 @dataclass(frozen=True)
