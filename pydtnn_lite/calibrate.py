@@ -31,7 +31,7 @@ from pydtnn_lite.perfmodel.measuring.calibrate import (
     fit_models,
     remeasure_allreduce,
 )
-from pydtnn_lite.perfmodel.measuring.probes import QUICK
+from pydtnn_lite.perfmodel.measuring.probes import QUICK, job_probes
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.outside_kernels import fit_affine
 from pydtnn_lite.perfmodel.modelling.synchronization import fit_sync_wait
@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-oversubscribed", action="store_true",
                         help="time Allreduce on this job's ranks only, not (in child jobs) at every process count "
                              "up to four per core; --quick implies it")
+    parser.add_argument("--models", type=flags.MODEL_BATCH, nargs="+", default=[], metavar="MODEL:BATCH[:DATASET]",
+                        help="also sample these zoo networks whole, BATCH images per rank (DATASET: synthetic, "
+                             "synthetic-imagenet or digits; default synthetic): their calls are then predicted "
+                             "from their own timings, not from the grid's model")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--refit", metavar="FILE", default=None,
                         help="fit the kernel models again from the samples FILE holds; measure nothing")
@@ -75,10 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from(args: argparse.Namespace) -> CalibrationSettings:
     """The measurement settings the flags ask for (each in range, checked as it was parsed)."""
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else CalibrationSettings.repeats)
+    jobs = tuple(args.models)
+    job_probes(jobs)  # refuses an unknown model or data set before anything is measured
     if args.quick:
-        return CalibrationSettings(tuple(args.batch_sizes), repeats, 0.0, QUICK, QUICK_SIZES, 1, args.seed, False)
+        return CalibrationSettings(tuple(args.batch_sizes), repeats, 0.0, QUICK, QUICK_SIZES, 1, args.seed, False,
+                                   jobs)
     return CalibrationSettings(batch_sizes=tuple(args.batch_sizes), repeats=repeats, seed=args.seed,
-                               beyond_job=not args.no_oversubscribed)
+                               beyond_job=not args.no_oversubscribed, jobs=jobs)
 
 
 def _percent(value: float) -> str:

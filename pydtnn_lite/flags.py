@@ -152,4 +152,21 @@ def rank_value(value: RangeType, example: str) -> RankValue:
     return RankValue(value, example)
 
 
-CHECKED_TYPES = (RangeType, WeightList, RankValue)  # the types a numeric flag must have (see tests/test_flags.py)
+class ModelBatch:
+    """An argparse type: ``MODEL:BATCH[:DATASET]``, BATCH a count; the names are checked by the command."""
+
+    allowed = f"MODEL:BATCH[:DATASET] with BATCH {describe_range(1, None)}, e.g. vgg11:32 or lenet:64:digits"
+
+    def __call__(self, text: str) -> tuple[str, int, str]:
+        parts = text.split(":")
+        try:
+            if len(parts) not in (2, 3) or not parts[0]:
+                raise argparse.ArgumentTypeError(text)
+            return parts[0], int(COUNT(parts[1])), parts[2] if len(parts) == 3 else "synthetic"
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"must be {self.allowed}, got {text!r}") from None
+
+
+MODEL_BATCH = ModelBatch()
+# The types a flag that parses its value must have (see tests/test_flags.py).
+CHECKED_TYPES = (RangeType, WeightList, RankValue, ModelBatch)

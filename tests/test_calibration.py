@@ -1,6 +1,7 @@
 """Calibration: the kernel regressions, the probe grid, the calibration file and its command line."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -105,8 +106,9 @@ def test_grid_respects_its_limits_and_samples_both_optimizers():
 
 
 @pytest.mark.parametrize("probe", [Probe("conv", 4, (8, 3, 4, 3, 2, 1)), Probe("dense", 4, (16, 8, 10), "adam"),
-                                   Probe("pool", 4, (8, 4, 3, 2, 1)), Probe("merge", 4, (4, 4))],
-                         ids=["conv", "dense", "pool", "merge"])
+                                   Probe("pool", 4, (8, 4, 3, 2, 1)), Probe("merge", 4, (4, 4)),
+                                   Probe("model", 4, ("lenet", "digits"))],
+                         ids=["conv", "dense", "pool", "merge", "a job's network"])
 def test_every_kernel_call_of_a_probe_step_becomes_one_sample(probe):
     backend = make_backend()
     evictions = []
@@ -177,6 +179,21 @@ def test_every_kernel_of_a_zoo_model_step_has_a_model_and_a_positive_time(tiny, 
             assert math.isfinite(seconds) and seconds > 0, (cost, seconds)
 
 
+def test_a_call_sampled_at_its_exact_sizes_is_predicted_as_its_samples_median(tiny):
+    calibration = Calibration.load(tiny[1])
+    sample = calibration.kernel_samples["gemm"][0]
+    calibration.kernel_samples["gemm"] += [dataclasses.replace(sample, seconds=sample.seconds * factor)
+                                           for factor in (3.0, 5.0)]
+    calibration._sampled.clear()
+    cost = KernelCost(Stage.FP, "gemm", sample.flops, sample.bytes, sample.dims)
+    assert calibration.kernel_seconds("gemm", cost) == pytest.approx(3.0 * sample.seconds)
+    # Other sizes, or the same sizes in another dtype (other bytes), get the model's prediction.
+    for other in (KernelCost(Stage.FP, "gemm", sample.flops, sample.bytes, (sample.dims[0] + 1, *sample.dims[1:])),
+                  KernelCost(Stage.FP, "gemm", sample.flops, 2 * sample.bytes, sample.dims)):
+        assert calibration.kernel_seconds("gemm", other) == calibration.kernel_models["gemm"].predict(
+            other.dims, other.flops, other.bytes)
+
+
 def test_a_kernel_without_model_gets_its_roofline_time(tiny):
     calibration = tiny[0]
     cost = KernelCost(Stage.FP, "batchnorm_inference", 4e9, 1e6, (8, 4, 4, 16))
@@ -215,7 +232,8 @@ def test_cli_names_a_corrupt_calibration_file_in_one_line(tmp_path):
 
 def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path):
     out = tmp_path / "quick.json"
-    result = run(2, ["-m", "pydtnn_lite.calibrate", "--quick", "--batch-sizes", "4", "8", "--out", str(out)])
+    result = run(2, ["-m", "pydtnn_lite.calibrate", "--quick", "--batch-sizes", "4", "8", "--models", "mlp:4",
+                     "--out", str(out)])
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("wrote") == 1  # rank 0 alone writes and reports
     calibration = Calibration.load(str(out))
@@ -223,7 +241,16 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert [(p, n) for p, n, _ in calibration.allreduce_samples] == [(2, float(n)) for n in QUICK_SIZES]
     assert all(seconds > 0 for _, _, seconds in calibration.allreduce_samples)
     # One (work, wait) sample per probe, the waits at the ranks' barrier fitted as a power law.
-    assert len(calibration.sync_samples) == sum(QUICK.points.values())
+    assert len(calibration.sync_samples) == sum(QUICK.points.values()) + 1  # and the MLP's
+    # The job's network sampled whole: each of its calls predicted as measured (the median of
+    # its samples where its layers repeat sizes).
+    assert calibration.settings["jobs"] == ["mlp:4:synthetic"]
+    network = create_model("mlp", (32, 32, 3), 10).build(make_backend())
+    for _, cost in step_costs(network, SGD(network), 4):
+        if cost.kernel != ALLREDUCE:
+            sampled = [s.seconds for s in calibration.kernel_samples[cost.kernel]
+                       if tuple(s.dims) == tuple(cost.dims) and s.bytes == cost.bytes]
+            assert calibration.kernel_seconds(cost.kernel, cost) == pytest.approx(np.median(sampled)), cost
     assert all(work > 0 and wait >= 0 for work, wait in calibration.sync_samples)
     assert calibration.sync_wait.ranks == 2 and calibration.sync_wait.coefficient > 0
     assert "wait for the slowest rank" in result.stdout
@@ -245,5 +272,8 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert again.kernel_models.keys() == calibration.kernel_models.keys()
     assert [(p, n) for p, n, _ in again.allreduce_samples] == [(p, n) for p, n, _ in calibration.allreduce_samples]
     assert again.settings["allreduce_remeasured"]["seconds"] > 0
+    unknown = calibrate_cli("--quick", "--models", "vgg12:4", "--out", str(tmp_path / "never.json"))
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1 and "unknown model 'vgg12'" in unknown.stderr
+    assert not (tmp_path / "never.json").exists()
     one_rank = calibrate_cli("--allreduce-only", str(out), "--out", str(remeasured))
     assert one_rank.returncode == 2 and "under mpiexec -n 2 (this job has 1)" in one_rank.stderr

@@ -45,6 +45,8 @@ def test_every_command_has_its_numeric_flags_checked():
 def in_range(kind, value) -> bool:
     if isinstance(kind, flags.RangeType):
         return kind.in_range(value)
+    if isinstance(kind, flags.ModelBatch):
+        return value[1] >= 1
     if isinstance(kind, flags.RankValue):
         return value[0] >= 0 and kind.value.in_range(value[1])
     return all(math.isfinite(v) and 0 <= v <= flags.MAX_WEIGHT for v in value) and sum(value) > 0

@@ -14,16 +14,17 @@ from pydtnn_lite.data.slowed import SlowedDataset
 from pydtnn_lite.data.synthetic import SyntheticDataset
 
 SYNTHETIC_SIZES = {"train": 50_000, "test": 10_000}
+GENERATED_SHAPES = {  # name: (input shape, classes) of the sets made or bundled here
+    "synthetic": ((32, 32, 3), 10),
+    "synthetic-imagenet": ((224, 224, 3), 1000),
+    "digits": (DigitsDataset.input_shape, DigitsDataset.num_classes),
+}
 
 
-def _synthetic(split: str, seed: int) -> Dataset:
-    return SyntheticDataset(SYNTHETIC_SIZES[split], (32, 32, 3), 10, seed=seed, split=int(split == "test"),
-                            name="synthetic")
-
-
-def _synthetic_imagenet(split: str, seed: int) -> Dataset:
-    return SyntheticDataset(SYNTHETIC_SIZES[split], (224, 224, 3), 1000, seed=seed, split=int(split == "test"),
-                            name="synthetic-imagenet")
+def _synthetic_set(name: str) -> Callable[[str, int], Dataset]:
+    shape, classes = GENERATED_SHAPES[name]
+    return lambda split, seed: SyntheticDataset(SYNTHETIC_SIZES[split], shape, classes, seed=seed,
+                                                split=int(split == "test"), name=name)
 
 
 def _digits(split: str, seed: int) -> Dataset:
@@ -31,8 +32,8 @@ def _digits(split: str, seed: int) -> Dataset:
 
 
 GENERATED: dict[str, Callable[[str, int], Dataset]] = {  # (split, seed): made or bundled, no files needed
-    "synthetic": _synthetic,
-    "synthetic-imagenet": _synthetic_imagenet,
+    "synthetic": _synthetic_set("synthetic"),
+    "synthetic-imagenet": _synthetic_set("synthetic-imagenet"),
     "digits": _digits,
 }
 FROM_FILES: dict[str, Callable[[str, str], Dataset]] = {  # (data_dir, split): read from --data-dir
@@ -61,6 +62,6 @@ def open_dataset(name: str, split: str = "train", data_dir: str | None = None, s
 
 
 __all__ = ["Augmentation", "DataError", "Dataset", "check_test_matches_train",
-           "EpochSampler", "partition", "local_rows", "open_dataset",
+           "EpochSampler", "partition", "local_rows", "open_dataset", "GENERATED_SHAPES",
            "dataset_names", "SlowedDataset", "SyntheticDataset", "DigitsDataset", "Cifar10Dataset", "MnistDataset",
            "NpzShardDataset"]

@@ -41,7 +41,7 @@ from pydtnn_lite.perfmodel.measuring.machine_state import (
     probe_machine_state,
 )
 from pydtnn_lite.perfmodel.measuring.network_timing import network_timings
-from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, calibration_grid
+from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, calibration_grid, job_probes
 from pydtnn_lite.perfmodel.measuring.process_counts import samples_beyond
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe, median_over_ranks, rounded
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
@@ -104,6 +104,7 @@ class CalibrationSettings:
     roof_repeats: int = 3
     seed: int = 0
     beyond_job: bool = False  # also time Allreduce at the process counts above the job's, in child jobs
+    jobs: tuple = ()  # (zoo model, batch per rank, generated data set): networks sampled whole, besides the grid
 
 
 def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSettings, blas_threads: int,
@@ -128,7 +129,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     bandwidth = float(np.median(comm.allgather_object(memory_bandwidth(backend, repeats=settings.roof_repeats))))
     phase_done("roofs", f"GEMM peak {peak / 1e9:.1f} GFLOP/s, memory bandwidth {bandwidth / 1e9:.1f} GB/s per rank")
 
-    grid = calibration_grid(settings.batch_sizes, settings.grid, settings.seed)
+    grid = calibration_grid(settings.batch_sizes, settings.grid, settings.seed) + job_probes(settings.jobs)
     evict = CacheEvictor(backend)
     mine: dict[str, list[KernelSample]] = {}
     my_waits: list[list[tuple[float, float]]] = []
@@ -179,6 +180,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     recorded = {"batch_sizes": list(settings.batch_sizes), "repeats": settings.repeats,
                 "min_seconds": settings.min_seconds, "grid": grid_settings,
                 "allreduce_sizes": list(settings.allreduce_sizes), "seed": settings.seed,
+                "jobs": [f"{model}:{batch}:{dataset}" for model, batch, dataset in settings.jobs],
                 "seconds": dict(timings, total=round(time.perf_counter() - started, 2)),
                 # Other jobs slow the kernels down: the 1-minute load average, this job's ranks included.
                 "load_average": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)}}

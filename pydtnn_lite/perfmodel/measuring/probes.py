@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pydtnn_lite.data import GENERATED_SHAPES, DataError
 from pydtnn_lite.kernels.conv import output_size
 from pydtnn_lite.layers import (
     Add,
@@ -32,6 +33,7 @@ from pydtnn_lite.layers import (
     MaxPool2D,
     ReLU,
 )
+from pydtnn_lite.models import create_model
 from pydtnn_lite.network import Network
 
 CLASSES = (10, 100, 1000)  # the head's width: the loss kernels' (batch, classes)
@@ -54,6 +56,9 @@ class Probe:
     - dense: (inputs, units, classes);
     - pool: (size, channels, window, stride, padding);
     - merge: (size, channels).
+
+    Or, off the grid, a job's own network: family model, ``shape`` (zoo model name, the
+    generated data set whose shapes it takes), its calls sampled at their exact sizes.
     """
 
     family: str
@@ -63,12 +68,16 @@ class Probe:
 
     @property
     def input_shape(self) -> tuple:
+        if self.family == "model":
+            return tuple(GENERATED_SHAPES[self.shape[1]][0])
         if self.family == "dense":
             return (self.shape[0],)
         return (self.shape[0], self.shape[0], self.shape[1])
 
     @property
     def classes(self) -> int:
+        if self.family == "model":
+            return GENERATED_SHAPES[self.shape[1]][1]
         return self.shape[2] if self.family == "dense" else CLASSES[0]
 
     def activations(self) -> int:
@@ -88,6 +97,8 @@ class Probe:
 
     def network(self) -> Network:
         """The probe's network, not yet built."""
+        if self.family == "model":
+            return create_model(self.shape[0], self.input_shape, self.classes)
         net = Network(f"probe-{self.family}", self.input_shape, self.classes)
         # Parameters before the layer of interest, so that it computes its input gradient.
         first = net.add(BatchNorm())
@@ -180,3 +191,18 @@ def calibration_grid(batch_sizes: Sequence[int], size: GridSize, seed: int = 0) 
             chosen = [Probe(p.family, p.batch, p.shape, "adam" if i % 2 else "sgd") for i, p in enumerate(chosen)]
         grid += chosen
     return grid
+
+
+def job_probes(jobs: Sequence[tuple[str, int, str]]) -> list[Probe]:
+    """A probe per (zoo model, batch per rank, generated data set): the job's own network,
+    so that each of its calls is sampled at its exact sizes. Raises UserError for a model
+    or data set that is not known."""
+    probes = []
+    for model, batch, dataset in jobs:
+        if dataset not in GENERATED_SHAPES:
+            raise DataError(f"--models {model}:{batch}:{dataset}: the data set must be one made here "
+                            f"({', '.join(GENERATED_SHAPES)}), whose shapes need no files")
+        probe = Probe("model", batch, (model, dataset))
+        probe.network()  # an unknown model is refused here, before anything is measured
+        probes.append(probe)
+    return probes

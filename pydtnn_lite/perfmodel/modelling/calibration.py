@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from pydtnn_lite.costs import KernelCost
@@ -26,6 +28,11 @@ from pydtnn_lite.perfmodel.modelling.regression import (
 from pydtnn_lite.perfmodel.modelling.synchronization import NO_WAIT, SyncWaitModel, fit_sync_wait
 
 FORMAT, VERSION = "pydtnn_lite calibration", 4
+
+
+def _call_sizes(dims: tuple, nbytes: float) -> tuple:
+    """What tells one call's sizes from another's: its dims and its bytes (the dtype)."""
+    return tuple(float(dim) for dim in dims), float(nbytes)
 
 
 @dataclass
@@ -76,6 +83,7 @@ class Calibration:
     machine_state: MachineState | None = None
     network: NetworkTimings | None = None
     _widest: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _sampled: dict[str, dict[tuple, float]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def placement(self) -> Placement:
@@ -105,9 +113,15 @@ class Calibration:
         """Predicted seconds of one call of ``kernel`` with ``cost``; a kernel without a model
         gets the roofline time max(flops / peak_flops, bytes / memory_bandwidth).
 
+        A call the calibration sampled at exactly these sizes (a job's own network sampled
+        whole, ``calibrate --models``) gets the median of its samples: a measurement of the
+        call itself is closer than any fit over the grid (the GEMM model holds out 6-7 %).
         A call beyond the largest batch sampled (the leading dim of every kernel but GEMM
         grows with the batch) is predicted as that many calls at the largest one: its work
         grows in proportion, where a fitted model's curve past its samples may not."""
+        sampled = self._sampled_seconds(kernel, cost)
+        if sampled is not None:
+            return sampled
         model = self.kernel_models.get(kernel)
         if model is None and cost.replaces:
             return self._unfused_seconds(cost)
@@ -127,6 +141,15 @@ class Calibration:
         parts = cost.replaces
         seconds = sum(self.kernel_seconds(part.kernel, part) for part in parts)
         return seconds * cost.bytes / sum(part.bytes for part in parts)
+
+    def _sampled_seconds(self, kernel: str, cost: KernelCost) -> float | None:
+        """The median seconds of ``kernel``'s samples of exactly ``cost``'s dims and bytes, or None."""
+        if kernel not in self._sampled:
+            calls: dict[tuple, list[float]] = defaultdict(list)
+            for sample in self.kernel_samples.get(kernel, []):
+                calls[_call_sizes(sample.dims, sample.bytes)].append(sample.seconds)
+            self._sampled[kernel] = {sizes: statistics.median(seconds) for sizes, seconds in calls.items()}
+        return self._sampled[kernel].get(_call_sizes(cost.dims, cost.bytes))
 
     def _widest_sampled(self, kernel: str) -> int:
         """The largest leading dim among ``kernel``'s samples (0 without samples)."""
