@@ -156,6 +156,15 @@ def test_allreduce_benchmark_prints_both_models_on_two_ranks():
         assert result.stdout.count(line) == 1, result.stdout  # rank 0 alone prints
 
 
+def test_the_synthetic_data_benchmark_sets_the_loader_against_per_sample_generators():
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "synthetic_data.py"), "--batch-size", "4",
+                             "--rounds", "1"], capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert len(lines) == 4 and all("x the generators' speed" in line for line in lines)
+    assert "generator per sample" in lines[1] and "(1.00x" in lines[1]
+
+
 def test_the_prefetch_benchmark_reads_a_cifar10_binary_set_both_ways():
     result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "prefetch.py"), "--model", "lenet",
                              "--batch-size", "16", "--steps", "3", "--rounds", "1", "--records-per-file", "64",

