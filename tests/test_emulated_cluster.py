@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -41,13 +42,16 @@ def our_namespaces() -> list[str]:
     return [line.split()[0] for line in listing.splitlines() if line.startswith(PREFIX)]
 
 
-def assert_refused(result: subprocess.CompletedProcess, message: str) -> None:
-    """Exit 2 with one error line that says ``message``, and nothing started."""
+def refusal(run: Callable[[], subprocess.CompletedProcess], message: str) -> None:
+    """``run`` exits 2 with one error line that says ``message``, and creates or removes no namespace
+    (compared with those standing before it: a killed run elsewhere on the machine may have left some)."""
+    before = our_namespaces() if CAN_EMULATE else []
+    result = run()
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("emulated-cluster: error:"), result.stderr
     assert message in result.stderr
     if CAN_EMULATE:
-        assert our_namespaces() == []
+        assert our_namespaces() == before
 
 
 @pytest.mark.parametrize("args,message", [
@@ -59,26 +63,26 @@ def assert_refused(result: subprocess.CompletedProcess, message: str) -> None:
      "unknown argument '--hosts'"),
 ])
 def test_bad_arguments_are_refused(args, message):
-    assert_refused(launch(*args), message)
+    refusal(lambda: launch(*args), message)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
 def test_refuses_without_root():
     # The script reaches the unprivileged shell on its standard input: the checkout may sit in a
     # directory that only root can read (a mktemp directory, for one).
-    with open(LAUNCHER, encoding="utf-8") as script:
-        result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/bin/bash", "-s",
-                                 "--", "--nodes", "2", "--ranks-per-node", "1", "--link-gbit", "1", "--", "true"],
-                                stdin=script, capture_output=True, text=True, timeout=30, cwd="/")
-    assert_refused(result, "need root")
+    def as_nobody() -> subprocess.CompletedProcess:
+        with open(LAUNCHER, encoding="utf-8") as script:
+            return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/bin/bash", "-s",
+                                   "--", "--nodes", "2", "--ranks-per-node", "1", "--link-gbit", "1", "--", "true"],
+                                  stdin=script, capture_output=True, text=True, timeout=30, cwd="/")
+    refusal(as_nobody, "need root")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the check for ip and tc comes after the one for root")
 def test_refuses_without_ip_and_tc(tmp_path):
     os.symlink(shutil.which("id"), tmp_path / "id")  # the one tool the launcher runs before looking for ip and tc
-    result = launch("--nodes", "2", "--ranks-per-node", "1", "--link-gbit", "1", "--", "true",
-                    env={"PATH": str(tmp_path)})
-    assert_refused(result, "ip and tc are missing")
+    refusal(lambda: launch("--nodes", "2", "--ranks-per-node", "1", "--link-gbit", "1", "--", "true",
+                           env={"PATH": str(tmp_path)}), "ip and tc are missing")
 
 
 @needs_emulation
@@ -86,7 +90,7 @@ def test_refuses_while_another_cluster_runs():
     with open(LOCK, "a+") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running launcher holds it
         try:
-            assert_refused(cluster(2, 1, "true"), "another emulated cluster is running")
+            refusal(lambda: cluster(2, 1, "true"), "another emulated cluster is running")
         finally:
             fcntl.flock(held, fcntl.LOCK_UN)
 
