@@ -12,6 +12,7 @@ from pydtnn_lite.comm import Communicator, Request, SerialCommunicator, make_gra
 from pydtnn_lite.comm.base import CompletedRequest
 from pydtnn_lite.comm.gradients import FIRST_BUCKET_MB, MIB, GradientSynchronizer, plan_buckets
 from pydtnn_lite.layers import StepContext
+from pydtnn_lite.perfmodel.modelling.channel import NO_TRANSFER_COST
 from pydtnn_lite.perfmodel.modelling.prediction import predict_step
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
 
@@ -92,6 +93,8 @@ class Machine:
 
     def data_load_seconds(self, dataset: str, samples: int) -> float:
         return 0.0
+
+    transfer_cost = NO_TRANSFER_COST
 
 
 @pytest.mark.parametrize("bucket_mb", [0.01, 4.0])

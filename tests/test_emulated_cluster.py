@@ -158,7 +158,7 @@ def test_two_nodes_train_as_one_process(tmp_path):
 @needs_emulation
 def test_allreduce_is_timed_between_and_inside_the_emulated_nodes(tmp_path):
     """On 2 nodes x 2 ranks, the calibration's network timings: among one rank per node over
-    the link, and among each node's ranks."""
+    the link, among each node's ranks, and the CPU that moving buckets costs the ranks."""
     out = tmp_path / "network.json"
     sizes = [1 << 10, 4 << 20]
     result = cluster(2, 2, sys.executable, os.path.join(REPO, "tests", "programs", "network_timing.py"), str(out),
@@ -170,3 +170,5 @@ def test_allreduce_is_timed_between_and_inside_the_emulated_nodes(tmp_path):
     assert all(seconds > 0 for _, seconds in network.inter_node + network.intra_node)
     # Each node sends the 4 MiB at least once over its 5 Gbit/s link (tc lets a burst of 1 ms pass at once).
     assert dict(network.inter_node)[4 << 20] > 0.8 * (4 << 20) * 8 / 5e9
+    # Sockets copy every byte at least once on the ranks' cores (far under 20 ms per MiB).
+    assert 0 < network.transfer_cpu_per_byte * (1 << 20) < 20e-3

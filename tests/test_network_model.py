@@ -8,6 +8,7 @@ import pytest
 from pydtnn_lite.comm.strategy import Placement, spans_nodes_in_groups
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel, Link
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.channel import NO_TRANSFER_COST, TransferCost
 from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine
 from pydtnn_lite.perfmodel.modelling.network import (
     NetworkTimings,
@@ -22,10 +23,13 @@ GBIT = 1e9 / 8  # bytes per second of one Gbit/s
 
 
 def timings(ranks_per_node: int = 2) -> NetworkTimings:
-    """2 nodes on a 1 Gbit/s link (50 us per message), and a node's ranks 10x faster among themselves."""
+    """2 nodes on a 1 Gbit/s link (50 us per message), a node's ranks 10x faster among
+    themselves, a millisecond of CPU per MiB moved beside the computation and 3 MiB moving
+    between two tests."""
     inter = tuple((float(n), 50e-6 + n / GBIT) for n in SIZES)
     intra = tuple((float(n), 5e-6 + n / (10 * GBIT)) for n in SIZES) if ranks_per_node > 1 else ()
-    return NetworkTimings(2, ranks_per_node, 1.0, inter, intra)
+    return NetworkTimings(2, ranks_per_node, 1.0, inter, intra, transfer_cpu_per_byte=1e-3 / (1 << 20),
+                          window_bytes=3 << 20)
 
 
 def flat(beta: float) -> AllreduceModel:
@@ -80,9 +84,16 @@ def test_the_timings_survive_the_calibration_file_and_older_files_read_without_t
                               allreduce_ranks=4, network=timings())
     path = str(tmp_path / "network.json")
     calibration.save(path)
-    assert Calibration.load(path).network == timings()
+    loaded = Calibration.load(path)
+    assert loaded.network == timings()
+    assert CalibratedMachine(loaded, None).transfer_cost == TransferCost(1e-3 / (1 << 20), 3 << 20)
     with open(path, encoding="utf-8") as handle:
         data = json.load(handle)
+    for key in ("transfer_cpu_per_byte", "window_bytes"):  # a file written before the transfer was measured
+        del data["network"][key]
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(data, handle)
+    assert CalibratedMachine(Calibration.load(path), None).transfer_cost == NO_TRANSFER_COST
     del data["network"]  # a file written before the network timings
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(data, handle)

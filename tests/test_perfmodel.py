@@ -28,6 +28,7 @@ from pydtnn_lite.perfmodel.modelling.allreduce import (
     fit_allreduce,
 )
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.channel import TransferCost
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
 from pydtnn_lite.perfmodel.modelling.prediction import PredictedKernel, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline, gemm_intensity
@@ -170,14 +171,17 @@ class ConstantMachine:
     ``wait`` times the work since the last synchronisation, ``outside`` seconds outside
     the kernels per kernel call, ``load`` seconds per sample loaded, ``background`` the
     share of reading ahead that the step waits for, ``during`` seconds for a reduction
-    that runs while ranks compute (default ``reduce``) and whether a bucket begins only
-    inside an MPI call (``starts_inside_calls``; hand-checkable steps)."""
+    that runs while ranks compute (default ``reduce``), whether a reduction's phases begin
+    only inside an MPI call (``starts_inside_calls``) and the CPU seconds per byte of a
+    bucket moved in the tests (``transfer``) and the bytes that move between two tests
+    (``window``; hand-checkable steps)."""
 
     def __init__(self, kernel: float, reduce: float, overlaps_communication: bool = True, wait: float = 0.0,
                  outside: float = 0.0, load: float = 0.0, background: float = 1.0,
-                 during: float | None = None, starts_inside_calls: bool = False) -> None:
+                 during: float | None = None, starts_inside_calls: bool = False, transfer: float = 0.0,
+                 window: float = math.inf) -> None:
         self.kernel, self.reduce, self.overlaps_communication = kernel, reduce, overlaps_communication
-        self.starts_inside_calls = starts_inside_calls
+        self.starts_inside_calls, self.transfer, self.window = starts_inside_calls, transfer, window
         self.wait, self.outside, self.load, self.background = wait, outside, load, background
         self.during = reduce if during is None else during
 
@@ -201,6 +205,10 @@ class ConstantMachine:
 
     def allreduce_during_compute_seconds(self, nbytes: float, procs: int) -> float:
         return self.during if procs > 1 else 0.0
+
+    @property
+    def transfer_cost(self) -> TransferCost:
+        return TransferCost(self.transfer, self.window)
 
 
 def test_prediction_adds_up_and_overlap_hides_communication_behind_backward():
@@ -260,10 +268,15 @@ def test_a_batch_norm_reduction_of_backward_waits_for_the_buckets_ahead_of_it_on
     assert unqueued == {1: pytest.approx(reduce), second_bn: pytest.approx(reduce)}
 
 
-def test_over_mpi_a_bucket_begins_only_at_the_test_after_a_kernel_once_the_one_before_it_is_done():
-    """Three Dense layers, a bucket each; a bucket takes a quarter kernel longer than layer 1's
-    backward. NCCL begins the next bucket the moment the channel frees; over MPI it begins
-    at the test after the kernel running then, and the link idles until that kernel ends."""
+def test_over_mpi_a_reduction_phase_begins_only_at_a_test_once_the_one_before_it_has_arrived():
+    """Three Dense layers, a bucket each, reduced by 2 ranks in two phases of 1.5 kernels.
+    Backward runs the loss's kernel, then 3, 3 and 2 kernels for layers 2, 1 and 0; the
+    tests come between kernels. With a kernel of 1, NCCL runs bucket A (layer 2) over 4-7,
+    B over 7-10 and C over 10-13: 4 after backward ends at 9. Over MPI, A's second phase
+    waits for the test at 6 (its first arrived at 5.5), B's first goes out behind it at
+    7.5-9 and its second, C's two at the end: 13.5, half a kernel more. The data the tests'
+    phases move while the rank computes costs it their CPU time, which lengthens backward
+    (what the link moves inside the final wait costs nothing more)."""
     net = Network("calls", (4,), 3)
     for width in (8, 8, 3):
         net.add(Dense(width))
@@ -271,26 +284,27 @@ def test_over_mpi_a_bucket_begins_only_at_the_test_after_a_kernel_once_the_one_b
     optimizer = SGD(network, momentum=0.0)
     sizes = [layer.param_count for layer in network.layers]
     kernel = 1e-3
-    backward = {layer: 0 for layer in range(3)}
-    for layer, cost in network.costs(8):
-        if cost.stage == "BP" and layer in backward:
-            backward[layer] += 1
-    reduce = (backward[1] + 0.25) * kernel
-    assert backward[0] <= backward[1]  # the channel is still busy when backward ends
+    assert [sum(cost.stage == "BP" for layer, cost in network.costs(8) if layer == index)
+            for index in range(3)] == [2, 3, 3]
 
-    def exposed(starts_inside_calls: bool) -> float:
-        machine = ConstantMachine(kernel, reduce, starts_inside_calls=starts_inside_calls)
+    def predicted(starts_inside_calls: bool, transfer: float = 0.0) -> tuple[float, StepPrediction]:
+        machine = ConstantMachine(kernel, 3 * kernel, starts_inside_calls=starts_inside_calls, transfer=transfer)
         step = predict_step(network, optimizer, 8, 2, machine, bucket_mb=max(sizes) * 4 / MIB,
                             first_bucket_mb=sizes[2] * 4 / MIB)
         assert [n / 4 for n in step.bucket_bytes] == [sizes[2], sizes[1], sizes[0]]
         compute = sum(step.stage_seconds[stage] for stage in ("FP", "BP", "WU"))
-        return step.step_with_overlap - compute - reduce  # less the loss reduction
+        return step.step_with_overlap - compute - 3 * kernel, step  # less the loss reduction
 
-    # NCCL: the three back to back from layer 2's end, which backward's last two layers follow.
-    assert exposed(False) == pytest.approx(3 * reduce - (backward[1] + backward[0]) * kernel)
-    # MPI: the first bucket ends a quarter into layer 0's first kernel; the link idles to its end.
-    idle = (backward[1] + 1) * kernel - reduce
-    assert exposed(True) == pytest.approx(exposed(False) + idle)
+    assert predicted(False)[0] == pytest.approx(4 * kernel)
+    assert predicted(True)[0] == pytest.approx(4.5 * kernel)
+    transfer = 1e-6  # seconds per byte: a few hundredths of a kernel per phase
+    exposed, step = predicted(True, transfer)
+    cpu = {k.layer: k.seconds for k in step.kernels if k.kernel == "transfer_cpu"}
+    # A moves during the backward of layers 1 and 0, B's first phase during layer 0's.
+    assert set(cpu) == {0, 1}
+    assert sum(cpu.values()) == pytest.approx(transfer * 4 * (sizes[2] + sizes[1] / 2))
+    assert exposed == pytest.approx(4.5 * kernel)
+    assert step.step_with_overlap == pytest.approx(predicted(True)[1].step_with_overlap + sum(cpu.values()))
 
 
 def test_reductions_among_ranks_that_share_cores_cost_their_cpu_time_but_the_last():

@@ -7,6 +7,8 @@ hierarchical strategy runs them: Allreduce among the lowest rank of every node (
 leaders), and Allreduce among the ranks of each node, every node at once (where a node
 has more than one rank). The job-wide samples of :mod:`allreduce_timing` serve the flat
 reduction; with one rank per node they are the inter-node samples too, and are not timed twice.
+Beside them it measures what moving buckets over the network costs the computing ranks
+(:mod:`transfer_cost`).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING
 from pydtnn_lite.comm.nodes import emulated_link_gbit
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import time_allreduce
 from pydtnn_lite.perfmodel.measuring.machine_state import wait_idly
+from pydtnn_lite.perfmodel.measuring.transfer_cost import measure_transfer
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
 
 if TYPE_CHECKING:
@@ -34,9 +37,11 @@ def network_timings(comm: MPICommunicator, node: str, sizes: Sequence[int],
     if len(nodes) < 2 or len(set(per_node.values())) > 1:
         return None
     ranks_per_node = per_node[node]
+    transfer = measure_transfer(comm)
     if ranks_per_node == 1:
         inter_node = tuple((float(n), t) for p, n, t in job_samples if p == comm.size and n in sizes)
-        return NetworkTimings(len(nodes), 1, emulated_link_gbit(), inter_node)
+        return NetworkTimings(len(nodes), 1, emulated_link_gbit(), inter_node,
+                              transfer_cpu_per_byte=transfer.cpu_per_byte, window_bytes=transfer.window_bytes)
     leaders = comm.split(0 if names.index(node) == comm.rank else None, comm.rank)
     inter: list[float] = []
     if leaders is not None:
@@ -52,4 +57,5 @@ def network_timings(comm: MPICommunicator, node: str, sizes: Sequence[int],
     inter = comm.broadcast_object(inter, root=0)
     return NetworkTimings(len(nodes), ranks_per_node, emulated_link_gbit(),
                           tuple(zip(map(float, sizes), inter, strict=True)),
-                          tuple(zip(map(float, sizes), slowest, strict=True)))
+                          tuple(zip(map(float, sizes), slowest, strict=True)), transfer.cpu_per_byte,
+                          transfer.window_bytes)

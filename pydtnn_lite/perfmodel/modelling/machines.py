@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydtnn_lite.costs import DATA_LOAD, FUSED_KERNELS, KernelCost, Stage
 from pydtnn_lite.errors import UserError
@@ -15,6 +15,7 @@ from pydtnn_lite.perfmodel.modelling.allreduce import (
     fit_allreduce,
 )
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.channel import NO_TRANSFER_COST, TransferCost
 from pydtnn_lite.perfmodel.modelling.clusters import PRESETS, Cluster
 from pydtnn_lite.perfmodel.modelling.drift import (
     Drift,
@@ -74,6 +75,11 @@ class CalibratedMachine:
     def background_seconds(self, seconds: float) -> float:
         return self.calibration.read_ahead_seconds(seconds, self.calibration.placement)
 
+    @property
+    def transfer_cost(self) -> TransferCost:
+        network = self.calibration.network
+        return network.transfer_cost if network else NO_TRANSFER_COST
+
 
 @dataclass(frozen=True)
 class AdjustedMachine:
@@ -126,6 +132,14 @@ class AdjustedMachine:
 
     def background_seconds(self, seconds: float) -> float:
         return self.base.calibration.read_ahead_seconds(seconds, self.placement)
+
+    @property
+    def transfer_cost(self) -> TransferCost:
+        # Measured under the network's own calibration run, not at the calibration's machine state:
+        # its CPU time placed as the job's ranks are, without the drift since that state.
+        cost = self.base.transfer_cost
+        share = kernel_scale(OUTSIDE_KERNELS, self.placement, self.base.calibration.placement)
+        return replace(cost, cpu_per_byte=cost.cpu_per_byte * share)
 
 
 OUTSIDE_KERNELS = "outside_kernels"  # the interpreter's time between kernels: scaled as a memory-bound kernel

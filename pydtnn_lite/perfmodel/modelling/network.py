@@ -10,24 +10,37 @@ job-wide Allreduce the calibration timed on all its ranks.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceTime, InterpolatedAllreduce, fit_allreduce
+from pydtnn_lite.perfmodel.modelling.channel import TransferCost
 
 
 @dataclass(frozen=True)
 class NetworkTimings:
     """``nodes`` nodes of ``ranks_per_node`` ranks, joined by links of ``link_gbit`` Gbit/s
     (None when not emulated); ``inter_node`` holds (bytes, seconds) of Allreduce among one
-    rank per node, ``intra_node`` among the ranks of each node at once (empty with one rank per node)."""
+    rank per node, ``intra_node`` among the ranks of each node at once (empty with one rank
+    per node). ``transfer_cpu_per_byte`` is what moving a bucket over the network while the
+    rank computes costs the rank per byte of the bucket, in the tests that move it and in
+    the kernels the network stack interrupts, and ``window_bytes`` the bucket bytes the
+    link moves at most between two tests (0 and infinite: not measured, in files before
+    they were)."""
 
     nodes: int
     ranks_per_node: int
     link_gbit: float | None
     inter_node: tuple[tuple[float, float], ...]
     intra_node: tuple[tuple[float, float], ...] = ()
+    transfer_cpu_per_byte: float = 0.0
+    window_bytes: float = math.inf
+
+    @property
+    def transfer_cost(self) -> TransferCost:
+        return TransferCost(self.transfer_cpu_per_byte, self.window_bytes)
 
     @property
     def ranks(self) -> int:
@@ -36,14 +49,18 @@ class NetworkTimings:
     def to_dict(self) -> dict:
         return {"nodes": self.nodes, "ranks_per_node": self.ranks_per_node, "link_gbit": self.link_gbit,
                 "inter_node": [list(sample) for sample in self.inter_node],
-                "intra_node": [list(sample) for sample in self.intra_node]}
+                "intra_node": [list(sample) for sample in self.intra_node],
+                "transfer_cpu_per_byte": self.transfer_cpu_per_byte,
+                "window_bytes": None if math.isinf(self.window_bytes) else self.window_bytes}
 
     @classmethod
     def from_dict(cls, data: dict) -> NetworkTimings:
         return cls(int(data["nodes"]), int(data["ranks_per_node"]),
                    None if data["link_gbit"] is None else float(data["link_gbit"]),
                    tuple((float(n), float(t)) for n, t in data["inter_node"]),
-                   tuple((float(n), float(t)) for n, t in data["intra_node"]))
+                   tuple((float(n), float(t)) for n, t in data["intra_node"]),
+                   float(data.get("transfer_cpu_per_byte", 0.0)),
+                   math.inf if data.get("window_bytes") is None else float(data["window_bytes"]))
 
 
 def _level(procs: int, samples: tuple[tuple[float, float], ...]) -> AllreduceTime | None:

@@ -4,8 +4,7 @@ The step is what the trainer runs (``step_costs``): every layer's FP kernels,
 the loss, every layer's BP kernels with the gradient buckets reduced as backward
 completes them, the loss reduction, and the WU kernels; batch-norm layers list the
 reductions of their statistics among their costs. Without overlap the bucket reductions follow backward;
-with overlap each starts when its last layer's backward is done and they run one at a
-time on a communication channel beside the computation.
+with overlap each starts when its last layer's backward is done, beside the computation.
 
 Every blocking reduction also makes the ranks wait for the slowest of them
 (``synchronization.py``): a batch-norm reduction after the work since the previous one,
@@ -14,17 +13,15 @@ and the end of the step after the work since the last batch-norm reduction of ba
 wait, as its measured time does; the wait at the end of the step is a COMM entry of its
 own, ``sync_wait``.
 
-Where the reductions overlap backward, they share one channel, one bucket at a time. With
-MPI over TCP a bucket begins to move only inside an MPI call, once the bucket before it
-is done: at the test the trainer makes after each kernel and layer of backward while
-buckets are outstanding, or inside a blocking reduction; between two calls the link
-idles (with tests at layer boundaries only, VGG11 over an emulated 2 Gbit/s link had two
-whole buckets still waiting when backward ended). NCCL and
-RDMA networks (the presets) begin each bucket as soon as the one before it is done. A
-batch-norm reduction that backward makes while a bucket is on the channel goes out behind
-it (one connection between two ranks, first in, first out), and waits for it: over a
-network of 1 Gbit/s, ResNet18's backward spends most of its gradient's transfer in these
-waits.
+Where the reductions overlap backward, they share one channel, simulated beside backward
+(``channel.py``): each bucket's reduction in phases; over MPI on TCP a phase starts only
+inside an MPI call (the test the trainer makes after each kernel and layer of backward
+while buckets are outstanding, or a blocking call), the link moves no more than the
+sockets hold between two calls, and what the tests' phases move while the rank computes
+costs it CPU time (a ``transfer_cpu`` entry in BP, per layer). A batch-norm reduction
+that backward makes while buckets are outstanding goes out behind them and waits for
+them: over a network of 1 Gbit/s, ResNet18's backward spends most of its gradient's
+transfer in these waits.
 """
 from __future__ import annotations
 
@@ -43,6 +40,7 @@ from pydtnn_lite.costs import (
     H2D_COPY,
     NO_LAYER,
     SYNC_WAIT,
+    TRANSFER_CPU,
     CallCounter,
     CallKey,
     KernelCost,
@@ -52,6 +50,7 @@ from pydtnn_lite.data.sampler import partition
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Optimizer
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel
+from pydtnn_lite.perfmodel.modelling.channel import NO_TRANSFER_COST, Channel, TransferCost
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline
 from pydtnn_lite.step_costs import h2d_copy_cost, step_costs
 
@@ -75,7 +74,8 @@ class Machine(Protocol):
     ``overhead_seconds`` is a step's time outside its ``calls`` compute kernel calls,
     ``data_load_seconds`` the time to load ``samples`` of data set ``dataset``, and
     ``background_seconds`` how much of ``seconds`` of work on a rank's background thread
-    (batches read ahead) lengthens its step.
+    (batches read ahead) lengthens its step. ``transfer_cost`` is what moving overlapped
+    buckets over MPI on a network costs beside the computation (``channel.py``).
     """
 
     @property
@@ -97,6 +97,9 @@ class Machine(Protocol):
     def data_load_seconds(self, dataset: str, samples: int) -> float: ...
 
     def background_seconds(self, seconds: float) -> float: ...
+
+    @property
+    def transfer_cost(self) -> TransferCost: ...
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,10 @@ class RooflineMachine:
 
     def background_seconds(self, seconds: float) -> float:
         return 0.0  # a described node has a core to spare for reading ahead
+
+    @property
+    def transfer_cost(self) -> TransferCost:
+        return NO_TRANSFER_COST  # NCCL and RDMA move the data without the host's cores
 
 
 @dataclass(frozen=True)
@@ -223,7 +230,7 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     bucket_bytes = [float(b.size * itemsize) for b in buckets]
     bucket_seconds = [machine.allreduce_seconds(n, procs) for n in bucket_bytes]
     if machine.overlaps_communication:
-        kernels, exposed = _backward_channel(network, kernels, buckets, bucket_seconds, machine.starts_inside_calls)
+        kernels, exposed = _backward_channel(network, kernels, bucket_bytes, buckets, bucket_seconds, machine, procs)
     else:
         exposed = _unhidden_bucket_seconds(machine, bucket_bytes, procs)
     kernels = data_kernels + kernels
@@ -288,43 +295,49 @@ def _backward_order(network: Network, kernels: list[PredictedKernel]) -> list[Pr
     return sorted(backward, key=lambda k: (k.layer != network.loss_index, -k.layer))
 
 
-def _backward_channel(network: Network, kernels: list[PredictedKernel], buckets: list, bucket_seconds: list[float],
-                      starts_inside_calls: bool) -> tuple[list[PredictedKernel], float]:
-    """Backward walked in order beside the channel its bucket reductions share, one at a time
-    (see the module's docstring): ``kernels`` with each batch-norm reduction of backward
-    waiting for the bucket on the channel, and how long the buckets outlast backward. A
-    bucket is ready when backward is done with its first layer; it begins when the bucket
-    before it is done, or with ``starts_inside_calls`` at the first MPI call after that:
-    the test after every kernel and layer of backward, or a blocking call (a batch-norm
-    reduction, the wait at the end of backward), inside which the buckets ready before it
-    move back to back."""
+def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_bytes: list[float], buckets: list,
+                      bucket_seconds: list[float], machine: Machine,
+                      procs: int) -> tuple[list[PredictedKernel], float]:
+    """Backward walked in order beside the channel its bucket reductions share (``channel.py``):
+    ``kernels`` with each batch-norm reduction of backward waiting for the buckets ahead of
+    it on the channel and, where phases start inside calls, the CPU time of the data the
+    link moved during each layer's backward (a TRANSFER_CPU entry per layer); and how long
+    the buckets outlast backward. A bucket is ready when backward is done with its first
+    layer; an MPI call comes after every kernel."""
     if not buckets:
         return kernels, 0.0
+    channel = Channel(bucket_bytes, bucket_seconds, procs, machine.starts_inside_calls, machine.transfer_cost)
     queued: dict[CallKey, float] = {}
-    clock, channel_free, begun, ready = 0.0, 0.0, 0, 0
+    transfer_cpu: defaultdict[int, float] = defaultdict(float)
+    clock, ready, previous_layer = 0.0, 0, network.loss_index
 
-    def progress(now: float, blocking: bool = False) -> None:
-        """Begin the ready buckets the channel takes by ``now``: every one, back to back, where
-        the data moves on its own or inside a blocking call, else the next one if it is free."""
-        nonlocal channel_free, begun
-        while begun < ready and (channel_free <= now or blocking or not starts_inside_calls):
-            channel_free = max(channel_free, now) + bucket_seconds[begun]
-            begun += 1
+    def charge_moved() -> None:
+        """The previous kernel ran the longer for what the tests' phases moved meanwhile."""
+        nonlocal clock
+        cpu = channel.advance(clock)
+        transfer_cpu[previous_layer] += cpu
+        clock += cpu
 
     for kernel in _backward_order(network, kernels):
         while ready < len(buckets) and buckets[ready].first_layer > kernel.layer:
             ready += 1  # the layers after this kernel's are done
-        # The test after the previous kernel; a blocking reduction goes out behind every ready bucket.
-        progress(clock, blocking=kernel.kernel == ALLREDUCE)
-        if kernel.kernel == ALLREDUCE:
-            if channel_free > clock:
-                queued[kernel.key] = channel_free - clock
-                clock = channel_free
+        charge_moved()
+        if kernel.kernel == ALLREDUCE:  # a blocking reduction goes out behind every ready bucket
+            done = channel.finish(clock, ready)
+            if done > clock:
+                queued[kernel.key] = done - clock
+                clock = done
+        else:
+            channel.call(ready)  # the test after the previous kernel
         clock += kernel.seconds
-    ready = len(buckets)
-    progress(clock, blocking=True)  # the wait for every bucket at the end of backward
+        previous_layer = kernel.layer
+    charge_moved()
+    done = channel.finish(clock, len(buckets))  # the wait for every bucket at the end of backward
     waited = [replace(k, seconds=k.seconds + queued[k.key]) if k.key in queued else k for k in kernels]
-    return waited, max(0.0, channel_free - clock)
+    names = {k.layer: k.layer_name for k in kernels}
+    waited += [PredictedKernel(layer, names.get(layer, ""), Stage.BP, TRANSFER_CPU, 0, seconds, 0.0, 0.0)
+               for layer, seconds in transfer_cpu.items() if seconds > 0]
+    return waited, max(0.0, done - clock)
 
 
 def _unhidden_bucket_seconds(machine: Machine, bucket_bytes: list[float], procs: int) -> float:

@@ -1,0 +1,100 @@
+"""What moving gradient buckets over a network costs a rank that computes meanwhile.
+
+Over MPI on TCP a bucket's data moves inside the MPI calls the trainer makes between its
+kernels (the socket copies, the sum of the received share) and in the network stack's
+interrupts, which land on the cores that run the kernels: over an emulated 1 Gbit/s link
+VGG11's backward runs about 30 ms longer with its 35 MiB gradient moving beside it. And
+between two calls the link moves no more than the sockets hold. Both are measured in an
+overlapped backward's pattern, on every rank at once: kernels (one-thread GEMMs) with a
+test of the outstanding buckets after each, while :data:`BUCKETS` buckets of
+:data:`BUCKET_BYTES` reduce over all the ranks.
+
+- CPU: kernels of a few milliseconds, against the same kernels alone just before; the
+  difference per byte of the buckets.
+- Window: kernels of :data:`LONG_KERNEL_SECONDS`, longer than the link needs for what the
+  sockets hold; the bucket bytes over the tests it took.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pydtnn_lite.comm.gradients import MIB
+from pydtnn_lite.perfmodel.modelling.channel import TransferCost
+
+if TYPE_CHECKING:
+    from pydtnn_lite.comm.mpi import MPICommunicator
+
+BUCKET_BYTES = 4 * MIB  # the trainer's default bucket
+BUCKETS = 6
+GEMM_SIZE = 512  # a GEMM of 0.27 GFLOP: a few milliseconds on one core, as a backward kernel
+ALONE_KERNELS = 24
+ROUNDS = 5  # the cores' speed wanders by 10-15 % for seconds at a time: the median of several rounds
+LONG_KERNEL_SECONDS = 0.05  # twice a VGG11 backward's longest kernels here: ~6 MB at 1 Gbit/s
+WINDOW_ROUNDS = 3
+
+
+def _kernel() -> Callable[[], object]:
+    matrix = np.random.default_rng(0).standard_normal((GEMM_SIZE, GEMM_SIZE)).astype(np.float32)
+    return lambda: matrix @ matrix
+
+
+def transfer_round(comm: MPICommunicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
+    """Seconds per bucket byte that a reduction of ``buckets`` over ``comm``, tested after
+    every ``kernel``, adds to this rank's kernels; collective."""
+    started = time.perf_counter()
+    for _ in range(ALONE_KERNELS):
+        kernel()
+    alone = (time.perf_counter() - started) / ALONE_KERNELS
+    comm.barrier()
+    started = time.perf_counter()
+    pending = [comm.iallreduce(bucket) for bucket in buckets]
+    kernels = 0
+    while pending:
+        kernel()
+        kernels += 1
+        pending = [request for request in pending if not request.test()]
+    elapsed = time.perf_counter() - started
+    return max(0.0, elapsed - kernels * alone) / sum(bucket.nbytes for bucket in buckets)
+
+
+def window_round(comm: MPICommunicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
+    """The bucket bytes per test that a reduction of ``buckets`` over ``comm`` moved, tested
+    after every ``kernel``; collective."""
+    comm.barrier()
+    pending = [comm.iallreduce(bucket) for bucket in buckets]
+    tests = 0
+    while pending:
+        kernel()
+        tests += 1
+        pending = [request for request in pending if not request.test()]
+    return sum(bucket.nbytes for bucket in buckets) / tests
+
+
+def measure_transfer(comm: MPICommunicator, rounds: int = ROUNDS) -> TransferCost:
+    """The CPU seconds per byte of a bucket that moving it over the job's network costs a
+    rank computing beside it (the median over ``rounds``), and the bucket bytes the link
+    moves between two tests (the median over :data:`WINDOW_ROUNDS`), each averaged over the
+    ranks (every rank gets them). Collective."""
+    kernel = _kernel()
+    kernel()
+    buckets = [np.ones(BUCKET_BYTES // 4, dtype=np.float32) for _ in range(BUCKETS)]
+    cpu = statistics.median(transfer_round(comm, kernel, buckets) for _ in range(rounds))
+    started = time.perf_counter()
+    kernel()
+    repeats = max(1, math.ceil(LONG_KERNEL_SECONDS / (time.perf_counter() - started)))
+    # Every rank runs as many GEMMs per kernel, so that their tests keep in step.
+    repeats = max(comm.allgather_object(repeats))
+
+    def long_kernel() -> None:
+        for _ in range(repeats):
+            kernel()
+
+    window = statistics.median(window_round(comm, long_kernel, buckets) for _ in range(WINDOW_ROUNDS))
+    per_rank = comm.allgather_object((cpu, window))
+    return TransferCost(statistics.fmean(c for c, _ in per_rank), statistics.fmean(w for _, w in per_rank))

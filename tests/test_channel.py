@@ -1,0 +1,67 @@
+"""The link of overlapped bucket reductions (perfmodel/modelling/channel.py), on hand-computed timelines."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pydtnn_lite.perfmodel.modelling.channel import Channel, TransferCost, reduction_phases
+
+
+def test_a_reduction_halves_and_doubles_in_log2_steps_each_way():
+    assert [reduction_phases(p) for p in (2, 3, 4, 8, 9)] == [2, 4, 4, 6, 8]
+
+
+def two_buckets(inside_calls: bool, window: float = math.inf, cpu_per_byte: float = 0.0) -> Channel:
+    """Two buckets of 4 bytes on 2 ranks, 2 s each: phases of 2 bytes and 1 s."""
+    return Channel([4.0, 4.0], [2.0, 2.0], 2, inside_calls, TransferCost(cpu_per_byte, window))
+
+
+def calls(channel: Channel, last: int) -> float:
+    """An MPI call every second from 0 to ``last``, both buckets posted at the first; the
+    CPU time charged for what moved."""
+    cpu = 0.0
+    for now in range(last + 1):
+        cpu += channel.advance(now)
+        channel.call(2)
+    return cpu
+
+
+def left(channel: Channel) -> list[tuple[int, float]]:
+    return [(phase.bucket, phase.seconds_left) for phase in channel.moving]
+
+
+def test_with_several_buckets_outstanding_tests_keep_the_link_busy():
+    # A1 over 0-1 (B1 queued behind it at 0), B1 1-2 (A2 queued at 1), A2 2-3 (B2 queued at 2), B2 3-4.
+    channel = two_buckets(inside_calls=True)
+    calls(channel, 3)
+    assert left(channel) == [(1, pytest.approx(1.0))] and not any(channel.phases_left)
+    channel.advance(4.0)
+    assert not channel.moving and channel.time == 4.0
+
+
+def test_between_two_calls_the_link_moves_at_most_the_window():
+    # A byte per interval between calls, half a phase: A1 over 0-0.5 and 1-1.5, B1 (queued at
+    # 0) over 2-2.5 and 3-3.5, A2 (started at 2) 4-4.5 and 5-5.5, B2 (started at 4) 6-6.5 and 7-7.5.
+    channel = two_buckets(inside_calls=True, window=1.0, cpu_per_byte=0.25)
+    cpu = calls(channel, 7)
+    assert left(channel) == [(1, pytest.approx(0.5))] and not any(channel.phases_left)
+    assert cpu == pytest.approx(7 * 0.25)  # a byte a second moved beside the computation
+    assert channel.advance(8.0) == pytest.approx(0.25) and not channel.moving
+
+
+def test_networks_that_move_data_on_their_own_run_every_phase_back_to_back():
+    channel = two_buckets(inside_calls=False, window=1.0, cpu_per_byte=0.25)
+    channel.call(2)
+    assert channel.advance(10.0) == 0.0  # no window, no CPU: the host's cores are not involved
+    assert sum(channel.phases_left) == 0 and not channel.moving
+
+
+def test_a_blocking_call_runs_the_outstanding_phases_back_to_back_behind_the_link():
+    channel = two_buckets(inside_calls=True, window=1.0)
+    channel.advance(0.0)
+    channel.call(2)  # A1 and B1 start
+    channel.advance(1.0)  # half of A1 (the window)
+    # At 1: A1's other half, then B1, A2 and B2 whole, 3.5 s, and nothing left.
+    assert channel.finish(1.0, 2) == pytest.approx(4.5)
+    assert channel.time == pytest.approx(4.5) and not any(channel.phases_left)
