@@ -19,9 +19,11 @@ from pydtnn_lite.perfmodel.modelling.drift import (
     drift_between,
     kernel_ratios,
 )
-from pydtnn_lite.perfmodel.modelling.machines import OUTSIDE_KERNELS, probed_ratios
+from pydtnn_lite.perfmodel.modelling.machines import OUTSIDE_KERNELS, AdjustedMachine, CalibratedMachine, probed_ratios
 from pydtnn_lite.perfmodel.modelling.outside_kernels import AffineCost, fit_affine
+from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample, RateModel
+from pydtnn_lite.perfmodel.modelling.synchronization import SyncWaitModel
 from pydtnn_lite.runtime import usable_cores
 
 THEN = MachineState(gemm_flops=90e9, copy_bytes_per_second=20e9, allreduce_ranks=2, allreduce_bytes=1 << 20,
@@ -114,6 +116,32 @@ def test_a_run_s_state_is_the_mean_time_and_a_calibration_s_the_median():
     assert typical.gemm_flops == pytest.approx(150e9)  # the odd slow spell does not move a median
     one = MachineState.over([CoreRates((100e9,), (10e9,), gemm_spread=0.03, copy_spread=0.05)])
     assert (one.gemm_spread, one.copy_spread, one.allreduce_seconds) == (0.03, 0.05, None)
+
+
+def test_a_rank_on_a_core_of_the_mean_speed_waits_for_the_slowest_core():
+    # GEMM times 1/150 and 1/100 per GFLOP: the slowest takes 1.2x their mean 1/120.
+    assert CoreRates((150e9, 100e9), (16e9, 12e9)).imbalance() == pytest.approx(0.2)
+    assert CoreRates((150e9, 100e9), (16e9, 12e9), shared=True).imbalance() == 0.0
+    assert CoreRates((150e9,), (16e9,)).imbalance() == 0.0
+    even, apart = CoreRates((100e9, 100e9), (10e9, 10e9)), CoreRates((150e9, 100e9), (10e9, 10e9))
+    assert MachineState.over([even, apart]).imbalance == pytest.approx(0.1)  # a run's: the mean in time
+    assert MachineState.over([even, even, apart], typical=True).imbalance == 0.0  # a calibration's: the median
+    assert drift_between(THEN, MachineState.over([apart])).imbalance == pytest.approx(0.2)
+
+
+def test_the_wait_at_a_synchronisation_is_at_least_what_the_run_s_slowest_core_costs():
+    placed = {"ranks": 2, "usable_cores": 2, "blas_threads": 1}
+    calibration = Calibration(machine=placed, peak_flops=1e11, memory_bandwidth=1e10, kernel_models={},
+                              allreduce_samples=[], sync_wait=SyncWaitModel(0.01, 0.5, 2))
+    machine = CalibratedMachine(calibration, None)
+    apart = AdjustedMachine(machine, Placement(2, 2, 2, 1), Drift(imbalance=0.05))
+    # 0.5 s of work: the fit says 0.01 * sqrt(0.5) = 7.1 ms, a core 5 % slower than the mean 25 ms.
+    assert apart.sync_wait_seconds(0.5, 2) == pytest.approx(0.025)
+    # 10 ms of work: the fit's 1 ms outweighs 0.5 ms.
+    assert apart.sync_wait_seconds(0.01, 2) == pytest.approx(0.001)
+    assert apart.sync_wait_seconds(0.5, 1) == 0.0  # one rank waits for no one
+    assert AdjustedMachine(machine, Placement(2, 2, 2, 1)).sync_wait_seconds(0.5, 2) == pytest.approx(
+        0.01 * math.sqrt(0.5))
 
 
 def test_the_allreduce_probes_of_a_run_are_averaged():

@@ -74,6 +74,15 @@ class CoreRates:
                     statistics.harmonic_mean(self.copy_bytes_per_second))
         return min(self.gemm_flops), min(self.copy_bytes_per_second)
 
+    def imbalance(self) -> float:
+        """How much longer the slowest core takes over a GEMM than the cores' mean (0.05:
+        5 %), what a rank on an average core waits at a synchronisation per second of work;
+        0 where ranks time-share the cores (the OS moves each over all of them)."""
+        if self.shared or len(self.gemm_flops) < 2:
+            return 0.0
+        times = [1.0 / flops for flops in self.gemm_flops]
+        return max(times) / statistics.fmean(times) - 1.0
+
 
 @dataclass(frozen=True)
 class MachineState:
@@ -96,6 +105,7 @@ class MachineState:
     allreduce_spread: float = 0.0
     cores: int = 1
     probes: int = 1
+    imbalance: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -109,7 +119,7 @@ class MachineState:
     def over(cls, instants: Sequence[CoreRates], allreduce: Sequence[tuple[int, int, float, float]] = (),
              typical: bool = False) -> MachineState:
         """The state over ``instants`` of the every-core probe: the mean in time of their
-        paces (a run's), or with ``typical`` their median (a calibration's); and the mean
+        paces and imbalances (a run's), or with ``typical`` their median (a calibration's); and the mean
         of the ``allreduce`` probes (ranks, bytes, seconds, spread), which must have
         timed the same ranks and bytes."""
         paces = [instant.pace() for instant in instants]
@@ -123,8 +133,10 @@ class MachineState:
             seconds = statistics.fmean(probe[2] for probe in allreduce)
             differ = (max(p[2] for p in allreduce) - min(p[2] for p in allreduce)) / (2 * seconds)
             allreduce_spread = max(statistics.fmean(p[3] for p in allreduce), differ)
+        imbalances = [instant.imbalance() for instant in instants]
         return cls(1 / gemm, 1 / copy, ranks, nbytes, seconds, gemm_spread, copy_spread, allreduce_spread,
-                   cores=max(len(i.gemm_flops) for i in instants), probes=len(instants))
+                   cores=max(len(i.gemm_flops) for i in instants), probes=len(instants),
+                   imbalance=statistics.median(imbalances) if typical else statistics.fmean(imbalances))
 
 
 def _centre(seconds_per_unit: Sequence[float], spreads: Sequence[float], median: bool) -> tuple[float, float]:
@@ -161,6 +173,7 @@ class Drift:
     measured: float = 0.0
     peak_flops: float = 0.0
     kernels: Mapping[str, float] = field(default_factory=dict)
+    imbalance: float = 0.0  # the run's probe's (:meth:`CoreRates.imbalance`)
 
     def scale(self, kernel: str, communication: bool = False, flops: float = 0.0, seconds: float = 0.0) -> float:
         """The factor for a kernel's predicted time (``communication``: a collective). A
@@ -189,8 +202,10 @@ class Drift:
                f"to x{max(self.kernels.values()):.2f})") if self.kernels else ""
         noise = (f"; the probes measured moves up to {100 * self.measured:.0f} % and repeat within "
                  f"+-{100 * self.noise:.0f} %, a part of each move that is not corrected") if self.noise else ""
+        slowest = (f"; the slowest core {100 * self.imbalance:.1f} % slower than the cores' mean"
+                   if self.imbalance else "")
         return (f"GEMM x{self.compute:.3f}, memory x{self.memory:.3f}, communication x{self.communication:.3f}"
-                f"{own} (time now over time at calibration{noise})")
+                f"{own} (time now over time at calibration{noise}){slowest}")
 
 
 @dataclass(frozen=True)
@@ -278,4 +293,4 @@ def drift_between(then: MachineState, now: MachineState,
     return Drift(**{kind: beyond_noise(*figures) for kind, figures in measured.items()},
                  noise=max(math.hypot(then_spread, now_spread) for _, then_spread, now_spread in measured.values()),
                  measured=max(abs(ratio - 1.0) for ratio, _, _ in measured.values()), peak_flops=then.gemm_flops,
-                 kernels=dict(kernels or {}))
+                 kernels=dict(kernels or {}), imbalance=now.imbalance)

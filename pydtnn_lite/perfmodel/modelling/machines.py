@@ -122,7 +122,12 @@ class AdjustedMachine:
         return cpu.seconds(nbytes, procs) * ranks_per_core * self.drift.communication
 
     def sync_wait_seconds(self, segment: float, procs: int) -> float:
-        return self.base.sync_wait_seconds(segment, procs)
+        """The calibration's wait, or where the run's probe found its cores apart in speed,
+        at least what a rank on a core of the mean speed waits for the slowest over
+        ``segment``: the calibration fits the wait over its probes' short steps, where a
+        core slower by the same fraction for seconds weighs little."""
+        fitted = self.base.sync_wait_seconds(segment, procs)
+        return max(fitted, self.drift.imbalance * segment) if procs > 1 else fitted
 
     def overhead_seconds(self, calls: int) -> float:
         return self.base.overhead_seconds(calls) * self._scale(OUTSIDE_KERNELS)
