@@ -44,13 +44,10 @@ def _kernel() -> Callable[[], object]:
     return lambda: matrix @ matrix
 
 
-def transfer_round(comm: MPICommunicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
-    """Seconds per bucket byte that a reduction of ``buckets`` over ``comm``, tested after
-    every ``kernel``, adds to this rank's kernels; collective."""
-    started = time.perf_counter()
-    for _ in range(ALONE_KERNELS):
-        kernel()
-    alone = (time.perf_counter() - started) / ALONE_KERNELS
+def overlapped_kernels(comm: MPICommunicator, kernel: Callable[[], object],
+                       buckets: list[np.ndarray]) -> tuple[int, float]:
+    """Reduce ``buckets`` over ``comm`` while running ``kernel`` with a test of the outstanding
+    buckets after each, until all are done: (kernels run, seconds taken); collective."""
     comm.barrier()
     started = time.perf_counter()
     pending = [comm.iallreduce(bucket) for bucket in buckets]
@@ -59,20 +56,24 @@ def transfer_round(comm: MPICommunicator, kernel: Callable[[], object], buckets:
         kernel()
         kernels += 1
         pending = [request for request in pending if not request.test()]
-    elapsed = time.perf_counter() - started
+    return kernels, time.perf_counter() - started
+
+
+def transfer_round(comm: MPICommunicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
+    """Seconds per bucket byte that a reduction of ``buckets`` over ``comm``, tested after
+    every ``kernel``, adds to this rank's kernels; collective."""
+    started = time.perf_counter()
+    for _ in range(ALONE_KERNELS):
+        kernel()
+    alone = (time.perf_counter() - started) / ALONE_KERNELS
+    kernels, elapsed = overlapped_kernels(comm, kernel, buckets)
     return max(0.0, elapsed - kernels * alone) / sum(bucket.nbytes for bucket in buckets)
 
 
 def window_round(comm: MPICommunicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
     """The bucket bytes per test that a reduction of ``buckets`` over ``comm`` moved, tested
     after every ``kernel``; collective."""
-    comm.barrier()
-    pending = [comm.iallreduce(bucket) for bucket in buckets]
-    tests = 0
-    while pending:
-        kernel()
-        tests += 1
-        pending = [request for request in pending if not request.test()]
+    tests, _ = overlapped_kernels(comm, kernel, buckets)
     return sum(bucket.nbytes for bucket in buckets) / tests
 
 
