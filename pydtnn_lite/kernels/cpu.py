@@ -288,17 +288,22 @@ def col2im(cols: np.ndarray, x_shape: tuple, kh: int, kw: int, stride: int, padd
 
 # --------------------------------------------------------------------- pooling
 # Element by element through the full indices: a view of a row (``out[image, r, q]``) inside
-# a parallel loop costs a reference count per view and ran 10x slower here.
+# a parallel loop costs a reference count per view and ran 10x slower here. Each output pixel
+# is reduced in two scratch rows of the input's dtype (the maximum and its window offset):
+# selects of one width vectorise, where writing the uint8 offsets in the loop kept it scalar
+# (3x slower on an AVX2 processor; AVX-512's masked stores had hidden it).
 @njit(parallel=True, cache=True)
 def _maxpool(x, kh, kw, stride, padding, out, argmax):  # pragma: no cover (compiled)
     n, h, w, c = x.shape
     ho, wo = out.shape[1], out.shape[2]
     for image_row in prange(n * ho):
         image, r = image_row // ho, image_row % ho
+        best = np.empty(c, x.dtype)
+        offsets = np.empty(c, x.dtype)
         for q in range(wo):
             for ch in range(c):
-                out[image, r, q, ch] = -np.inf
-                argmax[image, r, q, ch] = 0
+                best[ch] = -np.inf
+                offsets[ch] = 0
             for i in range(kh):
                 y = r * stride + i - padding
                 if y < 0 or y >= h:
@@ -307,13 +312,17 @@ def _maxpool(x, kh, kw, stride, padding, out, argmax):  # pragma: no cover (comp
                     z = q * stride + j - padding
                     if z < 0 or z >= w:
                         continue
+                    offset = i * kw + j
                     for ch in range(c):
                         value = x[image, y, z, ch]
-                        if value > out[image, r, q, ch]:  # strictly: the first maximum keeps a tie
-                            out[image, r, q, ch] = value
-                            argmax[image, r, q, ch] = i * kw + j
-                        elif value != value:  # a NaN wins and keeps the offset, as np.maximum and >
-                            out[image, r, q, ch] = value
+                        current = best[ch]
+                        greater = value > current  # strictly: the first maximum keeps a tie
+                        # A NaN wins and keeps the offset, as np.maximum and > do.
+                        best[ch] = value if (greater or value != value) else current
+                        offsets[ch] = offset if greater else offsets[ch]
+            for ch in range(c):
+                out[image, r, q, ch] = best[ch]
+                argmax[image, r, q, ch] = np.uint8(offsets[ch])
 
 
 def maxpool(x: np.ndarray, kh: int, kw: int, stride: int, padding: int) -> tuple[np.ndarray, np.ndarray]:
