@@ -171,6 +171,6 @@ def test_allreduce_is_timed_between_and_inside_the_emulated_nodes(tmp_path):
     # Each node sends the 4 MiB at least once over its 5 Gbit/s link (tc lets a burst of 1 ms pass at once).
     assert dict(network.inter_node)[4 << 20] > 0.8 * (4 << 20) * 8 / 5e9
     # Sockets copy every byte at least once on the ranks' cores (far under 20 ms per MiB).
-    assert 0 < network.transfer_cpu_per_byte * (1 << 20) < 20e-3
+    assert 0 < network.transfer.cpu_per_byte * (1 << 20) < 20e-3
     # Between two MPI calls the link moves a bounded window of bytes: more than nothing, less than the buckets.
-    assert 0 < network.window_bytes < 6 * (4 << 20)
+    assert 0 < network.transfer.window_bytes < 6 * (4 << 20)

@@ -28,8 +28,7 @@ def timings(ranks_per_node: int = 2) -> NetworkTimings:
     between two tests."""
     inter = tuple((float(n), 50e-6 + n / GBIT) for n in SIZES)
     intra = tuple((float(n), 5e-6 + n / (10 * GBIT)) for n in SIZES) if ranks_per_node > 1 else ()
-    return NetworkTimings(2, ranks_per_node, 1.0, inter, intra, transfer_cpu_per_byte=1e-3 / (1 << 20),
-                          window_bytes=3 << 20)
+    return NetworkTimings(2, ranks_per_node, 1.0, inter, intra, TransferCost(1e-3 / (1 << 20), 3 << 20))
 
 
 def flat(beta: float) -> AllreduceModel:

@@ -40,8 +40,7 @@ def network_timings(comm: MPICommunicator, node: str, sizes: Sequence[int],
     transfer = measure_transfer(comm)
     if ranks_per_node == 1:
         inter_node = tuple((float(n), t) for p, n, t in job_samples if p == comm.size and n in sizes)
-        return NetworkTimings(len(nodes), 1, emulated_link_gbit(), inter_node,
-                              transfer_cpu_per_byte=transfer.cpu_per_byte, window_bytes=transfer.window_bytes)
+        return NetworkTimings(len(nodes), 1, emulated_link_gbit(), inter_node, transfer=transfer)
     leaders = comm.split(0 if names.index(node) == comm.rank else None, comm.rank)
     inter: list[float] = []
     if leaders is not None:
@@ -57,5 +56,4 @@ def network_timings(comm: MPICommunicator, node: str, sizes: Sequence[int],
     inter = comm.broadcast_object(inter, root=0)
     return NetworkTimings(len(nodes), ranks_per_node, emulated_link_gbit(),
                           tuple(zip(map(float, sizes), inter, strict=True)),
-                          tuple(zip(map(float, sizes), slowest, strict=True)), transfer.cpu_per_byte,
-                          transfer.window_bytes)
+                          tuple(zip(map(float, sizes), slowest, strict=True)), transfer)

@@ -78,7 +78,7 @@ class CalibratedMachine:
     @property
     def transfer_cost(self) -> TransferCost:
         network = self.calibration.network
-        return network.transfer_cost if network else NO_TRANSFER_COST
+        return network.transfer if network else NO_TRANSFER_COST
 
 
 @dataclass(frozen=True)

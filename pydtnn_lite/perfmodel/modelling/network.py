@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceTime, InterpolatedAllreduce, fit_allreduce
-from pydtnn_lite.perfmodel.modelling.channel import TransferCost
+from pydtnn_lite.perfmodel.modelling.channel import NO_TRANSFER_COST, TransferCost
 
 
 @dataclass(frozen=True)
@@ -24,23 +24,17 @@ class NetworkTimings:
     """``nodes`` nodes of ``ranks_per_node`` ranks, joined by links of ``link_gbit`` Gbit/s
     (None when not emulated); ``inter_node`` holds (bytes, seconds) of Allreduce among one
     rank per node, ``intra_node`` among the ranks of each node at once (empty with one rank
-    per node). ``transfer_cpu_per_byte`` is what moving a bucket over the network while the
-    rank computes costs the rank per byte of the bucket, in the tests that move it and in
-    the kernels the network stack interrupts, and ``window_bytes`` the bucket bytes the
-    link moves at most between two tests (0 and infinite: not measured, in files before
-    they were)."""
+    per node). ``transfer`` is what moving a bucket over the network costs a rank that
+    computes meanwhile: CPU per byte of the bucket, in the tests that move it and in the
+    kernels the network stack interrupts, and the bucket bytes the link moves at most
+    between two tests (no cost and no limit in files written before they were measured)."""
 
     nodes: int
     ranks_per_node: int
     link_gbit: float | None
     inter_node: tuple[tuple[float, float], ...]
     intra_node: tuple[tuple[float, float], ...] = ()
-    transfer_cpu_per_byte: float = 0.0
-    window_bytes: float = math.inf
-
-    @property
-    def transfer_cost(self) -> TransferCost:
-        return TransferCost(self.transfer_cpu_per_byte, self.window_bytes)
+    transfer: TransferCost = NO_TRANSFER_COST
 
     @property
     def ranks(self) -> int:
@@ -50,8 +44,8 @@ class NetworkTimings:
         return {"nodes": self.nodes, "ranks_per_node": self.ranks_per_node, "link_gbit": self.link_gbit,
                 "inter_node": [list(sample) for sample in self.inter_node],
                 "intra_node": [list(sample) for sample in self.intra_node],
-                "transfer_cpu_per_byte": self.transfer_cpu_per_byte,
-                "window_bytes": None if math.isinf(self.window_bytes) else self.window_bytes}
+                "transfer_cpu_per_byte": self.transfer.cpu_per_byte,
+                "window_bytes": None if math.isinf(self.transfer.window_bytes) else self.transfer.window_bytes}
 
     @classmethod
     def from_dict(cls, data: dict) -> NetworkTimings:
@@ -59,8 +53,8 @@ class NetworkTimings:
                    None if data["link_gbit"] is None else float(data["link_gbit"]),
                    tuple((float(n), float(t)) for n, t in data["inter_node"]),
                    tuple((float(n), float(t)) for n, t in data["intra_node"]),
-                   float(data.get("transfer_cpu_per_byte", 0.0)),
-                   math.inf if data.get("window_bytes") is None else float(data["window_bytes"]))
+                   TransferCost(float(data.get("transfer_cpu_per_byte", 0.0)),
+                                math.inf if data.get("window_bytes") is None else float(data["window_bytes"])))
 
 
 def _level(procs: int, samples: tuple[tuple[float, float], ...]) -> AllreduceTime | None:
