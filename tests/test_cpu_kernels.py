@@ -52,9 +52,10 @@ def test_relu_lets_nan_through_as_numpy_does():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(64, 5, 5, 3), (700, 6), (0, 4)])
+@pytest.mark.parametrize("shape", [(64, 5, 5, 3), (700, 6), (0, 4), (15, 32, 32, 8)])
 def test_batchnorm_kernels_match_numpy(dtype, shape):
-    """Map and vector inputs, more rows than one parallel chunk, and an empty share."""
+    """Map and vector inputs, more rows than one parallel chunk, an empty share, and more rows
+    than one cached block of the statistics (7.5 blocks: the last one partial)."""
     channels = shape[-1]
     x, grad = normal(shape, dtype, offset=1e3), normal(shape, dtype, seed=1)
     shift = np.linspace(0.0, 999.0, channels)

@@ -29,6 +29,8 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
 
 CHUNK_ROWS = 256  # rows per task of a per-channel reduction: enough work to be worth a thread
+BLOCK_BYTES = 128 << 10  # a block of rows that two passes read while it stays in a core's L2 cache
+BLOCK_ROWS = 64  # at least, so that wide maps do not spend their time merging many small blocks
 
 
 def set_threads(threads: int | None) -> None:
@@ -48,29 +50,43 @@ def _flat(array: Any) -> np.ndarray:
 
 # --------------------------------------------------------------------- batch norm
 @njit(parallel=True, cache=True)
-def _channel_sums(flat, centre):  # pragma: no cover (compiled)
-    """Per chunk of rows, the per-channel sums of ``flat - centre`` and of its square, in float64."""
+def _block_moments(flat, block_rows):  # pragma: no cover (compiled)
+    """Per block of rows, the per-channel mean and sum of squared deviations from it, in
+    float64: both passes over a block run while it is in the cache, so memory is read once."""
     rows, channels = flat.shape
-    chunks = (rows + CHUNK_ROWS - 1) // CHUNK_ROWS
-    partial = np.zeros((chunks, 2, channels))
-    for chunk in prange(chunks):
-        for row in range(chunk * CHUNK_ROWS, min(rows, (chunk + 1) * CHUNK_ROWS)):
+    blocks = (rows + block_rows - 1) // block_rows
+    means = np.zeros((blocks, channels))
+    squares = np.zeros((blocks, channels))
+    for block in prange(blocks):
+        start = block * block_rows
+        stop = min(rows, start + block_rows)
+        for row in range(start, stop):
             for c in range(channels):
-                deviation = np.float64(flat[row, c]) - centre[c]
-                partial[chunk, 0, c] += deviation
-                partial[chunk, 1, c] += deviation * deviation
-    return partial.sum(axis=0)
+                means[block, c] += flat[row, c]
+        for c in range(channels):
+            means[block, c] /= stop - start
+        for row in range(start, stop):
+            for c in range(channels):
+                deviation = np.float64(flat[row, c]) - means[block, c]
+                squares[block, c] += deviation * deviation
+    return means, squares
 
 
 def batchnorm_sums(x: np.ndarray, shift: np.ndarray) -> np.ndarray:
-    """:func:`~pydtnn_lite.kernels.normalization.batchnorm_sums`: the same two passes (the mean,
-    then the squared deviations from it), each one parallel loop accumulating in float64."""
+    """:func:`~pydtnn_lite.kernels.normalization.batchnorm_sums` in one pass over memory: the
+    two-pass moments of blocks that fit in the cache, merged exactly (Chan et al.: the
+    blocks' squared deviations plus each block's count times its mean's squared distance
+    from the whole mean)."""
     flat = _rows(x)
-    rows = flat.shape[0]
+    rows, channels = flat.shape
     if rows == 0:
-        return np.zeros((2, flat.shape[1]))
-    mean = _channel_sums(flat, np.zeros(flat.shape[1]))[0] / rows
-    squares = _channel_sums(flat, mean)[1]
+        return np.zeros((2, channels))
+    block_rows = max(BLOCK_ROWS, BLOCK_BYTES // (channels * flat.itemsize))
+    means, squares = _block_moments(flat, block_rows)
+    counts = np.full(len(means), float(block_rows))
+    counts[-1] = rows - block_rows * (len(means) - 1)
+    mean = counts @ means / rows
+    squares = squares.sum(axis=0) + counts @ (means - mean) ** 2
     offset = mean - shift
     return np.stack([rows * offset, squares + rows * offset * offset])
 
