@@ -75,6 +75,23 @@ def test_batchnorm_kernels_match_numpy(dtype, shape):
                                rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernels_read_a_channel_slice_in_place_and_match_numpy(dtype):
+    """A concatenation's gradient reaches its inputs' layers as channel slices (``split``):
+    the batch-norm kernels and the gradient sums read them in place, with the same results."""
+    whole = normal((6, 5, 5, 12), dtype, offset=10.0)
+    part, other = whole[..., 3:10], normal((6, 5, 5, 7), dtype, seed=1)
+    assert not part.flags.c_contiguous
+    shift = np.zeros(7)
+    np.testing.assert_allclose(cpu.batchnorm_sums(part, shift), normalization.batchnorm_sums(part, shift),
+                               rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(cpu.batchnorm_grad_sums(part, other), normalization.batchnorm_grad_sums(part, other),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(cpu.add([part, other]), elementwise.add([part, other]), rtol=TOLERANCE[dtype])
+    np.testing.assert_allclose(cpu.add([other, part, part]), elementwise.add([other, part, part]),
+                               rtol=TOLERANCE[dtype])
+
+
 POOL_CASES = [
     ((2, 9, 8, 3), 3, 3, 2, 1),  # ResNet's stem pooling: overlapping windows over padding
     ((2, 8, 6, 3), 2, 2, 2, 0),  # the windows tile the map

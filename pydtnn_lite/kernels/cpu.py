@@ -40,8 +40,10 @@ def set_threads(threads: int | None) -> None:
 
 
 def _rows(array: Any) -> np.ndarray:
-    """``array`` (..., C) as a C-contiguous (rows, C) matrix (a view when it already is one)."""
-    return np.ascontiguousarray(array).reshape(-1, array.shape[-1])
+    """``array`` (..., C) as a (rows, C) matrix: a view wherever its rows are evenly spaced,
+    as in a channel slice of an NHWC map (a concatenation's gradient, cut back into its
+    inputs' parts), which the loops read in place; a copy only where they are not."""
+    return array.reshape(-1, array.shape[-1])
 
 
 def _flat(array: Any) -> np.ndarray:
@@ -212,19 +214,22 @@ def relu_grad(grad_out: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 @njit(parallel=True, cache=True)
 def _add(first, second, out):  # pragma: no cover (compiled)
-    for i in prange(first.size):
-        out[i] = first[i] + second[i]
+    rows, channels = out.shape
+    for row in prange(rows):
+        for c in range(channels):
+            out[row, c] = first[row, c] + second[row, c]
 
 
 def add(inputs: Sequence[np.ndarray]) -> np.ndarray:
-    """:func:`~pydtnn_lite.kernels.elementwise.add`: one pass per input after the second."""
+    """:func:`~pydtnn_lite.kernels.elementwise.add`: one pass per input after the second,
+    reading channel slices in place."""
     if any(term.dtype != inputs[0].dtype for term in inputs):
         return elementwise.add(inputs)
     total = np.empty(inputs[0].shape, dtype=inputs[0].dtype)
-    flat_total = total.reshape(-1)
-    _add(_flat(inputs[0]), _flat(inputs[1]), flat_total)
+    rows = _rows(total)
+    _add(_rows(inputs[0]), _rows(inputs[1]), rows)
     for extra in inputs[2:]:
-        _add(flat_total, _flat(extra), flat_total)
+        _add(rows, _rows(extra), rows)
     return total
 
 
