@@ -136,7 +136,11 @@ class MachineState:
         imbalances = [instant.imbalance() for instant in instants]
         return cls(1 / gemm, 1 / copy, ranks, nbytes, seconds, gemm_spread, copy_spread, allreduce_spread,
                    cores=max(len(i.gemm_flops) for i in instants), probes=len(instants),
-                   imbalance=statistics.median(imbalances) if typical else statistics.fmean(imbalances))
+                   imbalance=_middle(imbalances, typical))
+
+
+def _middle(values: Sequence[float], median: bool) -> float:
+    return statistics.median(values) if median else statistics.fmean(values)
 
 
 def _centre(seconds_per_unit: Sequence[float], spreads: Sequence[float], median: bool) -> tuple[float, float]:
@@ -144,7 +148,7 @@ def _centre(seconds_per_unit: Sequence[float], spreads: Sequence[float], median:
     median's is about 1.25 times a mean's); of one value, its own ``spreads``."""
     if len(seconds_per_unit) == 1:
         return seconds_per_unit[0], spreads[0]
-    centre = statistics.median(seconds_per_unit) if median else statistics.fmean(seconds_per_unit)
+    centre = _middle(seconds_per_unit, median)
     error = statistics.stdev(seconds_per_unit) / math.sqrt(len(seconds_per_unit)) * (1.25 if median else 1.0)
     return centre, error / centre
 
