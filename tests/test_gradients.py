@@ -62,6 +62,14 @@ def test_conv2d(stride, padding, kernel):
     check_layer(Conv2D(4, kernel, stride=stride, padding=padding), [(7, 6, 3)])
 
 
+@pytest.mark.parametrize("padding,kernel", [(1, 3), (0, 3), (2, 3), (1, 5)])
+def test_conv2d_input_gradient_as_a_convolution(padding, kernel):
+    """Fewer filters than input channels at stride 1: dx is dy convolved with the turned weight."""
+    conv = Conv2D(2, kernel, padding=padding)
+    check_layer(conv, [(7, 6, 5)])
+    assert conv.input_grad_by_convolution
+
+
 def test_conv2d_without_bias():
     check_layer(Conv2D(2, 3, padding=1, use_bias=False), [(5, 5, 2)])
 
