@@ -62,16 +62,15 @@ def test_batchnorm_kernels_match_numpy(dtype, shape):
     np.testing.assert_allclose(cpu.batchnorm_sums(x, shift), normalization.batchnorm_sums(x, shift),
                                rtol=1e-9, atol=1e-9)
     mean, inv_std, gamma, beta = (normal(channels, dtype, seed) for seed in range(2, 6))
-    out, x_hat = cpu.batchnorm_normalize(x, mean, inv_std, gamma, beta)
-    expected_out, expected_hat = normalization.batchnorm_normalize(x, mean, inv_std, gamma, beta)
-    np.testing.assert_allclose(out, expected_out, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
-    np.testing.assert_allclose(x_hat, expected_hat, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
-    sums = cpu.batchnorm_grad_sums(grad, x_hat)
+    np.testing.assert_allclose(cpu.batchnorm_normalize(x, mean, inv_std, gamma, beta),
+                               normalization.batchnorm_normalize(x, mean, inv_std, gamma, beta),
+                               rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    sums = cpu.batchnorm_grad_sums(grad, x, mean, inv_std)
     assert sums.dtype == dtype
-    np.testing.assert_allclose(sums, normalization.batchnorm_grad_sums(grad, x_hat), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(sums, normalization.batchnorm_grad_sums(grad, x, mean, inv_std), rtol=1e-4, atol=1e-3)
     rows = max(1, x.size // channels)
-    np.testing.assert_allclose(cpu.batchnorm_grad_input(grad, x_hat, inv_std, gamma, sums, rows),
-                               normalization.batchnorm_grad_input(grad, x_hat, inv_std, gamma, sums, rows),
+    np.testing.assert_allclose(cpu.batchnorm_grad_input(grad, x, mean, inv_std, gamma, sums, rows),
+                               normalization.batchnorm_grad_input(grad, x, mean, inv_std, gamma, sums, rows),
                                rtol=1e-4, atol=1e-4)
 
 
@@ -85,8 +84,9 @@ def test_kernels_read_a_channel_slice_in_place_and_match_numpy(dtype):
     shift = np.zeros(7)
     np.testing.assert_allclose(cpu.batchnorm_sums(part, shift), normalization.batchnorm_sums(part, shift),
                                rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(cpu.batchnorm_grad_sums(part, other), normalization.batchnorm_grad_sums(part, other),
-                               rtol=1e-4, atol=1e-4)
+    mean, inv_std = np.full(7, 10.0, dtype), np.full(7, 0.5, dtype)
+    np.testing.assert_allclose(cpu.batchnorm_grad_sums(part, other, mean, inv_std),
+                               normalization.batchnorm_grad_sums(part, other, mean, inv_std), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(cpu.add([part, other]), elementwise.add([part, other]), rtol=TOLERANCE[dtype])
     np.testing.assert_allclose(cpu.add([other, part, part]), elementwise.add([other, part, part]),
                                rtol=TOLERANCE[dtype])

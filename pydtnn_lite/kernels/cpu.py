@@ -98,38 +98,38 @@ def batchnorm_sums(x: np.ndarray, shift: np.ndarray) -> np.ndarray:
 # by the output as it is read); the flag is loop-invariant, so the compiled loops branch
 # on it outside their bodies.
 @njit(parallel=True, cache=True)
-def _normalize(flat, mean, inv_std, gamma, beta, relu, out, x_hat):  # pragma: no cover (compiled)
+def _normalize(flat, mean, inv_std, gamma, beta, relu, out):  # pragma: no cover (compiled)
     rows, channels = flat.shape
     for row in prange(rows):
         for c in range(channels):
-            normal = (flat[row, c] - mean[c]) * inv_std[c]
-            x_hat[row, c] = normal
-            value = normal * gamma[c] + beta[c]
+            value = (flat[row, c] - mean[c]) * inv_std[c] * gamma[c] + beta[c]
             out[row, c] = 0 if relu and value < 0 else value  # NaN passes, as through np.maximum
 
 
 def _normalized(x: np.ndarray, mean: np.ndarray, inv_std: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
-                relu: bool) -> tuple[np.ndarray, np.ndarray]:
+                relu: bool) -> np.ndarray:
     flat = _rows(x)
-    out, x_hat = np.empty_like(flat), np.empty_like(flat)
-    _normalize(flat, mean, inv_std, gamma, beta, relu, out, x_hat)
-    return out.reshape(x.shape), x_hat.reshape(x.shape)
+    out = np.empty_like(flat)
+    _normalize(flat, mean, inv_std, gamma, beta, relu, out)
+    return out.reshape(x.shape)
 
 
 def batchnorm_normalize(x: np.ndarray, mean: np.ndarray, inv_std: np.ndarray, gamma: np.ndarray,
-                        beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`~pydtnn_lite.kernels.normalization.batchnorm_normalize` in one pass writing both outputs."""
+                        beta: np.ndarray) -> np.ndarray:
+    """:func:`~pydtnn_lite.kernels.normalization.batchnorm_normalize` in one pass."""
     return _normalized(x, mean, inv_std, gamma, beta, False)
 
 
 def batchnorm_relu_normalize(x: np.ndarray, mean: np.ndarray, inv_std: np.ndarray, gamma: np.ndarray,
-                             beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`~pydtnn_lite.kernels.normalization.batchnorm_relu_normalize` in one pass writing both outputs."""
+                             beta: np.ndarray) -> np.ndarray:
+    """:func:`~pydtnn_lite.kernels.normalization.batchnorm_relu_normalize` in one pass."""
     return _normalized(x, mean, inv_std, gamma, beta, True)
 
 
+# The backward loops compute x_hat = (x - mean) * inv_std again as they read x, in the
+# forward's order of operations: the same values the forward normalised with.
 @njit(parallel=True, cache=True)
-def _grad_sums(grad, activated, x_hat, relu):  # pragma: no cover (compiled)
+def _grad_sums(grad, activated, x, mean, inv_std, relu):  # pragma: no cover (compiled)
     rows, channels = grad.shape
     chunks = (rows + CHUNK_ROWS - 1) // CHUNK_ROWS
     partial = np.zeros((chunks, 2, channels))
@@ -138,51 +138,56 @@ def _grad_sums(grad, activated, x_hat, relu):  # pragma: no cover (compiled)
             for c in range(channels):
                 g = grad[row, c] * (activated[row, c] > 0) if relu else grad[row, c]  # NaN * 0 stays NaN
                 partial[chunk, 0, c] += g
-                partial[chunk, 1, c] += np.float64(g) * x_hat[row, c]
+                partial[chunk, 1, c] += np.float64(g) * ((x[row, c] - mean[c]) * inv_std[c])
     return partial.sum(axis=0)
 
 
-def batchnorm_grad_sums(grad_out: np.ndarray, x_hat: np.ndarray) -> np.ndarray:
+def batchnorm_grad_sums(grad_out: np.ndarray, x: np.ndarray, mean: np.ndarray, inv_std: np.ndarray) -> np.ndarray:
     """:func:`~pydtnn_lite.kernels.normalization.batchnorm_grad_sums` in one pass, summed in float64."""
     grad = _rows(grad_out)
-    return _grad_sums(grad, grad, _rows(x_hat), False).astype(grad_out.dtype)  # no mask: grad stands in
+    return _grad_sums(grad, grad, _rows(x), mean, inv_std, False).astype(grad_out.dtype)  # no mask: grad stands in
 
 
-def batchnorm_relu_grad_sums(grad_out: np.ndarray, out: np.ndarray, x_hat: np.ndarray) -> np.ndarray:
+def batchnorm_relu_grad_sums(grad_out: np.ndarray, out: np.ndarray, x: np.ndarray, mean: np.ndarray,
+                             inv_std: np.ndarray) -> np.ndarray:
     """:func:`~pydtnn_lite.kernels.normalization.batchnorm_relu_grad_sums` in one pass, masking on the
     fly and summing in float64."""
-    return _grad_sums(_rows(grad_out), _rows(out), _rows(x_hat), True).astype(grad_out.dtype)
+    return _grad_sums(_rows(grad_out), _rows(out), _rows(x), mean, inv_std, True).astype(grad_out.dtype)
 
 
 @njit(parallel=True, cache=True)
-def _grad_input(grad, activated, x_hat, scale, mean_grad, mean_grad_hat, relu, out):  # pragma: no cover
+def _grad_input(grad, activated, x, mean, inv_std, scale, mean_grad, mean_grad_hat, relu,
+                out):  # pragma: no cover (compiled)
     rows, channels = grad.shape
     for row in prange(rows):
         for c in range(channels):
             g = grad[row, c] * (activated[row, c] > 0) if relu else grad[row, c]
-            out[row, c] = scale[c] * (g - mean_grad[c] - x_hat[row, c] * mean_grad_hat[c])
+            x_hat = (x[row, c] - mean[c]) * inv_std[c]
+            out[row, c] = scale[c] * (g - mean_grad[c] - x_hat * mean_grad_hat[c])
 
 
-def _input_gradient(grad_out: np.ndarray, activated: np.ndarray, x_hat: np.ndarray, inv_std: np.ndarray,
-                    gamma: np.ndarray, grad_sums: np.ndarray, rows: int, relu: bool) -> np.ndarray:
+def _input_gradient(grad_out: np.ndarray, activated: np.ndarray, x: np.ndarray, mean: np.ndarray,
+                    inv_std: np.ndarray, gamma: np.ndarray, grad_sums: np.ndarray, rows: int,
+                    relu: bool) -> np.ndarray:
     grad = _rows(grad_out)
     dtype = grad.dtype
     out = np.empty_like(grad)
-    _grad_input(grad, _rows(activated), _rows(x_hat), (gamma * inv_std).astype(dtype),
+    _grad_input(grad, _rows(activated), _rows(x), mean, inv_std, (gamma * inv_std).astype(dtype),
                 (grad_sums[0] / rows).astype(dtype), (grad_sums[1] / rows).astype(dtype), relu, out)
     return out.reshape(grad_out.shape)
 
 
-def batchnorm_grad_input(grad_out: np.ndarray, x_hat: np.ndarray, inv_std: np.ndarray, gamma: np.ndarray,
-                         grad_sums: np.ndarray, rows: int) -> np.ndarray:
+def batchnorm_grad_input(grad_out: np.ndarray, x: np.ndarray, mean: np.ndarray, inv_std: np.ndarray,
+                         gamma: np.ndarray, grad_sums: np.ndarray, rows: int) -> np.ndarray:
     """:func:`~pydtnn_lite.kernels.normalization.batchnorm_grad_input` in one pass."""
-    return _input_gradient(grad_out, grad_out, x_hat, inv_std, gamma, grad_sums, rows, False)
+    return _input_gradient(grad_out, grad_out, x, mean, inv_std, gamma, grad_sums, rows, False)
 
 
-def batchnorm_relu_grad_input(grad_out: np.ndarray, out: np.ndarray, x_hat: np.ndarray, inv_std: np.ndarray,
-                              gamma: np.ndarray, grad_sums: np.ndarray, rows: int) -> np.ndarray:
+def batchnorm_relu_grad_input(grad_out: np.ndarray, out: np.ndarray, x: np.ndarray, mean: np.ndarray,
+                              inv_std: np.ndarray, gamma: np.ndarray, grad_sums: np.ndarray,
+                              rows: int) -> np.ndarray:
     """:func:`~pydtnn_lite.kernels.normalization.batchnorm_relu_grad_input` in one pass, masking on the fly."""
-    return _input_gradient(grad_out, out, x_hat, inv_std, gamma, grad_sums, rows, True)
+    return _input_gradient(grad_out, out, x, mean, inv_std, gamma, grad_sums, rows, True)
 
 
 # --------------------------------------------------------------------- element-wise

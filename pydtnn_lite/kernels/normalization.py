@@ -33,10 +33,17 @@ def batchnorm_sums(x: Any, shift: Any) -> Any:
     return xp.stack([rows * offset, squares + rows * offset * offset])
 
 
-def batchnorm_normalize(x: Any, mean: Any, inv_std: Any, gamma: Any, beta: Any) -> tuple[Any, Any]:
-    """Return (gamma * x_hat + beta, x_hat) with x_hat = (x - mean) * inv_std."""
-    x_hat = (x - mean) * inv_std
-    return x_hat * gamma + beta, x_hat
+def batchnorm_normalize(x: Any, mean: Any, inv_std: Any, gamma: Any, beta: Any) -> Any:
+    """Return gamma * x_hat + beta with x_hat = (x - mean) * inv_std.
+
+    x_hat is not kept: the backward kernels take x, mean and inv_std and compute it again
+    as they read x, one array written less per forward call (PyTorch keeps the same)."""
+    return normalized(x, mean, inv_std) * gamma + beta
+
+
+def normalized(x: Any, mean: Any, inv_std: Any) -> Any:
+    """x_hat = (x - mean) * inv_std, as the forward computed it."""
+    return (x - mean) * inv_std
 
 
 def batchnorm_inference(x: Any, gamma: Any, beta: Any, mean: Any, var: Any, eps: float) -> Any:
@@ -46,39 +53,39 @@ def batchnorm_inference(x: Any, gamma: Any, beta: Any, mean: Any, var: Any, eps:
     return x * scale + (beta - mean * scale)
 
 
-def batchnorm_grad_sums(grad_out: Any, x_hat: Any) -> Any:
+def batchnorm_grad_sums(grad_out: Any, x: Any, mean: Any, inv_std: Any) -> Any:
     """Per-channel (sum of grad, sum of grad * x_hat), stacked as (2, C): beta's and gamma's gradients."""
     xp = array_module(grad_out)
     flat_grad = grad_out.reshape(-1, grad_out.shape[-1])
-    flat_hat = x_hat.reshape(-1, x_hat.shape[-1])
+    flat_hat = normalized(x, mean, inv_std).reshape(-1, x.shape[-1])
     return xp.stack([flat_grad.sum(axis=0), xp.einsum("ij,ij->j", flat_grad, flat_hat)])
 
 
-def batchnorm_grad_input(grad_out: Any, x_hat: Any, inv_std: Any, gamma: Any, grad_sums: Any,
+def batchnorm_grad_input(grad_out: Any, x: Any, mean: Any, inv_std: Any, gamma: Any, grad_sums: Any,
                          rows: int) -> Any:
     """Input gradient, given the (all-rank) ``grad_sums`` and the (all-rank) row count."""
     mean_grad = grad_sums[0] / rows
     mean_grad_hat = grad_sums[1] / rows
-    return (gamma * inv_std) * (grad_out - mean_grad - x_hat * mean_grad_hat)
+    return (gamma * inv_std) * (grad_out - mean_grad - normalized(x, mean, inv_std) * mean_grad_hat)
 
 
 # The fused batch norm + ReLU kernels. These references define the results through the
 # unfused kernels; the host versions (kernels.cpu) make one pass each, never writing the
 # ReLU output or the masked gradient to a separate array.
-def batchnorm_relu_normalize(x: Any, mean: Any, inv_std: Any, gamma: Any, beta: Any) -> tuple[Any, Any]:
-    """Return (max(gamma * x_hat + beta, 0), x_hat) with x_hat = (x - mean) * inv_std."""
-    out, x_hat = batchnorm_normalize(x, mean, inv_std, gamma, beta)
-    return array_module(x).maximum(out, 0, out=out), x_hat
+def batchnorm_relu_normalize(x: Any, mean: Any, inv_std: Any, gamma: Any, beta: Any) -> Any:
+    """Return max(gamma * x_hat + beta, 0) with x_hat = (x - mean) * inv_std."""
+    out = batchnorm_normalize(x, mean, inv_std, gamma, beta)
+    return array_module(x).maximum(out, 0, out=out)
 
 
-def batchnorm_relu_grad_sums(grad_out: Any, out: Any, x_hat: Any) -> Any:
+def batchnorm_relu_grad_sums(grad_out: Any, out: Any, x: Any, mean: Any, inv_std: Any) -> Any:
     """:func:`batchnorm_grad_sums` of the upstream gradient masked by ``out > 0`` (``out`` is the
     fused layer's output, after the ReLU)."""
-    return batchnorm_grad_sums(relu_grad(grad_out, out), x_hat)
+    return batchnorm_grad_sums(relu_grad(grad_out, out), x, mean, inv_std)
 
 
-def batchnorm_relu_grad_input(grad_out: Any, out: Any, x_hat: Any, inv_std: Any, gamma: Any, grad_sums: Any,
-                              rows: int) -> Any:
+def batchnorm_relu_grad_input(grad_out: Any, out: Any, x: Any, mean: Any, inv_std: Any, gamma: Any,
+                              grad_sums: Any, rows: int) -> Any:
     """:func:`batchnorm_grad_input` of the upstream gradient masked by ``out > 0``, given the
     (all-rank) sums of :func:`batchnorm_relu_grad_sums`."""
-    return batchnorm_grad_input(relu_grad(grad_out, out), x_hat, inv_std, gamma, grad_sums, rows)
+    return batchnorm_grad_input(relu_grad(grad_out, out), x, mean, inv_std, gamma, grad_sums, rows)

@@ -64,12 +64,14 @@ class BatchNorm(Layer):
         offset = sums[0] / self.rows
         mean = shift + offset
         var = xp.maximum(sums[1] / self.rows - offset * offset, 0.0)
+        # Kept for the backward, which normalises x again as it reads it.
+        self.x, self.mean = x, mean.astype(x.dtype)
         self.inv_std = (1.0 / xp.sqrt(var + self.eps)).astype(x.dtype)
         if self.activation:
-            out, self.x_hat = kernels.batchnorm_relu_normalize(x, mean.astype(x.dtype), self.inv_std, gamma, beta)
+            out = kernels.batchnorm_relu_normalize(x, self.mean, self.inv_std, gamma, beta)
             self.out = out  # the backward's ReLU mask
         else:
-            out, self.x_hat = kernels.batchnorm_normalize(x, mean.astype(x.dtype), self.inv_std, gamma, beta)
+            out = kernels.batchnorm_normalize(x, self.mean, self.inv_std, gamma, beta)
         unbiased = var * (self.rows / max(self.rows - 1, 1))
         m = self.momentum
         self.buffers["running_mean"][...] = (1 - m) * self.buffers["running_mean"] + m * mean
@@ -78,8 +80,9 @@ class BatchNorm(Layer):
         return out
 
     def backward(self, grad_out: Any) -> Any:
-        local = (kernels.batchnorm_relu_grad_sums(grad_out, self.out, self.x_hat) if self.activation
-                 else kernels.batchnorm_grad_sums(grad_out, self.x_hat))
+        normalization = (self.x, self.mean, self.inv_std)
+        local = (kernels.batchnorm_relu_grad_sums(grad_out, self.out, *normalization) if self.activation
+                 else kernels.batchnorm_grad_sums(grad_out, *normalization))
         # Parameter gradients stay local (the gradient Allreduce adds them); the input
         # gradient needs the all-rank sums.
         self.grads["beta"][...] = local[0]
@@ -88,10 +91,10 @@ class BatchNorm(Layer):
         if self.needs_input_grad:
             total = self.sum_across_ranks(local)
             gamma = self.params["gamma"]
-            grad_in = (kernels.batchnorm_relu_grad_input(grad_out, self.out, self.x_hat, self.inv_std, gamma,
-                                                         total, self.rows) if self.activation
-                       else kernels.batchnorm_grad_input(grad_out, self.x_hat, self.inv_std, gamma, total, self.rows))
-        self.x_hat = self.out = None
+            grad_in = (kernels.batchnorm_relu_grad_input(grad_out, self.out, *normalization, gamma, total, self.rows)
+                       if self.activation
+                       else kernels.batchnorm_grad_input(grad_out, *normalization, gamma, total, self.rows))
+        self.x = self.out = None
         return grad_in
 
     def describe(self) -> str:
@@ -108,17 +111,18 @@ class BatchNorm(Layer):
         # Two passes over the input: the mean, then the squared deviations.
         out = [KernelCost(Stage.FP, "batchnorm_sums", 4 * n, 2 * n * s, dims),
                KernelCost(Stage.FP, ALLREDUCE, 0.0, sums, (sums,))]
-        normalize = KernelCost(Stage.FP, "batchnorm_normalize", 4 * n, 3 * n * s, dims)
-        grad_sums_call = KernelCost(Stage.BP, "batchnorm_grad_sums", 3 * n, 2 * n * s, dims)
-        grad_input = KernelCost(Stage.BP, "batchnorm_grad_input", 5 * n, 3 * n * s, dims)
+        # The backward calls normalise x again (2 FLOPs an element) rather than read a stored x_hat.
+        normalize = KernelCost(Stage.FP, "batchnorm_normalize", 4 * n, 2 * n * s, dims)
+        grad_sums_call = KernelCost(Stage.BP, "batchnorm_grad_sums", 5 * n, 2 * n * s, dims)
+        grad_input = KernelCost(Stage.BP, "batchnorm_grad_input", 7 * n, 3 * n * s, dims)
         if self.activation:
             # The fused calls read and write what the batch-norm calls do, plus the output
             # (the ReLU mask) read by each backward call, and one FLOP an element for the ReLU.
             relu, relu_grad = relu_costs(n, s)
-            normalize = fused_cost("batchnorm_relu_normalize", 5 * n, 3 * n * s, dims, [normalize, relu])
-            grad_sums_call = fused_cost("batchnorm_relu_grad_sums", 4 * n, 3 * n * s, dims,
+            normalize = fused_cost("batchnorm_relu_normalize", 5 * n, 2 * n * s, dims, [normalize, relu])
+            grad_sums_call = fused_cost("batchnorm_relu_grad_sums", 6 * n, 3 * n * s, dims,
                                         [relu_grad, grad_sums_call])
-            grad_input = fused_cost("batchnorm_relu_grad_input", 6 * n, 4 * n * s, dims, [grad_input])
+            grad_input = fused_cost("batchnorm_relu_grad_input", 8 * n, 4 * n * s, dims, [grad_input])
         out += [normalize, grad_sums_call]
         if self.needs_input_grad:
             out += [KernelCost(Stage.BP, ALLREDUCE, 0.0, grad_sums, (grad_sums,)), grad_input]

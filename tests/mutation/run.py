@@ -72,7 +72,7 @@ MUTATIONS = [
              "share = grad_out * (1.0 / (kh * kw))", "share = grad_out * (1.0 / kh)",
              (f"{GRADIENTS}::test_avgpool", CPU_KERNELS)),
     Mutation("batchnorm-grad-drops-the-variance-term", "pydtnn_lite/kernels/normalization.py",
-             "(grad_out - mean_grad - x_hat * mean_grad_hat)", "(grad_out - mean_grad)",
+             "(grad_out - mean_grad - normalized(x, mean, inv_std) * mean_grad_hat)", "(grad_out - mean_grad)",
              (f"{GRADIENTS}::test_batchnorm_on_maps_and_vectors", CPU_KERNELS)),
     # The Numba host kernels, which the layers run on NumPy arrays.
     Mutation("numba-col2im-overwrites-overlapping-windows", "pydtnn_lite/kernels/cpu.py",
