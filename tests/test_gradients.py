@@ -63,11 +63,11 @@ def test_conv2d(stride, padding, kernel):
 
 
 @pytest.mark.parametrize("padding,kernel", [(1, 3), (0, 3), (2, 3), (1, 5)])
-def test_conv2d_input_gradient_as_a_convolution(padding, kernel):
-    """Fewer filters than input channels at stride 1: dx is dy convolved with the turned weight."""
+def test_conv2d_in_its_transposed_form(padding, kernel):
+    """Fewer filters than input channels at stride 1: the transposed convolution of the turned kernel."""
     conv = Conv2D(2, kernel, padding=padding)
     check_layer(conv, [(7, 6, 5)])
-    assert conv.input_grad_by_convolution
+    assert conv.transposed_form
 
 
 def test_conv2d_without_bias():

@@ -55,6 +55,18 @@ def test_conv_matches_direct_convolution(kernel, stride, pad):
     np.testing.assert_allclose(conv.forward(x, ctx=CTX), expected, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("kernel,pad", [(3, 0), (3, 1), (3, 2), (5, 1)])
+def test_conv_in_its_transposed_form_matches_direct_convolution(kernel, pad):
+    """Fewer filters than channels at stride 1: computed as a transposed convolution."""
+    rng = np.random.default_rng(3)
+    conv = build(Conv2D(2, kernel, padding=pad), (7, 6, 5))
+    assert conv.transposed_form
+    conv.params["bias"][...] = rng.normal(size=2)
+    x = rng.normal(size=(2, 7, 6, 5))
+    expected = naive_conv(x, conv.params["weight"], conv.params["bias"], 1, pad)
+    np.testing.assert_allclose(conv.forward(x, ctx=CTX), expected, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("size,stride,pad", [(2, 2, 0), (3, 2, 1), (3, 1, 0)])
 def test_pools_match_direct_pooling(size, stride, pad):
     x = np.random.default_rng(2).normal(size=(2, 7, 7, 3))
