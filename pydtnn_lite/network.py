@@ -22,6 +22,7 @@ from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend, make_backend
 from pydtnn_lite.costs import KernelCost, Stage
 from pydtnn_lite.layers.base import Layer, Shape, StepContext
+from pydtnn_lite.layers.batchnorm import link_statistics
 from pydtnn_lite.textable import format_table
 
 Scope = Callable[[int, str], AbstractContextManager]
@@ -94,6 +95,7 @@ class Network:
             # An input gradient is needed only if something upstream has parameters to train.
             layer.needs_input_grad = any(s != self.INPUT and needs_grad[s] for s in sources)
             needs_grad.append(bool(layer.params) or layer.needs_input_grad)
+        link_statistics(self.layers, self.inputs)
         if self.layers[-1].output_shape != (self.num_classes,):
             raise ValueError(f"{self.name}: the last layer gives {self.layers[-1].output_shape}, "
                              f"expected ({self.num_classes},) logits")

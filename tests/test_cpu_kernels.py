@@ -58,9 +58,7 @@ def test_batchnorm_kernels_match_numpy(dtype, shape):
     than one cached block of the statistics (7.5 blocks: the last one partial)."""
     channels = shape[-1]
     x, grad = normal(shape, dtype, offset=1e3), normal(shape, dtype, seed=1)
-    shift = np.linspace(0.0, 999.0, channels)
-    np.testing.assert_allclose(cpu.batchnorm_sums(x, shift), normalization.batchnorm_sums(x, shift),
-                               rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(cpu.batchnorm_sums(x), normalization.batchnorm_sums(x), rtol=1e-9, atol=1e-9)
     mean, inv_std, gamma, beta = (normal(channels, dtype, seed) for seed in range(2, 6))
     np.testing.assert_allclose(cpu.batchnorm_normalize(x, mean, inv_std, gamma, beta),
                                normalization.batchnorm_normalize(x, mean, inv_std, gamma, beta),
@@ -81,9 +79,7 @@ def test_kernels_read_a_channel_slice_in_place_and_match_numpy(dtype):
     whole = normal((6, 5, 5, 12), dtype, offset=10.0)
     part, other = whole[..., 3:10], normal((6, 5, 5, 7), dtype, seed=1)
     assert not part.flags.c_contiguous
-    shift = np.zeros(7)
-    np.testing.assert_allclose(cpu.batchnorm_sums(part, shift), normalization.batchnorm_sums(part, shift),
-                               rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(cpu.batchnorm_sums(part), normalization.batchnorm_sums(part), rtol=1e-9, atol=1e-9)
     mean, inv_std = np.full(7, 10.0, dtype), np.full(7, 0.5, dtype)
     np.testing.assert_allclose(cpu.batchnorm_grad_sums(part, other, mean, inv_std),
                                normalization.batchnorm_grad_sums(part, other, mean, inv_std), rtol=1e-4, atol=1e-4)

@@ -18,19 +18,23 @@ from pydtnn_lite.backend import array_module
 from pydtnn_lite.kernels.elementwise import relu_grad
 
 
-def batchnorm_sums(x: Any, shift: Any) -> Any:
-    """Per-channel sums of ``x - shift`` and of its square over all rows of ``x`` (..., C),
-    stacked as (2, C) in float64; ``shift`` is a float64 (C,) vector."""
+def batchnorm_sums(x: Any) -> Any:
+    """Per-channel sum of ``x`` and sum of squared deviations from its own mean, over all
+    rows of ``x`` (..., C), stacked as (2, C) in float64."""
     xp = array_module(x)
     flat = x.reshape(-1, x.shape[-1])
-    rows = flat.shape[0]
-    if rows == 0:
+    if flat.shape[0] == 0:
         return xp.zeros((2, flat.shape[1]), dtype=xp.float64)
     mean = flat.mean(axis=0, dtype=xp.float64)
     centred = flat - mean
-    squares = xp.einsum("ij,ij->j", centred, centred)
-    offset = mean - shift
-    return xp.stack([rows * offset, squares + rows * offset * offset])
+    return xp.stack([flat.shape[0] * mean, xp.einsum("ij,ij->j", centred, centred)])
+
+
+def shifted_sums(sums: Any, rows: int, shift: Any) -> Any:
+    """From :func:`batchnorm_sums` of ``rows`` rows, the per-channel sums of ``x - shift`` and
+    of its square: what every rank adds, about a ``shift`` (float64, (C,)) they share."""
+    offset = sums[0] / rows - shift if rows else 0.0 * shift
+    return array_module(sums).stack([rows * offset, sums[1] + rows * offset * offset])
 
 
 def batchnorm_normalize(x: Any, mean: Any, inv_std: Any, gamma: Any, beta: Any) -> Any:

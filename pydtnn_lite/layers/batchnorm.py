@@ -10,8 +10,10 @@ from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend, array_module
 from pydtnn_lite.costs import ALLREDUCE, KernelCost, Stage, fused_cost
 from pydtnn_lite.errors import UserError
+from pydtnn_lite.kernels.normalization import shifted_sums
 from pydtnn_lite.layers.activation import relu_costs
 from pydtnn_lite.layers.base import Layer, Shape, StepContext
+from pydtnn_lite.layers.merge import Concat
 
 ACTIVATIONS = (None, "relu")
 
@@ -39,6 +41,11 @@ class BatchNorm(Layer):
         if activation not in ACTIVATIONS:
             raise UserError(f"BatchNorm activation {activation!r} is none of {ACTIVATIONS}")
         self.momentum, self.eps, self.activation = momentum, eps, activation
+        # In a dense block, the batch norm whose input is this one's leading channels
+        # (:func:`link_statistics`): its local sums stand for those channels.
+        self.statistics_from: BatchNorm | None = None
+        self.statistics_to: BatchNorm | None = None
+        self._handed_sums: tuple[Any, Any] | None = None  # (this step's local sums, input) for statistics_to
 
     def init(self, input_shapes: Sequence[Shape], backend: Backend, rng: np.random.Generator) -> Shape:
         channels = input_shapes[0][-1]
@@ -59,7 +66,8 @@ class BatchNorm(Layer):
         # Every rank holds the same running mean: a shift they share, close to the batch
         # mean after the first steps, so the float64 sums below barely cancel.
         shift = self.buffers["running_mean"].astype(xp.float64)
-        sums = ctx.sum_across_ranks(kernels.batchnorm_sums(x, shift))
+        local = self._local_sums(x)
+        sums = ctx.sum_across_ranks(shifted_sums(local, int(np.prod(x.shape[:-1])), shift))
         self.rows = ctx.global_batch * int(np.prod(x.shape[1:-1]))
         offset = sums[0] / self.rows
         mean = shift + offset
@@ -78,6 +86,26 @@ class BatchNorm(Layer):
         self.buffers["running_var"][...] = (1 - m) * self.buffers["running_var"] + m * unbiased
         self.sum_across_ranks = ctx.sum_across_ranks
         return out
+
+    def _local_sums(self, x: Any) -> Any:
+        """:func:`~pydtnn_lite.kernels.normalization.batchnorm_sums` of ``x``, reading only the
+        channels that the linked earlier batch norm did not sum this step."""
+        known = self._take_known_sums(x)
+        local = kernels.batchnorm_sums(x if known is None else x[..., known.shape[1]:])
+        if known is not None:
+            local = array_module(local).concatenate([known, local], axis=1)
+        if self.statistics_to is not None:
+            self._handed_sums = (local, x)
+        return local
+
+    def _take_known_sums(self, x: Any) -> Any | None:
+        earlier = self.statistics_from
+        if earlier is None or earlier._handed_sums is None:
+            return None
+        (sums, summed), earlier._handed_sums = earlier._handed_sums, None
+        # The earlier input of this step, as many rows as this one, and fewer channels.
+        fits = summed.shape[:-1] == x.shape[:-1] and summed.shape[-1] < x.shape[-1]
+        return sums if fits else None
 
     def backward(self, grad_out: Any) -> Any:
         normalization = (self.x, self.mean, self.inv_std)
@@ -108,8 +136,10 @@ class BatchNorm(Layer):
         shape = tuple(self.output_shape)
         dims = (batch,) + (1,) * (3 - len(shape)) + shape  # (batch, H, W, C); a vector is a 1x1 map
         sums, grad_sums = 2 * shape[-1] * 8, 2 * shape[-1] * s  # the statistics are float64
-        # Two passes over the input: the mean, then the squared deviations.
-        out = [KernelCost(Stage.FP, "batchnorm_sums", 4 * n, 2 * n * s, dims),
+        # Two passes over the channels not summed already: the mean, then the squared deviations.
+        known = self.statistics_from.output_shape[-1] if self.statistics_from is not None else 0
+        summed = n // shape[-1] * (shape[-1] - known)
+        out = [KernelCost(Stage.FP, "batchnorm_sums", 4 * summed, 2 * summed * s, dims[:-1] + (shape[-1] - known,)),
                KernelCost(Stage.FP, ALLREDUCE, 0.0, sums, (sums,))]
         # The backward calls normalise x again (2 FLOPs an element) rather than read a stored x_hat.
         normalize = KernelCost(Stage.FP, "batchnorm_normalize", 4 * n, 2 * n * s, dims)
@@ -127,3 +157,23 @@ class BatchNorm(Layer):
         if self.needs_input_grad:
             out += [KernelCost(Stage.BP, ALLREDUCE, 0.0, grad_sums, (grad_sums,)), grad_input]
         return out
+
+
+def link_statistics(layers: Sequence[Layer], sources: Sequence[Sequence[int]]) -> None:
+    """Link each batch norm whose input is a concatenation to the batch norm that reads the
+    concatenation's first input, where that one runs earlier and is not linked yet (a
+    dense block: each layer's first batch norm reads the block so far, and the next one
+    reads it with the new features appended). The later one then takes the earlier's local
+    sums for those channels and sums only the new ones: the same statistics, a fraction of
+    the reading."""
+    readers: dict[int, BatchNorm] = {}
+    for layer, inputs in zip(layers, sources, strict=True):
+        if isinstance(layer, BatchNorm):
+            readers.setdefault(inputs[0], layer)
+    for layer, inputs in zip(layers, sources, strict=True):
+        joined = layers[inputs[0]] if inputs[0] >= 0 else None
+        if not isinstance(layer, BatchNorm) or not isinstance(joined, Concat):
+            continue
+        earlier = readers.get(sources[inputs[0]][0])
+        if earlier is not None and earlier.index < layer.index and earlier.statistics_to is None:
+            layer.statistics_from, earlier.statistics_to = earlier, layer

@@ -1,0 +1,84 @@
+"""In a dense block, a batch norm takes the sums of the block so far from the batch norm before it."""
+from __future__ import annotations
+
+import numpy as np
+
+from pydtnn_lite.costs import Stage
+from pydtnn_lite.layers import BatchNorm, Concat, Conv2D, Dense, Flatten, GlobalAvgPool2D, StepContext
+from pydtnn_lite.models import create_model
+from pydtnn_lite.network import Network
+
+from helpers import FLOAT64, network_gradient_error
+
+
+def dense_block(layers: int = 3, growth: int = 2) -> Network:
+    """A stem, then ``layers`` of BN-ReLU-conv whose output is concatenated to the block so far."""
+    net = Network("block", (5, 5, 3), 4)
+    index = net.add(Conv2D(3, 3, padding=1))
+    for _ in range(layers):
+        new = net.add(BatchNorm(activation="relu"), index)
+        new = net.add(Conv2D(growth, 3, padding=1), new)
+        index = net.add(Concat(), index, new)
+    net.add(BatchNorm(), index)
+    net.add(GlobalAvgPool2D())
+    net.add(Flatten())
+    net.add(Dense(4))
+    return net.build(FLOAT64, seed=1)
+
+
+def batch_norms(net: Network) -> list[BatchNorm]:
+    return [layer for layer in net.layers if isinstance(layer, BatchNorm)]
+
+
+def test_each_batch_norm_of_a_block_takes_the_sums_of_the_one_before():
+    norms = batch_norms(dense_block())
+    assert [norm.statistics_from for norm in norms] == [None, norms[0], norms[1], norms[2]]
+    densenet = batch_norms(create_model("densenet121", (32, 32, 3), 10).build(FLOAT64))
+    linked = [norm for norm in densenet if norm.statistics_from is not None]
+    assert len(linked) == 58  # one per concatenation: the next layer's or the transition's first batch norm
+
+
+def test_linked_statistics_train_as_unlinked_ones():
+    """Forward, parameter gradients and running statistics equal those of a block whose batch
+    norms sum every channel themselves."""
+    x = np.random.default_rng(0).normal(loc=3.0, size=(4, 5, 5, 3))
+    results = []
+    for linked in (True, False):
+        net = dense_block()
+        if not linked:
+            for norm in batch_norms(net):
+                norm.statistics_from = norm.statistics_to = None
+        ctx = StepContext(training=True, global_batch=4)
+        logits = net.forward(x, ctx)
+        net.backward(np.ones_like(logits))
+        results.append((logits, net.flat_grads.copy(), [n.buffers["running_var"].copy() for n in batch_norms(net)]))
+    (logits, grads, variances), (expected_logits, expected_grads, expected_variances) = results
+    np.testing.assert_allclose(logits, expected_logits, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(grads, expected_grads, rtol=1e-10, atol=1e-12)
+    for variance, expected in zip(variances, expected_variances, strict=True):
+        np.testing.assert_allclose(variance, expected, rtol=1e-12)
+
+
+def test_the_block_gradients_match_finite_differences():
+    x = np.random.default_rng(3).normal(size=(2, 5, 5, 3))
+    assert network_gradient_error(dense_block(), x, np.array([1, 3])) <= 1e-6
+
+
+def test_a_batch_norm_called_alone_sums_every_channel():
+    """Without the earlier batch norm's sums of the same step (a layer run by itself), all of
+    the input is read: the statistics stay right."""
+    norm = batch_norms(dense_block())[2]
+    x = np.random.default_rng(4).normal(loc=5.0, scale=2.0, size=(6, 5, 5, 7))
+    out = norm.forward(x, ctx=StepContext(training=True, global_batch=6))
+    normalized = (out - norm.params["beta"]) / norm.params["gamma"]
+    np.testing.assert_allclose(np.maximum(normalized, 0), normalized, atol=1e-12)  # after the ReLU
+    mean = x.reshape(-1, 7).mean(axis=0)
+    np.testing.assert_allclose(norm.buffers["running_mean"], 0.1 * mean, rtol=1e-12)
+
+
+def test_a_linked_batch_norm_lists_only_the_new_channels_it_reads():
+    norms = batch_norms(dense_block())
+    read = [next(cost for cost in norm.costs(2) if cost.kernel == "batchnorm_sums") for norm in norms]
+    assert [cost.dims[-1] for cost in read] == [3, 2, 2, 2]
+    assert all(cost.stage == Stage.FP for cost in read)
+    assert read[1].bytes == 2 * 2 * 25 * 2 * 8  # float64: two passes over 2 channels of 2 x 5 x 5
