@@ -1,4 +1,4 @@
-"""2-D convolution as im2col followed by one GEMM over the whole batch."""
+"""2-D convolution as im2col followed by one GEMM over the whole batch (narrow stride-1 layers: its transposed form)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -29,7 +29,7 @@ class Conv2D(Layer):
     padding ``KH-1-pad``. So
     ``y = col2im(x @ W'^T)``, ``G = im2col(dy)``, ``dW' = x^T @ G``, ``dx = G @ W'``,
     all with padding ``KH-1-pad``; the layer keeps ``x`` for the backward instead of a
-    patch matrix four times its size. On DenseNet121's first block the forward runs 2x
+    patch matrix KH*KW times its size. On DenseNet121's first block the forward runs 2x
     faster and the backward 1.5x (docs/performance.md).
     """
 
