@@ -45,7 +45,7 @@ class BatchNorm(Layer):
         # (:func:`link_statistics`): its local sums stand for those channels.
         self.statistics_from: BatchNorm | None = None
         self.statistics_to: BatchNorm | None = None
-        self._handed_sums: tuple[Any, Any] | None = None  # (this step's local sums, input) for statistics_to
+        self._handed_sums: tuple[Any, tuple] | None = None  # (this step's local sums, input shape) for statistics_to
 
     def init(self, input_shapes: Sequence[Shape], backend: Backend, rng: np.random.Generator) -> Shape:
         channels = input_shapes[0][-1]
@@ -95,7 +95,7 @@ class BatchNorm(Layer):
         if known is not None:
             local = array_module(local).concatenate([known, local], axis=1)
         if self.statistics_to is not None:
-            self._handed_sums = (local, x)
+            self._handed_sums = (local, x.shape)
         return local
 
     def _take_known_sums(self, x: Any) -> Any | None:
@@ -104,7 +104,7 @@ class BatchNorm(Layer):
             return None
         (sums, summed), earlier._handed_sums = earlier._handed_sums, None
         # The earlier input of this step, as many rows as this one, and fewer channels.
-        fits = summed.shape[:-1] == x.shape[:-1] and summed.shape[-1] < x.shape[-1]
+        fits = summed[:-1] == x.shape[:-1] and summed[-1] < x.shape[-1]
         return sums if fits else None
 
     def backward(self, grad_out: Any) -> Any:
