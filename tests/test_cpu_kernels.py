@@ -1,6 +1,7 @@
 """The Numba host kernels (kernels/cpu.py) against the NumPy reference kernels they replace."""
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 
@@ -183,3 +184,26 @@ def test_host_arrays_take_the_numba_kernels():
     assert kernels.sgd_update.__wrapped__ is cpu.sgd_update
     assert kernels.maxpool.__wrapped__ is cpu.maxpool
     assert kernels.avgpool_grad.__wrapped__ is cpu.avgpool_grad
+
+
+def test_one_thread_runs_every_loop_in_place_with_the_same_results():
+    """A process of one thread calls each loop's serial compilation, not Numba's pool
+    (which hands even a one-thread loop to a worker: two wake-ups per kernel, each a wait
+    for the scheduler where ranks outnumber the cores), and it matches NumPy as the
+    parallel one does."""
+    loops = [loop for loop in vars(cpu).values() if isinstance(loop, cpu.ParallelLoop)]
+    before = numba.get_num_threads()
+    cpu.set_threads(1)
+    try:
+        for shape, kernel, stride, padding in [((2, 7, 6, 3), 3, 1, 1), ((2, 9, 8, 3), 5, 2, 2)]:
+            test_im2col_and_col2im_match_numpy(np.float32, shape, kernel, stride, padding)
+        test_elementwise_kernels_match_numpy(np.float32)
+        test_batchnorm_kernels_match_numpy(np.float32, (15, 32, 32, 8))
+        test_kernels_read_a_channel_slice_in_place_and_match_numpy(np.float32)
+        for case in POOL_CASES:
+            test_pooling_kernels_match_numpy(np.float32, *case)
+        test_sgd_update_matches_numpy(np.float32, 0.9, 1e-4, True)
+        test_adam_update_matches_numpy(np.float32, 1e-2)
+        assert [loop.__name__ for loop in loops if not loop.serial.signatures] == []
+    finally:
+        numba.set_num_threads(before)

@@ -12,7 +12,9 @@ layout), once: ``cache=True`` keeps the machine code beside the source for the n
 """
 from __future__ import annotations
 
+import functools
 import os
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +35,29 @@ BLOCK_BYTES = 128 << 10  # a block of rows that two passes read while it stays i
 BLOCK_ROWS = 64  # at least, so that wide maps do not spend their time merging many small blocks
 
 
+class ParallelLoop:
+    """A Numba loop compiled twice: over the process's threads (``prange`` shared out), and
+    serially for a process of one thread, which calls it in place.
+
+    Numba's pool hands a loop to its worker threads even when it has one, and the caller
+    sleeps until the loop ends: two wake-ups per kernel. Where ranks outnumber the cores
+    each wake-up waits for the scheduler to run the woken thread, and a ReLU of 2 MB took
+    8 ms a call with 8 ranks on 2 cores where 4 ranks' worth of its time is 0.8 ms."""
+
+    def __init__(self, function: Any) -> None:
+        self.parallel = njit(parallel=True, cache=True)(function)
+        serial = types.FunctionType(function.__code__, function.__globals__, function.__name__ + "_serial",
+                                    function.__defaults__, function.__closure__)
+        # Its own name, so that the two compilations have their own files in Numba's cache.
+        serial.__qualname__ = function.__qualname__ + "_serial"
+        self.serial = njit(cache=True)(serial)
+        functools.update_wrapper(self, function)
+
+    def __call__(self, *args: Any) -> Any:
+        loop = self.serial if numba.get_num_threads() == 1 else self.parallel
+        return loop(*args)
+
+
 def set_threads(threads: int | None) -> None:
     """Run these kernels on ``threads`` threads (None: every core Numba sees)."""
     available = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
@@ -51,7 +76,7 @@ def _flat(array: Any) -> np.ndarray:
 
 
 # --------------------------------------------------------------------- batch norm
-@njit(parallel=True, cache=True)
+@ParallelLoop
 def _block_moments(span, rows, channels, stride, block_rows):  # pragma: no cover (compiled)
     """Per block of rows, the per-channel mean and sum of squared deviations from it, in
     float64: both passes over a block run while it is in the cache, so memory is read once.
@@ -112,7 +137,7 @@ def batchnorm_sums(x: np.ndarray) -> np.ndarray:
 # the ReLU fused in (``relu`` true: the output clamped at 0, the upstream gradient masked
 # by the output as it is read); the flag is loop-invariant, so the compiled loops branch
 # on it outside their bodies.
-@njit(parallel=True, cache=True)
+@ParallelLoop
 def _normalize(flat, mean, inv_std, gamma, beta, relu, out):  # pragma: no cover (compiled)
     rows, channels = flat.shape
     for row in prange(rows):
@@ -143,7 +168,7 @@ def batchnorm_relu_normalize(x: np.ndarray, mean: np.ndarray, inv_std: np.ndarra
 
 # The backward loops compute x_hat = (x - mean) * inv_std again as they read x, in the
 # forward's order of operations: the same values the forward normalised with.
-@njit(parallel=True, cache=True)
+@ParallelLoop
 def _grad_sums(grad, activated, x, mean, inv_std, relu):  # pragma: no cover (compiled)
     rows, channels = grad.shape
     chunks = (rows + CHUNK_ROWS - 1) // CHUNK_ROWS
@@ -170,7 +195,7 @@ def batchnorm_relu_grad_sums(grad_out: np.ndarray, out: np.ndarray, x: np.ndarra
     return _grad_sums(_rows(grad_out), _rows(out), _rows(x), mean, inv_std, True).astype(grad_out.dtype)
 
 
-@njit(parallel=True, cache=True)
+@ParallelLoop
 def _grad_input(grad, activated, x, mean, inv_std, scale, mean_grad, mean_grad_hat, relu,
                 out):  # pragma: no cover (compiled)
     rows, channels = grad.shape
@@ -206,7 +231,7 @@ def batchnorm_relu_grad_input(grad_out: np.ndarray, out: np.ndarray, x: np.ndarr
 
 
 # --------------------------------------------------------------------- element-wise
-@njit(parallel=True, cache=True)
+@ParallelLoop
 def _relu(flat, out):  # pragma: no cover (compiled)
     for i in prange(flat.size):
         out[i] = flat[i] if not flat[i] < 0 else 0  # NaN passes, as through np.maximum
@@ -219,7 +244,7 @@ def relu(x: np.ndarray) -> np.ndarray:
     return out
 
 
-@njit(parallel=True, cache=True)
+@ParallelLoop
 def _relu_grad(grad, activated, out):  # pragma: no cover (compiled)
     for i in prange(grad.size):
         out[i] = grad[i] * (activated[i] > 0)  # NaN * 0 stays NaN, as in NumPy
@@ -232,7 +257,7 @@ def relu_grad(grad_out: np.ndarray, out: np.ndarray) -> np.ndarray:
     return grad
 
 
-@njit(parallel=True, cache=True)
+@ParallelLoop
 def _add(first, second, out):  # pragma: no cover (compiled)
     rows, channels = out.shape
     for row in prange(rows):
@@ -254,7 +279,7 @@ def add(inputs: Sequence[np.ndarray]) -> np.ndarray:
 
 
 # --------------------------------------------------------------------- im2col, col2im
-@njit(parallel=True, cache=True)
+@ParallelLoop
 def _im2col(x, n, h, w, c, kh, kw, stride, padding, ho, wo, cols):  # pragma: no cover (compiled)
     # ``x`` and ``cols`` flat, indexed by unsigned offsets: a signed index makes Numba check
     # for a negative one at every element, which kept the copies scalar (2x slower).
@@ -298,7 +323,7 @@ def im2col(x: np.ndarray, kh: int, kw: int, stride: int, padding: int) -> np.nda
     return cols
 
 
-@njit(parallel=True, cache=True)
+@ParallelLoop
 def _col2im(cols, kh, kw, stride, padding, ho, wo, grad):  # pragma: no cover (compiled)
     n, h, w, c = grad.shape
     for image in prange(n):  # images never share an input element: no two threads add to one
@@ -336,7 +361,7 @@ def col2im(cols: np.ndarray, x_shape: tuple, kh: int, kw: int, stride: int, padd
 # is reduced in two scratch rows of the input's dtype (the maximum and its window offset):
 # selects of one width vectorise, where writing the uint8 offsets in the loop kept it scalar
 # (3x slower on an AVX2 processor; AVX-512's masked stores had hidden it).
-@njit(parallel=True, cache=True)
+@ParallelLoop
 def _maxpool(x, kh, kw, stride, padding, out, argmax):  # pragma: no cover (compiled)
     n, h, w, c = x.shape
     ho, wo = out.shape[1], out.shape[2]
@@ -389,7 +414,7 @@ def _covering(coordinate, padding, offset, stride, outputs):  # pragma: no cover
     return index if index < outputs else -1
 
 
-@njit(parallel=True, cache=True)
+@ParallelLoop
 def _maxpool_grad(grad_out, argmax, kh, kw, stride, padding, grad):  # pragma: no cover (compiled)
     n, h, w, c = grad.shape
     zero = grad.dtype.type(0)
@@ -413,7 +438,7 @@ def _maxpool_grad(grad_out, argmax, kh, kw, stride, padding, grad):  # pragma: n
                         grad[image, y, z, ch] += routed
 
 
-@njit(parallel=True, cache=True)
+@ParallelLoop
 def _maxpool_grad_apart(grad_out, argmax, kw, stride, padding, grad):  # pragma: no cover (compiled)
     n, h, w, c = grad.shape
     ho, wo = grad_out.shape[1], grad_out.shape[2]
@@ -446,7 +471,7 @@ def maxpool_grad(grad_out: np.ndarray, argmax: np.ndarray, x_shape: tuple, kh: i
     return grad
 
 
-@njit(parallel=True, cache=True)
+@ParallelLoop
 def _avgpool(x, kh, kw, stride, padding, scale, out):  # pragma: no cover (compiled)
     n, h, w, c = x.shape
     ho, wo = out.shape[1], out.shape[2]
@@ -478,7 +503,7 @@ def avgpool(x: np.ndarray, kh: int, kw: int, stride: int, padding: int) -> np.nd
     return out
 
 
-@njit(parallel=True, cache=True)
+@ParallelLoop
 def _avgpool_grad(grad_out, kh, kw, stride, padding, scale, grad):  # pragma: no cover (compiled)
     n, h, w, c = grad.shape
     ho, wo = grad_out.shape[1], grad_out.shape[2]
@@ -509,7 +534,7 @@ def avgpool_grad(grad_out: np.ndarray, x_shape: tuple, kh: int, kw: int, stride:
 
 
 # --------------------------------------------------------------------- optimizer update
-@njit(parallel=True, cache=True)
+@ParallelLoop
 def _sgd(param, grad, velocity, lr, momentum, weight_decay, nesterov):  # pragma: no cover (compiled)
     for i in prange(param.size):
         g = grad[i] + weight_decay * param[i]
@@ -529,7 +554,7 @@ def sgd_update(param: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None,
     _sgd(param, grad, velocity, dtype(lr), dtype(momentum), dtype(weight_decay), nesterov)
 
 
-@njit(parallel=True, cache=True)
+@ParallelLoop
 def _adam(param, grad, first, second, step_size, beta1, beta2, rest1, rest2, eps,
           weight_decay):  # pragma: no cover (compiled)
     for i in prange(param.size):
