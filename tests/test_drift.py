@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 
 import pytest
@@ -24,7 +23,7 @@ from pydtnn_lite.perfmodel.modelling.machines import OUTSIDE_KERNELS, AdjustedMa
 from pydtnn_lite.perfmodel.modelling.outside_kernels import AffineCost, fit_affine
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample, RateModel
-from pydtnn_lite.perfmodel.modelling.synchronization import SyncWaitModel, expected_maximum
+from pydtnn_lite.perfmodel.modelling.synchronization import SyncWaitModel
 from pydtnn_lite.runtime import usable_cores
 
 THEN = MachineState(gemm_flops=90e9, copy_bytes_per_second=20e9, allreduce_ranks=2, allreduce_bytes=1 << 20,
@@ -143,33 +142,6 @@ def test_the_wait_at_a_synchronisation_is_at_least_what_the_run_s_slowest_core_c
     assert apart.sync_wait_seconds(0.5, 1) == 0.0  # one rank waits for no one
     assert AdjustedMachine(machine, Placement(2, 2, 2, 1)).sync_wait_seconds(0.5, 2) == pytest.approx(
         0.01 * math.sqrt(0.5))
-
-
-def test_ranks_that_share_cores_wait_as_the_child_job_of_the_nearest_sharing_did():
-    # Child jobs of 4 and 8 ranks on the calibration's 2 cores: waits of 10 % and 20 % of the work.
-    shared = [(ranks, work, share * work) for ranks, share in ((4, 0.1), (8, 0.2)) for work in (0.03, 0.1, 0.3)]
-    calibration = Calibration(machine={"ranks": 2, "usable_cores": 2, "blas_threads": 1}, peak_flops=1e11,
-                              memory_bandwidth=1e10, kernel_models={}, allreduce_samples=[],
-                              sync_wait=SyncWaitModel(0.01, 0.5, 2), shared_sync_samples=shared)
-    machine = CalibratedMachine(calibration, None)
-    assert AdjustedMachine(machine, Placement(4, 4, 2, 1)).sync_wait_seconds(0.5, 4) == pytest.approx(0.05)
-    assert AdjustedMachine(machine, Placement(8, 8, 2, 1)).sync_wait_seconds(0.5, 8) == pytest.approx(0.1)
-    # 6 ranks on 2 cores share them 3 to a core: the tie goes to the 8-rank job, scaled to 6 ranks.
-    six = AdjustedMachine(machine, Placement(6, 6, 2, 1)).sync_wait_seconds(0.5, 6)
-    assert six == pytest.approx(0.1 * expected_maximum(6) / expected_maximum(8))
-    # Two nodes of 4 ranks on 4 cores: 2 ranks per core, as the 4-rank job, over 8 ranks.
-    assert AdjustedMachine(machine, Placement(8, 4, 2, 1)).sync_wait_seconds(0.5, 8) == pytest.approx(
-        0.05 * expected_maximum(8) / expected_maximum(4))
-    # A core per rank: the calibration's own fit, as without child jobs.
-    assert AdjustedMachine(machine, Placement(2, 2, 2, 1)).sync_wait_seconds(0.5, 2) == pytest.approx(
-        0.01 * math.sqrt(0.5))
-    without = dataclasses.replace(calibration, shared_sync_samples=[])
-    assert AdjustedMachine(CalibratedMachine(without, None), Placement(4, 4, 2, 1)).sync_wait_seconds(0.5, 4) == \
-        pytest.approx(0.01 * math.sqrt(0.5) * expected_maximum(4) / expected_maximum(2))
-    # Written and read back with the file.
-    again = Calibration.from_dict(json.loads(json.dumps(calibration.to_dict())))
-    assert again.shared_sync_samples == shared
-    assert again.shared_sync_wait(2.0) == calibration.shared_sync_wait(2.0)
 
 
 def test_the_allreduce_probes_of_a_run_are_averaged():

@@ -161,16 +161,13 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
 
     reductions = allreduce_samples(mpi_of(comm), settings.allreduce_sizes) if comm.size > 1 else []
     reduction_cpu: list[tuple[int, int, float]] = []
-    shared_waits: list[tuple[int, float, float]] = []
     if settings.beyond_job:
-        beyond, reduction_cpu, shared_waits = samples_beyond(comm, usable_cores())
+        beyond, reduction_cpu = samples_beyond(comm, usable_cores())
         reductions += beyond
     network = (network_timings(mpi_of(comm), node_name(), settings.allreduce_sizes, reductions)
                if comm.size > 1 else None)
     counts = sorted({ranks for ranks, _, _ in reductions})
-    waits = f"; the wait for the slowest rank on {len(shared_waits)} meetings of ranks sharing the cores" \
-        if shared_waits else ""
-    phase_done("allreduce", f"{len(reductions)} samples on {', '.join(map(str, counts))} ranks{_levels(network)}{waits}"
+    phase_done("allreduce", f"{len(reductions)} samples on {', '.join(map(str, counts))} ranks{_levels(network)}"
                if reductions else "skipped: one rank (run under mpiexec, or without --no-oversubscribed)")
 
     models = fit_models(samples, comm, settings.seed)
@@ -193,7 +190,6 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                        allreduce_ranks=comm.size, kernel_samples=samples,
                        kernel_rates={name: best_rates(s) for name, s in sorted(samples.items())},
                        settings=recorded, sync_samples=sync_samples, sync_wait=sync_wait,
-                       shared_sync_samples=shared_waits,
                        overhead_samples=overhead_samples, overhead=fit_affine(overhead_samples),
                        data_load_samples=data_load_samples,
                        data_load={name: fit_affine(rows) for name, rows in data_load_samples.items()},
@@ -227,11 +223,10 @@ def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tup
     check_allreduce_ranks(calibration, comm.size)
     started, load_before = time.perf_counter(), os.getloadavg()
     samples = allreduce_samples(mpi_of(comm), sizes)
-    beyond, cpu_samples, shared_waits = samples_beyond(comm, usable_cores()) if beyond_job else ([], [], [])
+    beyond, cpu_samples = samples_beyond(comm, usable_cores()) if beyond_job else ([], [])
     samples += beyond
     calibration.allreduce_samples = [(p, float(n), t) for p, n, t in samples]
     calibration.allreduce_cpu_samples = [(p, float(n), t) for p, n, t in cpu_samples]
-    calibration.shared_sync_samples = shared_waits
     calibration.network = network_timings(mpi_of(comm), node_name(), sizes, samples)
     if calibration.machine_state is not None:
         # A later run's Allreduce drifts from the one timed now (over another network, perhaps),

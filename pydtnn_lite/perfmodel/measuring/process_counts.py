@@ -10,8 +10,7 @@ job of its own), while the parent's other ranks wait without spinning on a core.
 child times the sizes as :mod:`allreduce_timing` does and writes its samples to a file,
 with the CPU time each reduction took per rank: where ranks time-share the cores, that,
 rather than its duration, is what a reduction overlapped with other ranks' backward
-costs the step (``placement.py``). Each child also measures how long its ranks wait for
-the slowest after equal work (:mod:`shared_waits`): far longer than ranks with a core each.
+costs the step (``placement.py``).
 
 Run as a child: ``mpiexec -n N python -m pydtnn_lite.perfmodel.measuring.process_counts OUT.json SIZE...``.
 """
@@ -28,12 +27,11 @@ from pydtnn_lite.comm import Communicator
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import KIB, MIB, allreduce_timings, log_spaced_sizes
 from pydtnn_lite.perfmodel.measuring.machine_state import wait_idly
-from pydtnn_lite.perfmodel.measuring.shared_waits import shared_waits
 
 OVERSUBSCRIPTION = 4  # time counts up to this many ranks per core
 # Oversubscribed reductions are slow: every octave up to 32 MiB (a few buckets) is enough.
 CHILD_SIZES = tuple(KIB << i for i in range(0, 6, 2)) + log_spaced_sizes(64 * KIB, 32 * MIB, 1)
-CHILD_TIMEOUT = 600.0  # seconds one child job (and any collective in it) may take before the calibration gives up
+CHILD_TIMEOUT = 600.0  # seconds one child job may take before the calibration gives up on it
 PARENT_VARIABLES = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPI_LOCAL")  # the parent job's, which a child must not see
 
 
@@ -46,13 +44,8 @@ def child_environment() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if not name.startswith(PARENT_VARIABLES)}
 
 
-Sample = tuple[int, int, float]  # ranks, bytes, seconds
-WaitSample = tuple[int, float, float]  # ranks, seconds of work, seconds waited
-
-
-def run_child(ranks: int, sizes: Sequence[int]) -> tuple[list[tuple[int, int, float, float]], list[WaitSample]]:
-    """Start a job of ``ranks`` ranks that times ``sizes``: its (ranks, bytes, seconds, CPU
-    seconds) samples, and its (ranks, work, wait) samples of :func:`shared_waits`."""
+def run_child(ranks: int, sizes: Sequence[int]) -> list[tuple[int, int, float, float]]:
+    """Start a job of ``ranks`` ranks that times ``sizes``; its (ranks, bytes, seconds, CPU seconds) samples."""
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "samples.json")
@@ -68,52 +61,45 @@ def run_child(ranks: int, sizes: Sequence[int]) -> tuple[list[tuple[int, int, fl
             raise UserError(f"timing Allreduce on {ranks} ranks failed ({last}): calibrate with "
                             "--no-oversubscribed to skip the counts beyond this job's")
         with open(out, encoding="utf-8") as handle:
-            measured = json.load(handle)
-        return ([(ranks, int(nbytes), float(seconds), float(cpu)) for nbytes, seconds, cpu in measured["allreduce"]],
-                [(ranks, float(work), float(wait)) for work, wait in measured["waits"]])
+            return [(ranks, int(nbytes), float(seconds), float(cpu)) for nbytes, seconds, cpu in json.load(handle)]
 
 
-def samples_beyond(comm: Communicator, cores: int, sizes: Sequence[int] = CHILD_SIZES
-                   ) -> tuple[list[Sample], list[Sample], list[WaitSample]]:
+Sample = tuple[int, int, float]  # ranks, bytes, seconds
+
+
+def samples_beyond(comm: Communicator, cores: int,
+                   sizes: Sequence[int] = CHILD_SIZES) -> tuple[list[Sample], list[Sample]]:
     """Allreduce samples at every count of :func:`missing_counts`, timed by child jobs that
-    rank 0 starts one after the other: (ranks, bytes, seconds), (ranks, bytes, CPU
-    seconds per rank) of the same calls, and (ranks, work, wait) of the ranks' waits for
-    the slowest. Collective; every rank gets the samples."""
+    rank 0 starts one after the other: (ranks, bytes, seconds), and (ranks, bytes, CPU
+    seconds per rank) of the same calls. Collective; every rank gets the samples."""
     samples: list[tuple[int, int, float, float]] = []
-    waits: list[WaitSample] = []
     failure = None
     if comm.rank == 0:
         try:
             for ranks in missing_counts(comm.size, cores):
-                timed, waited = run_child(ranks, sizes)
-                samples += timed
-                waits += waited
+                samples += run_child(ranks, sizes)
         except UserError as error:
             failure = str(error)
     wait_idly(comm)
-    samples, waits, failure = comm.broadcast_object((samples, waits, failure))
+    samples, failure = comm.broadcast_object((samples, failure))
     if failure:
         raise UserError(failure)
-    return [(p, n, t) for p, n, t, _ in samples], [(p, n, cpu) for p, n, _, cpu in samples], waits
+    return [(p, n, t) for p, n, t, _ in samples], [(p, n, cpu) for p, n, _, cpu in samples]
 
 
 def main(argv: Sequence[str]) -> None:
-    """A child job: time ``argv[1:]`` bytes on every rank, then the ranks' waits; rank 0
-    writes {"allreduce": [[bytes, seconds, CPU seconds], ...], "waits": [[work, wait], ...]}
-    to ``argv[0]``."""
+    """A child job: time ``argv[1:]`` bytes on every rank; rank 0 writes [[bytes, seconds, CPU
+    seconds], ...] to ``argv[0]``."""
     from pydtnn_lite.comm.mpi import MPICommunicator
     from pydtnn_lite.runtime import set_blas_threads
 
     set_blas_threads(1)
-    # Bounded, its waits poll as a training job's do: sleeping where the ranks outnumber the cores.
-    comm = MPICommunicator(timeout=CHILD_TIMEOUT)
+    comm = MPICommunicator()
     sizes = [int(size) for size in argv[1:]]
     timings = allreduce_timings(comm, sizes)
-    waits = shared_waits(comm)
     if comm.rank == 0:
         with open(argv[0], "w", encoding="utf-8") as handle:
-            json.dump({"allreduce": [[n, t.seconds, t.cpu_seconds] for n, t in zip(sizes, timings, strict=True)],
-                       "waits": [list(sample) for sample in waits]}, handle)
+            json.dump([[n, t.seconds, t.cpu_seconds] for n, t in zip(sizes, timings, strict=True)], handle)
 
 
 if __name__ == "__main__":

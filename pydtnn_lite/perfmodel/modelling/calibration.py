@@ -47,9 +47,7 @@ class Calibration:
     the counts that time-share the cores (none in files written before they were timed);
     ``allreduce_ranks`` the ranks the calibration ran on. ``sync_wait`` predicts how long
     a rank waits for the slowest at a synchronisation, fitted on ``sync_samples`` (seconds
-    of work since the last synchronisation, mean seconds waited; one per probe);
-    ``shared_sync_samples`` are (ranks, seconds of work, mean seconds waited) of child jobs
-    whose ranks time-share the cores (:meth:`shared_sync_wait`; none in older files).
+    of work since the last synchronisation, mean seconds waited; one per probe).
     ``kernel_samples`` are the measurements the models were fitted on, so that fits can
     be redone. ``overhead`` predicts a step's time outside its kernels, fitted on
     ``overhead_samples`` (compute kernel calls of a probe's step, seconds outside them);
@@ -76,7 +74,6 @@ class Calibration:
     settings: dict = field(default_factory=dict)
     sync_samples: list[tuple[float, float]] = field(default_factory=list)
     sync_wait: SyncWaitModel = NO_WAIT
-    shared_sync_samples: list[tuple[int, float, float]] = field(default_factory=list)
     overhead_samples: list[tuple[float, float]] = field(default_factory=list)
     overhead: AffineCost = NO_COST
     data_load_samples: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
@@ -87,7 +84,6 @@ class Calibration:
     network: NetworkTimings | None = None
     _widest: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
     _sampled: dict[str, dict[tuple, float]] = field(default_factory=dict, init=False, repr=False, compare=False)
-    _shared_waits: dict[int, SyncWaitModel] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def placement(self) -> Placement:
@@ -97,20 +93,6 @@ class Calibration:
         return Placement(ranks, int(self.machine.get("ranks_per_node", ranks)),
                          int(self.machine.get("usable_cores") or self.machine.get("cores") or 1),
                          int(self.machine.get("blas_threads", 1)))
-
-    def shared_sync_wait(self, time_sharing: float) -> SyncWaitModel | None:
-        """The wait for the slowest rank fitted on the child job whose ranks shared the
-        calibration's cores most nearly ``time_sharing`` ranks to a core (the larger count
-        on a tie); None without such samples."""
-        if self._shared_waits is None:
-            counts = sorted({ranks for ranks, _, _ in self.shared_sync_samples})
-            self._shared_waits = {ranks: fit_sync_wait([(work, wait) for p, work, wait in self.shared_sync_samples
-                                                        if p == ranks], ranks) for ranks in counts}
-        if not self._shared_waits:
-            return None
-        cores = self.placement.cores_per_node
-        nearest = min(self._shared_waits, key=lambda ranks: (abs(ranks / cores - time_sharing), -ranks))
-        return self._shared_waits[nearest]
 
     def data_load_seconds(self, dataset: str, samples: int) -> float:
         """Seconds of loading ``samples`` of ``dataset``: its fitted cost, or 0 for a data set the
@@ -188,8 +170,7 @@ class Calibration:
                 "allreduce_samples": [list(sample) for sample in self.allreduce_samples],
                 "allreduce_cpu_samples": [list(sample) for sample in self.allreduce_cpu_samples],
                 "synchronization": {"model": self.sync_wait.to_dict(),
-                                    "samples": [list(sample) for sample in self.sync_samples],
-                                    "shared_samples": [list(sample) for sample in self.shared_sync_samples]},
+                                    "samples": [list(sample) for sample in self.sync_samples]},
                 "overhead": {"model": self.overhead.to_dict(),
                              "samples": [list(sample) for sample in self.overhead_samples]},
                 "data_load": {name: {"model": model.to_dict(),
@@ -221,8 +202,6 @@ class Calibration:
                    settings=dict(data["settings"]),
                    sync_samples=sync_samples,
                    sync_wait=sync_wait,
-                   shared_sync_samples=[(int(ranks), float(work), float(wait))
-                                        for ranks, work, wait in synchronization.get("shared_samples", [])],
                    overhead_samples=[(float(calls), float(seconds)) for calls, seconds in data["overhead"]["samples"]],
                    overhead=AffineCost.from_dict(data["overhead"]["model"]),
                    data_load_samples={name: [(float(n), float(t)) for n, t in entry["samples"]]

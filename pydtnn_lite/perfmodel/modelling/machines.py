@@ -122,19 +122,12 @@ class AdjustedMachine:
         return cpu.seconds(nbytes, procs) * ranks_per_core * self.drift.communication
 
     def sync_wait_seconds(self, segment: float, procs: int) -> float:
-        """Where the ranks time-share the cores, the wait the calibration's child job of the
-        nearest sharing measured (when it has one). Otherwise the calibration's wait, or
-        where the run's probe found its cores apart in speed, at least what a rank on a
-        core of the mean speed waits for the slowest over ``segment``: the calibration
-        fits the wait over its probes' short steps, where a core slower by the same
-        fraction for seconds weighs little."""
-        if procs <= 1:
-            return self.base.sync_wait_seconds(segment, procs)
-        if self.placement.oversubscribed:
-            shared = self.base.calibration.shared_sync_wait(self.placement.time_sharing)
-            if shared is not None:
-                return shared.seconds(segment, procs)
-        return max(self.base.sync_wait_seconds(segment, procs), self.drift.imbalance * segment)
+        """The calibration's wait, or where the run's probe found its cores apart in speed,
+        at least what a rank on a core of the mean speed waits for the slowest over
+        ``segment``: the calibration fits the wait over its probes' short steps, where a
+        core slower by the same fraction for seconds weighs little."""
+        fitted = self.base.sync_wait_seconds(segment, procs)
+        return max(fitted, self.drift.imbalance * segment) if procs > 1 else fitted
 
     def overhead_seconds(self, calls: int) -> float:
         return self.base.overhead_seconds(calls) * self._scale(OUTSIDE_KERNELS)
