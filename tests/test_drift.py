@@ -23,7 +23,7 @@ from pydtnn_lite.perfmodel.modelling.machines import OUTSIDE_KERNELS, AdjustedMa
 from pydtnn_lite.perfmodel.modelling.outside_kernels import AffineCost, fit_affine
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample, RateModel
-from pydtnn_lite.perfmodel.modelling.synchronization import SyncWaitModel
+from pydtnn_lite.perfmodel.modelling.synchronization import SyncWaitModel, expected_maximum
 from pydtnn_lite.runtime import usable_cores
 
 THEN = MachineState(gemm_flops=90e9, copy_bytes_per_second=20e9, allreduce_ranks=2, allreduce_bytes=1 << 20,
@@ -129,19 +129,28 @@ def test_a_rank_on_a_core_of_the_mean_speed_waits_for_the_slowest_core():
     assert drift_between(THEN, MachineState.over([apart])).imbalance == pytest.approx(0.2)
 
 
-def test_the_wait_at_a_synchronisation_is_at_least_what_the_run_s_slowest_core_costs():
+def test_the_wait_at_a_synchronisation_adds_the_slowest_core_to_the_ranks_wandering():
     placed = {"ranks": 2, "usable_cores": 2, "blas_threads": 1}
+    # The calibration's cores were 2 % apart: of its fitted 0.02 * sqrt(0.5) = 14.1 ms after 0.5 s of
+    # work, 10 ms were the slower core's; the rest, 4.1 ms, the ranks' independent wandering.
     calibration = Calibration(machine=placed, peak_flops=1e11, memory_bandwidth=1e10, kernel_models={},
-                              allreduce_samples=[], sync_wait=SyncWaitModel(0.01, 0.5, 2))
+                              allreduce_samples=[], sync_wait=SyncWaitModel(0.02, 0.5, 2),
+                              machine_state=MachineState(1e11, 1e10, cores=2, imbalance=0.02))
     machine = CalibratedMachine(calibration, None)
+    wander = 0.02 * math.sqrt(0.5) - 0.02 * 0.5
+    to_eight = expected_maximum(8) / expected_maximum(2)
     apart = AdjustedMachine(machine, Placement(2, 2, 2, 1), Drift(imbalance=0.05))
-    # 0.5 s of work: the fit says 0.01 * sqrt(0.5) = 7.1 ms, a core 5 % slower than the mean 25 ms.
-    assert apart.sync_wait_seconds(0.5, 2) == pytest.approx(0.025)
-    # 10 ms of work: the fit's 1 ms outweighs 0.5 ms.
-    assert apart.sync_wait_seconds(0.01, 2) == pytest.approx(0.001)
+    assert apart.sync_wait_seconds(0.5, 2) == pytest.approx(wander + 0.05 * 0.5)  # the run's cores 5 % apart
+    # More ranks wait longer for the slowest wanderer; a core's steady slowness stays what it is.
+    assert apart.sync_wait_seconds(0.5, 8) == pytest.approx(wander * to_eight + 0.05 * 0.5)
     assert apart.sync_wait_seconds(0.5, 1) == 0.0  # one rank waits for no one
+    # Without a probe of the run: the calibration's cores, except where the ranks time-share them.
     assert AdjustedMachine(machine, Placement(2, 2, 2, 1)).sync_wait_seconds(0.5, 2) == pytest.approx(
-        0.01 * math.sqrt(0.5))
+        0.02 * math.sqrt(0.5))
+    assert AdjustedMachine(machine, Placement(8, 8, 2, 1)).sync_wait_seconds(0.5, 8) == pytest.approx(
+        wander * to_eight)
+    # 4 s of work: the calibration's imbalance explains more than its fit, so no wandering is left.
+    assert AdjustedMachine(machine, Placement(2, 2, 2, 1), Drift(imbalance=0.0)).sync_wait_seconds(4.0, 2) == 0.0
 
 
 def test_the_allreduce_probes_of_a_run_are_averaged():

@@ -466,6 +466,14 @@ def test_validation_metrics_against_hand_computed_values():
     # A reduction's calls are mostly waits that the slowest rank does not have: compared by their mean.
     assert typical("allreduce", [0.0, 0.0, 6e-3, 0.0]) == pytest.approx(1.5e-3)
     assert typical("gemm", [0.0, 0.0, 6e-3, 0.0]) == 0.0
+    # Ranks that time-share the cores pay the other ranks' turns in some calls: every kernel by its mean.
+    shared = validate(records, steps, overlap=False, predict=lambda batch: prediction, time_shared=True)
+    assert {k.kernel: k.measured for k in shared.kernels}["gemm"] == pytest.approx(4e-3)  # (3 + 5 + 4 + 4) / 4
+    assert next(s for s in shared.stages if s.name == "FP").half_wre == pytest.approx((1.0 / 2) / ((4.5 + 2) / 2))
+    skewed = [_record(step, "FP", 0, "gemm", t) for step, t in enumerate([1e-3, 1e-3, 1e-3, 9e-3])]
+    assert validate(skewed, steps, overlap=False, predict=lambda batch: prediction,
+                    time_shared=True).kernels[0].measured == pytest.approx(3e-3)
+    assert validate(skewed, steps, overlap=False, predict=lambda batch: prediction).kernels[0].measured == 1e-3
 
     one_step = validate(records[:1] + records[4:5], steps[:1], overlap=False, predict=lambda batch: prediction)
     assert math.isnan(one_step.step.half_difference) and all(math.isnan(s.half_wre) for s in one_step.stages)

@@ -177,7 +177,7 @@ class Drift:
     measured: float = 0.0
     peak_flops: float = 0.0
     kernels: Mapping[str, float] = field(default_factory=dict)
-    imbalance: float = 0.0  # the run's probe's (:meth:`CoreRates.imbalance`)
+    imbalance: float | None = None  # the run's probe's (:meth:`CoreRates.imbalance`); None: not probed
 
     def scale(self, kernel: str, communication: bool = False, flops: float = 0.0, seconds: float = 0.0) -> float:
         """The factor for a kernel's predicted time (``communication``: a collective). A

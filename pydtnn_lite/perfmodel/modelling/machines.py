@@ -122,12 +122,19 @@ class AdjustedMachine:
         return cpu.seconds(nbytes, procs) * ranks_per_core * self.drift.communication
 
     def sync_wait_seconds(self, segment: float, procs: int) -> float:
-        """The calibration's wait, or where the run's probe found its cores apart in speed,
-        at least what a rank on a core of the mean speed waits for the slowest over
-        ``segment``: the calibration fits the wait over its probes' short steps, where a
-        core slower by the same fraction for seconds weighs little."""
-        fitted = self.base.sync_wait_seconds(segment, procs)
-        return max(fitted, self.drift.imbalance * segment) if procs > 1 else fitted
+        """The ranks' independent wandering, as the calibration fitted it less what its
+        cores' imbalance explained, plus what a rank on a core of the mean speed waits for
+        the slowest over ``segment`` where the cores stay apart in speed: by the run's probe,
+        or without one by the calibration's, none where the ranks time-share the cores (the
+        OS moves each over all of them)."""
+        if procs <= 1:
+            return 0.0
+        state = self.base.calibration.machine_state
+        then = state.imbalance if state is not None else 0.0
+        now = self.drift.imbalance
+        if now is None:
+            now = 0.0 if self.placement.oversubscribed else then
+        return self.base.calibration.sync_wait.seconds(segment, procs, then) + now * segment
 
     def overhead_seconds(self, calls: int) -> float:
         return self.base.overhead_seconds(calls) * self._scale(OUTSIDE_KERNELS)

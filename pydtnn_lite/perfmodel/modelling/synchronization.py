@@ -20,6 +20,12 @@ For P ranks whose times vary independently, the mean wait is the expected maximu
 draws minus their mean, i.e. sigma * E[max of P standard normals]; so a wait measured on
 ``ranks`` ranks is scaled to P ranks by the ratio of those expected maxima
 (:func:`expected_maximum`): 0.56 for 2 ranks, 1.03 for 4, 1.42 for 8, 2.34 for 64.
+
+A core that stays slower than the others by the same fraction is another matter: its
+wait is ``imbalance * T`` on any number of ranks, and none where ranks time-share the
+cores. The calibration's fit holds both, so the part its own cores' imbalance explains
+is taken off before the rest is scaled, and the run's imbalance is added back
+(``AdjustedMachine.sync_wait_seconds``).
 """
 from __future__ import annotations
 
@@ -55,11 +61,15 @@ class SyncWaitModel:
     exponent: float
     ranks: int
 
-    def seconds(self, segment: float, procs: int) -> float:
+    def seconds(self, segment: float, procs: int, imbalance: float = 0.0) -> float:
+        """The fitted wait, less the part that cores apart in speed by ``imbalance`` all
+        along explained on the calibration's ranks (``imbalance * segment``, see
+        :meth:`~pydtnn_lite.perfmodel.modelling.drift.CoreRates.imbalance`): the rest, the
+        ranks' independent wandering, scaled to ``procs`` ranks."""
         if procs <= 1 or segment <= 0:
             return 0.0
         scale = expected_maximum(procs) / expected_maximum(self.ranks)
-        return scale * self.coefficient * segment ** self.exponent
+        return scale * max(0.0, self.coefficient * segment ** self.exponent - imbalance * segment)
 
     def to_dict(self) -> dict:
         return {"coefficient": self.coefficient, "exponent": self.exponent, "ranks": self.ranks}

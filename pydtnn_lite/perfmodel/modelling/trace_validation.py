@@ -85,7 +85,9 @@ def validations_of(trace: str, loaded: tuple[list, list, dict], machines: Sequen
     def predictor(machine: Machine) -> Callable[[int], StepPrediction]:
         return lambda batch: predict_step(network, optimizer, batch, procs, machine, bucket_mb, dataset=dataset,
                                           prefetch=prefetch)
-    return [validate(records, steps, overlap, predictor(machine)) for machine in machines]
+    placement = job_placement(meta)
+    time_shared = placement is not None and placement.oversubscribed
+    return [validate(records, steps, overlap, predictor(machine), time_shared) for machine in machines]
 
 
 @dataclass

@@ -5,7 +5,11 @@ Each traced kernel call is matched with its prediction by its
 measured time is the median over the traced steps and ranks, robust to the odd call that
 another job interrupted; a reduction's (batch norm) is the mean: its time is mostly the
 wait for the slowest rank, nothing on that rank and much on the others, so its median
-says little of what it costs a step, and the prediction is of the mean wait. The metrics
+says little of what it costs a step, and the prediction is of the mean wait. Where the
+ranks time-share the cores every kernel's is the mean: a call is interrupted for the other
+ranks' turns with a chance that grows with its length, so most short calls run
+uninterrupted and their median leaves out the turns that their mean, as the step, pays
+(8 ranks on 2 cores: a VGG11 im2col's median 1x its time alone, its mean about 4x). The metrics
 are those of Barrachina et al. (2021, docs/performance-model.md):
 
 - relative error ``RE_k = (T_est - T_meas) / T_meas``;
@@ -106,10 +110,11 @@ def weighted_relative_error(estimates: Sequence[float], measured: Sequence[float
     return statistics.fmean(abs(e - m) for e, m in zip(estimates, measured, strict=True)) / mean
 
 
-def typical(kernel: str, durations: Sequence[float]) -> float:
+def typical(kernel: str, durations: Sequence[float], time_shared: bool = False) -> float:
     """What a kernel's measured calls are compared by: their median, or the mean for a
-    reduction, whose time is mostly a wait that the slowest rank does not have."""
-    return statistics.fmean(durations) if kernel == ALLREDUCE else statistics.median(durations)
+    reduction, whose time is mostly a wait that the slowest rank does not have, and for
+    every kernel of ranks that ``time_shared`` the cores."""
+    return statistics.fmean(durations) if kernel == ALLREDUCE or time_shared else statistics.median(durations)
 
 
 def _relative_difference(first: float, second: float) -> float:
@@ -121,7 +126,8 @@ def _relative_difference(first: float, second: float) -> float:
 class _Halves:
     """The traced steps dealt alternately into two halves, and what each half measured."""
 
-    def __init__(self, steps: Sequence[StepRecord]) -> None:
+    def __init__(self, steps: Sequence[StepRecord], time_shared: bool) -> None:
+        self.time_shared = time_shared
         order = sorted({s.step for s in steps})
         self.half = {step: i % 2 for i, step in enumerate(order)}
         self.steps_per_half = (len(order) - len(order) // 2, len(order) // 2)
@@ -136,7 +142,7 @@ class _Halves:
         split: tuple[list, list] = ([], [])
         for step, duration in calls:
             split[self.half[step]].append(duration)
-        first, second = (typical(kernel, part) if part else NAN for part in split)
+        first, second = (typical(kernel, part, self.time_shared) if part else NAN for part in split)
         return first, second
 
     def difference(self, items: Sequence[tuple[int, float]]) -> float:
@@ -150,8 +156,9 @@ class _Halves:
 
 
 def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overlap: bool,
-             predict: Callable[[int], StepPrediction]) -> Validation:
-    """Compare the training records of a trace with ``predict(local batch)`` of each rank."""
+             predict: Callable[[int], StepPrediction], time_shared: bool = False) -> Validation:
+    """Compare the training records of a trace with ``predict(local batch)`` of each rank;
+    ``time_shared``: the ranks time-shared the cores (see :func:`typical`)."""
     train = [r for r in records if r.phase == TRAIN]
     batches = {s.rank: s.samples for s in steps}
     predictions = {batch: predict(batch) for batch in set(batches.values())}
@@ -162,7 +169,8 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
     names = {(r.layer, r.stage, r.kernel): r.layer_name for r in train}
     occurrences = _occurrences(train)
     calls = {key: found for key, found in occurrences.items() if key in predicted_kernels}
-    matched = {key: typical(key.kernel, [duration for _, duration in found]) for key, found in calls.items()}
+    matched = {key: typical(key.kernel, [duration for _, duration in found], time_shared)
+               for key, found in calls.items()}
     # Keyed by str: a traced call's stage is the plain string that a Stage equals.
     stage_mean: dict[str, float] = {
         stage: statistics.fmean([t for key, t in matched.items() if key.stage == stage] or [0.0])
@@ -174,7 +182,7 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
         name = names[(key.layer, key.stage, key.kernel)]
         kernels.append(KernelComparison(key.layer, name, key.stage, key.kernel, key.occurrence, meas, pred, wre))
 
-    halves = _Halves(steps)
+    halves = _Halves(steps, time_shared)
     half_typical = {key: halves.typical(key.kernel, found) for key, found in calls.items()}
     rank_steps = max(len(steps), 1)
     stage_measured: defaultdict[str, float] = defaultdict(float)
