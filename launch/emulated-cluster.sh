@@ -120,7 +120,9 @@ for ((node = 0; node < nodes; node++)); do
 done
 echo "$PROGRAM: $nodes node(s) x $ranks_per_node rank(s), links of $link_gbit Gbit/s${latency_us:+ and $latency_us us}" >&2
 set +e
-MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp "$mpiexec" "${job[@]}" &
+# The job does not inherit the lock: MPICH's proxies can outlive the launcher by a moment,
+# and would hold it against the next cluster.
+MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp "$mpiexec" "${job[@]}" {lock_fd}>&- &
 job_pid=$!
 wait "$job_pid"
 status=$?

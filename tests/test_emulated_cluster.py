@@ -114,6 +114,14 @@ def test_exit_status_of_the_job_and_its_errors_remove_the_cluster():
 
 
 @needs_emulation
+def test_the_job_does_not_hold_the_lock():
+    """A rank or an MPICH proxy that outlives the launcher by a moment must not keep the next cluster out."""
+    result = cluster(1, 1, "/bin/bash", "-c", "ls -l /proc/$$/fd")
+    assert result.returncode == 0, result.stderr
+    assert " -> " in result.stdout and LOCK not in result.stdout, result.stdout  # its files, not the lock
+
+
+@needs_emulation
 def test_ctrl_c_removes_the_cluster():
     job = subprocess.Popen(["/bin/bash", LAUNCHER, "--nodes", "2", "--ranks-per-node", "1", "--link-gbit", "1", "--",
                             sys.executable, "-c", "import time; time.sleep(60)"],

@@ -28,7 +28,9 @@ from pydtnn_lite.comm.nodes import node_name
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, allreduce_samples
 from pydtnn_lite.perfmodel.measuring.data_loading import (
     READ_AHEAD_DATASET,
+    READ_AHEAD_ROUNDS,
     READ_AHEAD_SAMPLES,
+    READ_AHEAD_STEPS,
     read_ahead_share,
     time_data_loading,
     time_read_ahead,
@@ -105,6 +107,8 @@ class CalibrationSettings:
     seed: int = 0
     beyond_job: bool = False  # also time Allreduce at the process counts above the job's, in child jobs
     jobs: tuple = ()  # (zoo model, batch per rank, generated data set): networks sampled whole, besides the grid
+    read_ahead_rounds: int = READ_AHEAD_ROUNDS  # rounds of training the probe model reading in the step and ahead
+    read_ahead_steps: int = READ_AHEAD_STEPS  # ... of this many steps each way
 
 
 def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSettings, blas_threads: int,
@@ -154,7 +158,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                           f"{len(samples)} kernels")
     data_load_samples = time_data_loading(comm)
     read_ahead_samples = time_read_ahead(comm, fit_affine(data_load_samples[READ_AHEAD_DATASET]).seconds(
-        READ_AHEAD_SAMPLES))
+        READ_AHEAD_SAMPLES), settings.read_ahead_steps, settings.read_ahead_rounds)
     read_ahead = read_ahead_share(read_ahead_samples)
     phase_done("data", f"loading {', '.join(data_load_samples)}; a step reading ahead pays {100 * read_ahead:.0f} % "
                        "of the reading")

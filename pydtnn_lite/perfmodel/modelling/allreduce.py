@@ -98,39 +98,37 @@ class AllreduceModel:
                    tuple(float(t) for t in data["thresholds"]))
 
 
-def _fit_link(algorithm: str, samples: Sequence[tuple[int, float, float]], gamma: float) -> Link:
-    """Non-negative least squares of relative error for alpha and beta, gamma given.
+def _fit_link(terms: np.ndarray, times: np.ndarray, gamma: float) -> tuple[Link, float]:
+    """Non-negative least squares of relative error for alpha and beta, gamma given, over
+    samples whose model coefficients (:data:`TERMS`, a row each) are ``terms`` and whose
+    measured seconds are ``times``; the link, and the sum of the samples' absolute relative
+    errors under it.
 
     Relative error weights small and large messages alike. In all three models the beta
     and gamma terms are proportional (2:1), so timings cannot tell them apart: gamma is
     fixed and beta absorbs the rest of the per-byte cost.
     """
-    terms = np.array([TERMS[algorithm](p, n) for p, n, _ in samples])
-    times = np.array([t for _, _, t in samples])
     target = times - terms[:, 2] * gamma
-    terms = terms[:, :2]
+    free = terms[:, :2]
     weights = 1.0 / times
     best, best_error = None, math.inf
     # Tiny NNLS: try every subset of free parameters and keep the best non-negative solution.
-    for size in range(1, terms.shape[1] + 1):
-        for subset in itertools.combinations(range(terms.shape[1]), size):
-            columns = terms[:, subset] * weights[:, None]
+    for size in range(1, free.shape[1] + 1):
+        for subset in itertools.combinations(range(free.shape[1]), size):
+            columns = free[:, subset] * weights[:, None]
             solution, *_ = np.linalg.lstsq(columns, target * weights, rcond=None)
             if (solution < 0).any():
                 continue
             error = float(np.sum((columns @ solution - target * weights) ** 2))
             if error < best_error:
-                full = np.zeros(terms.shape[1])
+                full = np.zeros(free.shape[1])
                 full[list(subset)] = solution
                 best, best_error = full, error
     if best is None:
-        best = np.zeros(terms.shape[1])
-    return Link(float(best[0]), float(best[1]), gamma)
-
-
-def relative_errors(model: AllreduceModel, samples: Sequence[tuple[int, float, float]]) -> np.ndarray:
-    """(predicted - measured) / measured of every sample."""
-    return np.array([(model.seconds(n, p) - t) / t for p, n, t in samples])
+        best = np.zeros(free.shape[1])
+    link = Link(float(best[0]), float(best[1]), gamma)
+    predicted = terms @ np.array([link.alpha, link.beta, link.gamma])
+    return link, float(np.sum(np.abs(predicted - times) / times))
 
 
 MIN_REGIME_GAIN = 0.005  # mean relative error an extra regime must save
@@ -154,13 +152,14 @@ def _range_fitter(algorithm: str, samples: Sequence[tuple[int, float, float]],
     the samples within it and the sum of their absolute relative errors, each range fitted once
     (many cuts share it)."""
     fitted: dict[tuple[float, float], tuple[Link, float]] = {}
+    terms = np.array([TERMS[algorithm](p, n) for p, n, _ in samples])
+    sizes = np.array([n for _, n, _ in samples])
+    times = np.array([t for _, _, t in samples])
 
     def fit_range(low: float, high: float) -> tuple[Link, float]:
         if (low, high) not in fitted:
-            within = [s for s in samples if low <= s[1] < high]
-            link = _fit_link(algorithm, within, gamma)
-            fitted[(low, high)] = link, float(np.sum(np.abs(relative_errors(AllreduceModel(algorithm, (link,)),
-                                                                            within))))
+            within = (sizes >= low) & (sizes < high)
+            fitted[(low, high)] = _fit_link(terms[within], times[within], gamma)
         return fitted[(low, high)]
 
     return fit_range
