@@ -20,6 +20,7 @@ from pydtnn_lite import flags
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.cli import command_parser, parse_command_line
 from pydtnn_lite.comm import make_communicator
+from pydtnn_lite.comm.gradients import MIB
 from pydtnn_lite.comm.nodes import emulated_link_gbit
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.paths import check_writable_file
@@ -125,7 +126,11 @@ def _network(calibration: Calibration) -> str:
         return "one node: no Allreduce between nodes timed"
     link = f" over links of {network.link_gbit:g} Gbit/s (emulated)" if network.link_gbit else ""
     intra = f" and among the {network.ranks_per_node} ranks of each node" if network.intra_node else ""
-    return f"{network.nodes} nodes{link}: Allreduce timed among one rank per node{intra}"
+    cost = network.transfer
+    window = "" if math.isinf(cost.window_bytes) else f", at most {cost.window_bytes / MIB:.1f} MiB between two calls"
+    moving = (f"; a bucket moving beside backward costs {cost.cpu_per_byte * MIB * 1e3:.2f} ms of CPU per MiB, "
+              f"posting one {cost.post_seconds * 1e3:.2f} ms{window}") if cost.cpu_per_byte else ""
+    return f"{network.nodes} nodes{link}: Allreduce timed among one rank per node{intra}{moving}"
 
 
 def report(calibration: Calibration) -> str:

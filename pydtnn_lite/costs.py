@@ -38,6 +38,7 @@ SYNC_WAIT = "sync_wait"  # the wait for the slowest rank at the end of a step (p
 # The computing rank's CPU time for moving overlapped buckets over a network inside its tests
 # (predicted, never traced: the trace holds the tests themselves and the kernels they slow).
 TRANSFER_CPU = "transfer_cpu"
+ALLREDUCE_START = "allreduce_start"  # posting an overlapped bucket's reduction (traced by its call, as COMM)
 H2D_COPY = "h2d_copy"  # the copy of a batch to the device
 DATA_LOAD = "data_load"  # reading a batch from the data set
 NO_LAYER = -1  # the layer of work done for no layer: gradient buckets, the loss reduction, data loading

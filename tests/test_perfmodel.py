@@ -173,15 +173,16 @@ class ConstantMachine:
     share of reading ahead that the step waits for, ``during`` seconds for a reduction
     that runs while ranks compute (default ``reduce``), whether a reduction's phases begin
     only inside an MPI call (``starts_inside_calls``) and the CPU seconds per byte of a
-    bucket moved in the tests (``transfer``) and the bytes that move between two tests
-    (``window``; hand-checkable steps)."""
+    bucket moved in the tests (``transfer``), the bytes that move between two tests
+    (``window``) and the seconds of posting a bucket (``post``; hand-checkable steps)."""
 
     def __init__(self, kernel: float, reduce: float, overlaps_communication: bool = True, wait: float = 0.0,
                  outside: float = 0.0, load: float = 0.0, background: float = 1.0,
                  during: float | None = None, starts_inside_calls: bool = False, transfer: float = 0.0,
-                 window: float = math.inf) -> None:
+                 window: float = math.inf, post: float = 0.0) -> None:
         self.kernel, self.reduce, self.overlaps_communication = kernel, reduce, overlaps_communication
         self.starts_inside_calls, self.transfer, self.window = starts_inside_calls, transfer, window
+        self.post = post
         self.wait, self.outside, self.load, self.background = wait, outside, load, background
         self.during = reduce if during is None else during
 
@@ -208,7 +209,7 @@ class ConstantMachine:
 
     @property
     def transfer_cost(self) -> TransferCost:
-        return TransferCost(self.transfer, self.window)
+        return TransferCost(self.transfer, self.window, self.post)
 
 
 def test_prediction_adds_up_and_overlap_hides_communication_behind_backward():
@@ -305,6 +306,23 @@ def test_over_mpi_a_reduction_phase_begins_only_at_a_test_once_the_one_before_it
     assert sum(cpu.values()) == pytest.approx(transfer * 4 * (sizes[2] + sizes[1] / 2))
     assert exposed == pytest.approx(4.5 * kernel)
     assert step.step_with_overlap == pytest.approx(predicted(True)[1].step_with_overlap + sum(cpu.values()))
+
+
+def test_over_mpi_posting_each_bucket_costs_the_step_its_time_as_communication():
+    """MPICH over TCP starts sending inside the call that posts a bucket: with reductions that
+    take no time, each of VGG11's buckets adds its post to the step, as a COMM entry."""
+    network, optimizer = build_workload("vgg11", "cifar10")
+
+    def step(post: float) -> StepPrediction:
+        return predict_step(network, optimizer, 16, 2, ConstantMachine(1e-3, 1e-9, starts_inside_calls=True,
+                                                                       post=post), bucket_mb=4.0)
+
+    bare, posted = step(0.0), step(2e-4)
+    buckets = len(posted.bucket_bytes)
+    assert buckets > 3
+    assert [k.seconds for k in posted.kernels if k.kernel == "allreduce_start"] == [2e-4] * buckets
+    assert posted.step_with_overlap == pytest.approx(bare.step_with_overlap + buckets * 2e-4)
+    assert posted.step_without_overlap == pytest.approx(bare.step_without_overlap)  # blocking calls post nothing
 
 
 def test_reductions_among_ranks_that_share_cores_cost_their_cpu_time_but_the_last():

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from pydtnn_lite.comm import Communicator, Request
+from pydtnn_lite.costs import ALLREDUCE_START
 
 # time(kernel, function, args, moved): run function(*args) timed as kernel on the
 # communication timeline, ``moved`` the bytes the call moves (None: none counted).
@@ -54,7 +55,7 @@ class TracedCommunicator(Communicator):
         return self.time_call("allreduce", self.inner.allreduce, (array,), host_bytes(array))
 
     def iallreduce(self, array: Any) -> Request:
-        request = self.time_call("allreduce_start", self.inner.iallreduce, (array,), host_bytes(array))
+        request = self.time_call(ALLREDUCE_START, self.inner.iallreduce, (array,), host_bytes(array))
         return TracedRequest(request, self.time_call)
 
     def allreduce_host(self, values: Sequence[float]) -> np.ndarray:

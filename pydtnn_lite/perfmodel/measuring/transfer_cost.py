@@ -9,8 +9,10 @@ overlapped backward's pattern, on every rank at once: kernels (one-thread GEMMs)
 test of the outstanding buckets after each, while :data:`BUCKETS` buckets of
 :data:`BUCKET_BYTES` reduce over all the ranks.
 
+- Posting: the seconds of the calls that start the buckets' reductions, per bucket
+  (MPICH over TCP starts sending inside them: 0.3-1.4 ms for a 4 MiB bucket here).
 - CPU: kernels of a few milliseconds, against the same kernels alone just before; the
-  difference per byte of the buckets.
+  difference, less the posting, per byte of the buckets.
 - Window: kernels of :data:`LONG_KERNEL_SECONDS`, longer than the link needs for what the
   sockets hold; the bucket bytes over the tests it took.
 """
@@ -45,47 +47,53 @@ def _kernel() -> Callable[[], object]:
 
 
 def overlapped_kernels(comm: MPICommunicator, kernel: Callable[[], object],
-                       buckets: list[np.ndarray]) -> tuple[int, float]:
+                       buckets: list[np.ndarray]) -> tuple[int, float, float]:
     """Reduce ``buckets`` over ``comm`` while running ``kernel`` with a test of the outstanding
-    buckets after each, until all are done: (kernels run, seconds taken); collective."""
+    buckets after each, until all are done: (kernels run, seconds taken, seconds of them
+    posting the buckets); collective."""
     comm.barrier()
     started = time.perf_counter()
     pending = [comm.iallreduce(bucket) for bucket in buckets]
+    posting = time.perf_counter() - started
     kernels = 0
     while pending:
         kernel()
         kernels += 1
         pending = [request for request in pending if not request.test()]
-    return kernels, time.perf_counter() - started
+    return kernels, time.perf_counter() - started, posting
 
 
-def transfer_round(comm: MPICommunicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
+def transfer_round(comm: MPICommunicator, kernel: Callable[[], object],
+                   buckets: list[np.ndarray]) -> tuple[float, float]:
     """Seconds per bucket byte that a reduction of ``buckets`` over ``comm``, tested after
-    every ``kernel``, adds to this rank's kernels; collective."""
+    every ``kernel``, adds to this rank's kernels besides posting them, and the seconds of
+    posting one bucket; collective."""
     started = time.perf_counter()
     for _ in range(ALONE_KERNELS):
         kernel()
     alone = (time.perf_counter() - started) / ALONE_KERNELS
-    kernels, elapsed = overlapped_kernels(comm, kernel, buckets)
-    return max(0.0, elapsed - kernels * alone) / sum(bucket.nbytes for bucket in buckets)
+    kernels, elapsed, posting = overlapped_kernels(comm, kernel, buckets)
+    return (max(0.0, elapsed - posting - kernels * alone) / sum(bucket.nbytes for bucket in buckets),
+            posting / len(buckets))
 
 
 def window_round(comm: MPICommunicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
     """The bucket bytes per test that a reduction of ``buckets`` over ``comm`` moved, tested
     after every ``kernel``; collective."""
-    tests, _ = overlapped_kernels(comm, kernel, buckets)
+    tests, _, _ = overlapped_kernels(comm, kernel, buckets)
     return sum(bucket.nbytes for bucket in buckets) / tests
 
 
 def measure_transfer(comm: MPICommunicator, rounds: int = ROUNDS) -> TransferCost:
     """The CPU seconds per byte of a bucket that moving it over the job's network costs a
-    rank computing beside it (the median over ``rounds``), and the bucket bytes the link
-    moves between two tests (the median over :data:`WINDOW_ROUNDS`), each averaged over the
-    ranks (every rank gets them). Collective."""
+    rank computing beside it and the seconds of posting one (the medians over ``rounds``),
+    and the bucket bytes the link moves between two tests (the median over
+    :data:`WINDOW_ROUNDS`), each averaged over the ranks (every rank gets them). Collective."""
     kernel = _kernel()
     kernel()
     buckets = [np.ones(BUCKET_BYTES // 4, dtype=np.float32) for _ in range(BUCKETS)]
-    cpu = statistics.median(transfer_round(comm, kernel, buckets) for _ in range(rounds))
+    cpu_and_post = [transfer_round(comm, kernel, buckets) for _ in range(rounds)]
+    cpu, post = (statistics.median(figures) for figures in zip(*cpu_and_post, strict=True))
     started = time.perf_counter()
     kernel()
     repeats = max(1, math.ceil(LONG_KERNEL_SECONDS / (time.perf_counter() - started)))
@@ -97,5 +105,5 @@ def measure_transfer(comm: MPICommunicator, rounds: int = ROUNDS) -> TransferCos
             kernel()
 
     window = statistics.median(window_round(comm, long_kernel, buckets) for _ in range(WINDOW_ROUNDS))
-    per_rank = comm.allgather_object((cpu, window))
-    return TransferCost(statistics.fmean(c for c, _ in per_rank), statistics.fmean(w for _, w in per_rank))
+    per_rank = comm.allgather_object((cpu, window, post))
+    return TransferCost(*(statistics.fmean(figures) for figures in zip(*per_rank, strict=True)))

@@ -151,7 +151,7 @@ class AdjustedMachine:
         # its CPU time placed as the job's ranks are, without the drift since that state.
         cost = self.base.transfer_cost
         share = kernel_scale(OUTSIDE_KERNELS, self.placement, self.base.calibration.placement)
-        return replace(cost, cpu_per_byte=cost.cpu_per_byte * share)
+        return replace(cost, cpu_per_byte=cost.cpu_per_byte * share, post_seconds=cost.post_seconds * share)
 
 
 OUTSIDE_KERNELS = "outside_kernels"  # the interpreter's time between kernels: scaled as a memory-bound kernel

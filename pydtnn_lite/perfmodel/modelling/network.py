@@ -45,7 +45,8 @@ class NetworkTimings:
                 "inter_node": [list(sample) for sample in self.inter_node],
                 "intra_node": [list(sample) for sample in self.intra_node],
                 "transfer_cpu_per_byte": self.transfer.cpu_per_byte,
-                "window_bytes": None if math.isinf(self.transfer.window_bytes) else self.transfer.window_bytes}
+                "window_bytes": None if math.isinf(self.transfer.window_bytes) else self.transfer.window_bytes,
+                "post_seconds": self.transfer.post_seconds}
 
     @classmethod
     def from_dict(cls, data: dict) -> NetworkTimings:
@@ -54,7 +55,8 @@ class NetworkTimings:
                    tuple((float(n), float(t)) for n, t in data["inter_node"]),
                    tuple((float(n), float(t)) for n, t in data["intra_node"]),
                    TransferCost(float(data.get("transfer_cpu_per_byte", 0.0)),
-                                math.inf if data.get("window_bytes") is None else float(data["window_bytes"])))
+                                math.inf if data.get("window_bytes") is None else float(data["window_bytes"]),
+                                float(data.get("post_seconds", 0.0))))
 
 
 def _level(procs: int, samples: tuple[tuple[float, float], ...]) -> AllreduceTime | None:

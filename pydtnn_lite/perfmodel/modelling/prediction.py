@@ -35,6 +35,7 @@ import numpy as np
 from pydtnn_lite.comm.gradients import MIB, plan_buckets
 from pydtnn_lite.costs import (
     ALLREDUCE,
+    ALLREDUCE_START,
     COMPUTE_STAGES,
     DATA_LOAD,
     H2D_COPY,
@@ -231,6 +232,11 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     bucket_seconds = [machine.allreduce_seconds(n, procs) for n in bucket_bytes]
     if machine.overlaps_communication:
         kernels, exposed = _backward_channel(network, kernels, bucket_bytes, buckets, bucket_seconds, machine, procs)
+        post = machine.transfer_cost.post_seconds if machine.starts_inside_calls else 0.0
+        if post > 0:  # on the rank's clock in backward: the step pays them besides what the buckets outlast
+            kernels += [PredictedKernel(NO_LAYER, "", Stage.COMM, ALLREDUCE_START, i, post, 0.0, n)
+                        for i, n in enumerate(bucket_bytes)]
+            exposed += post * len(buckets)
     else:
         exposed = _unhidden_bucket_seconds(machine, bucket_bytes, procs)
     kernels = data_kernels + kernels
@@ -249,7 +255,8 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     read_ahead = sum(k.seconds for k in data_kernels if k.kernel == DATA_LOAD) if prefetch else 0.0
     data = stage[Stage.DATA] - read_ahead + (machine.background_seconds(read_ahead) if read_ahead else 0.0)
     compute = sum(stage[name] for name in COMPUTE_STAGES) + prediction.overhead_seconds
-    without_data = {False: compute + stage[Stage.COMM], True: compute + exposed + loss_seconds + end_wait}
+    posted = sum(k.seconds for k in kernels if k.kernel == ALLREDUCE_START)  # overlap's alone
+    without_data = {False: compute + stage[Stage.COMM] - posted, True: compute + exposed + loss_seconds + end_wait}
     # Reading slower than the step's own work: the step waits for the rest of it.
     in_step = {overlap: max(data, read_ahead - rest) for overlap, rest in without_data.items()}
     prediction.data_in_step_without_overlap, prediction.data_in_step_with_overlap = in_step[False], in_step[True]
@@ -303,13 +310,16 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     it on the channel and, where phases start inside calls, the CPU time of the data the
     link moved during each layer's backward (a TRANSFER_CPU entry per layer); and how long
     the buckets outlast backward. A bucket is ready when backward is done with its first
-    layer; an MPI call comes after every kernel."""
+    layer, and posted then, which takes the rank ``transfer_cost.post_seconds`` (a COMM
+    entry of the step, as the trace has it: the caller adds them); an MPI call comes after
+    every kernel."""
     if not buckets:
         return kernels, 0.0
     channel = Channel(bucket_bytes, bucket_seconds, procs, machine.starts_inside_calls, machine.transfer_cost)
     queued: dict[CallKey, float] = {}
     transfer_cpu: defaultdict[int, float] = defaultdict(float)
     clock, ready, previous_layer = 0.0, 0, network.loss_index
+    post = machine.transfer_cost.post_seconds if machine.starts_inside_calls else 0.0
 
     def charge_moved() -> None:
         """The previous kernel ran the longer for what the tests' phases moved meanwhile."""
@@ -320,7 +330,8 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
 
     for kernel in _backward_order(network, kernels):
         while ready < len(buckets) and buckets[ready].first_layer > kernel.layer:
-            ready += 1  # the layers after this kernel's are done
+            ready += 1  # the layers after this kernel's are done: the trainer posts their bucket
+            clock += post
         charge_moved()
         if kernel.kernel == ALLREDUCE:  # a blocking reduction goes out behind every ready bucket
             done = channel.finish(clock, ready)
@@ -332,6 +343,7 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
         clock += kernel.seconds
         previous_layer = kernel.layer
     charge_moved()
+    clock += post * (len(buckets) - ready)  # the buckets of the first layers, posted as backward ends
     done = channel.finish(clock, len(buckets))  # the wait for every bucket at the end of backward
     waited = [replace(k, seconds=k.seconds + queued[k.key]) if k.key in queued else k for k in kernels]
     names = {k.layer: k.layer_name for k in kernels}
