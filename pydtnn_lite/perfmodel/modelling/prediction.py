@@ -232,11 +232,6 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     bucket_seconds = [machine.allreduce_seconds(n, procs) for n in bucket_bytes]
     if machine.overlaps_communication:
         kernels, exposed = _backward_channel(network, kernels, bucket_bytes, buckets, bucket_seconds, machine, procs)
-        post = machine.transfer_cost.post_seconds if machine.starts_inside_calls else 0.0
-        if post > 0:  # on the rank's clock in backward: the step pays them besides what the buckets outlast
-            kernels += [PredictedKernel(NO_LAYER, "", Stage.COMM, ALLREDUCE_START, i, post, 0.0, n)
-                        for i, n in enumerate(bucket_bytes)]
-            exposed += post * len(buckets)
     else:
         exposed = _unhidden_bucket_seconds(machine, bucket_bytes, procs)
     kernels = data_kernels + kernels
@@ -308,11 +303,12 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     """Backward walked in order beside the channel its bucket reductions share (``channel.py``):
     ``kernels`` with each batch-norm reduction of backward waiting for the buckets ahead of
     it on the channel and, where phases start inside calls, the CPU time of the data the
-    link moved during each layer's backward (a TRANSFER_CPU entry per layer); and how long
-    the buckets outlast backward. A bucket is ready when backward is done with its first
-    layer, and posted then, which takes the rank ``transfer_cost.post_seconds`` (a COMM
-    entry of the step, as the trace has it: the caller adds them); an MPI call comes after
-    every kernel."""
+    link moved during each layer's backward (a TRANSFER_CPU entry per layer) and the posts of
+    the buckets (an ALLREDUCE_START entry in COMM each, as the trace has them); and what
+    communication adds to backward: the posts, and how long the buckets outlast it. A bucket
+    is ready when backward is done with its first layer, and posted then, which takes the
+    rank ``transfer_cost.post_seconds`` where phases start inside calls; an MPI call comes
+    after every kernel."""
     if not buckets:
         return kernels, 0.0
     channel = Channel(bucket_bytes, bucket_seconds, procs, machine.starts_inside_calls, machine.transfer_cost)
@@ -349,7 +345,10 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     names = {k.layer: k.layer_name for k in kernels}
     waited += [PredictedKernel(layer, names.get(layer, ""), Stage.BP, TRANSFER_CPU, 0, seconds, 0.0, 0.0)
                for layer, seconds in transfer_cpu.items() if seconds > 0]
-    return waited, max(0.0, done - clock)
+    if post > 0:
+        waited += [PredictedKernel(NO_LAYER, "", Stage.COMM, ALLREDUCE_START, i, post, 0.0, n)
+                   for i, n in enumerate(bucket_bytes)]
+    return waited, max(0.0, done - clock) + post * len(buckets)
 
 
 def _unhidden_bucket_seconds(machine: Machine, bucket_bytes: list[float], procs: int) -> float:
