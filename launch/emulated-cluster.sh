@@ -72,8 +72,14 @@ fi
 job_pid=""
 cleanup() {
   trap - EXIT INT TERM HUP
-  if [ -n "$job_pid" ]; then kill -TERM "$job_pid" 2>/dev/null || true; wait "$job_pid" 2>/dev/null || true; fi
+  if [ -n "$job_pid" ]; then
+    kill -TERM "$job_pid" 2>/dev/null || true
+    # A few seconds to end on its own (a trainer checkpoints on SIGTERM), then the namespaces' processes are killed.
+    for _ in $(seq 50); do kill -0 "$job_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$job_pid" 2>/dev/null || true
+  fi
   remove_namespaces
+  [ -z "$job_pid" ] || wait "$job_pid" 2>/dev/null || true
   : >"$LOCK"
 }
 on_signal() { cleanup; exit $((128 + $1)); }

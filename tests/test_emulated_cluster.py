@@ -122,19 +122,28 @@ def test_the_job_does_not_hold_the_lock():
 
 
 @needs_emulation
-def test_ctrl_c_removes_the_cluster():
-    job = subprocess.Popen(["/bin/bash", LAUNCHER, "--nodes", "2", "--ranks-per-node", "1", "--link-gbit", "1", "--",
-                            sys.executable, "-c", "import time; time.sleep(60)"],
+@pytest.mark.parametrize("on_term", [
+    "signal.SIG_DFL",
+    "signal.SIG_IGN",  # a rank that does not end on SIGTERM is killed after a few seconds' grace
+])
+def test_ctrl_c_removes_the_cluster(tmp_path, on_term):
+    started = tmp_path / "started"
+    program = (f"import pathlib, signal, time; signal.signal(signal.SIGTERM, {on_term}); "
+               f"pathlib.Path({str(started)!r}).touch(); time.sleep(60)")
+    job = subprocess.Popen(["/bin/bash", LAUNCHER, "--nodes", "1", "--ranks-per-node", "1", "--link-gbit", "1", "--",
+                            sys.executable, "-c", program],
                            env=dict(os.environ, MPIEXEC=os.path.join(os.path.dirname(sys.executable), "mpiexec")),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(100):  # until the cluster stands
-            if len(our_namespaces()) == 3:
+        for _ in range(300):  # until the rank runs
+            if started.exists():
                 break
             time.sleep(0.1)
-        assert len(our_namespaces()) == 3
+        assert started.exists() and len(our_namespaces()) == 2
+        signalled = time.monotonic()
         job.send_signal(signal.SIGINT)
         assert job.wait(timeout=30) == 130
+        assert time.monotonic() - signalled < 15
     finally:
         if job.poll() is None:
             job.kill()
