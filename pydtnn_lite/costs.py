@@ -33,6 +33,7 @@ class Stage(str, Enum):
 
 COMPUTE_STAGES = (Stage.FP, Stage.BP, Stage.WU)
 
+GEMM = "gemm"  # a matrix product: convolutions' and dense layers' compute-bound kernel
 ALLREDUCE = "allreduce"  # a blocking sum over the ranks (batch-norm statistics, gradient buckets, the loss)
 SYNC_WAIT = "sync_wait"  # the wait for the slowest rank at the end of a step (predicted, never traced)
 # The computing rank's CPU time for moving overlapped buckets over a network inside its tests

@@ -17,6 +17,7 @@ from pydtnn_lite.perfmodel.modelling.drift import (
     ProbedWork,
     beyond_noise,
     drift_between,
+    gemm_rest_ratio,
     kernel_ratios,
 )
 from pydtnn_lite.perfmodel.modelling.machines import OUTSIDE_KERNELS, AdjustedMachine, CalibratedMachine, probed_ratios
@@ -53,6 +54,23 @@ def test_a_gemm_moves_with_the_peak_only_for_the_share_of_its_time_spent_at_the_
     # Without the cost, or without the calibration's probe rate, the GEMM ratio as it is.
     assert drift.scale("gemm") == pytest.approx(1.5)
     assert Drift(compute=1.5, memory=0.8).scale("gemm", flops=6e9, seconds=0.1) == pytest.approx(1.5)
+
+
+def test_a_gemm_off_its_peak_moves_by_the_kernel_probe_s_products():
+    """Two probed GEMMs predicted at 1 ms: one all at the 90 GFLOP/s peak (9e7 FLOP), one
+    with a quarter of its time there (2.25e7 FLOP). With the peak's part moving 1.2x, the
+    first took 1.2 ms, the second 0.25 x 1.2 + 0.75 x 1.6 = 1.5 ms: the part off the peak
+    moved 1.6x, which the fit recovers and a GEMM's scale then uses instead of the copy rates."""
+    calls = [KernelSample((64, 64, 64, 0, 0), 9e7, 1e5, 1.2e-3), KernelSample((8, 64, 64, 0, 0), 2.25e7, 1e5, 1.5e-3)]
+    assert gemm_rest_ratio(calls, lambda call: 1e-3, 90e9, at_peak_ratio=1.2) == pytest.approx(1.6)
+    # The held-out error of 20 % a call, over two calls, explains 1.2 / 1.414 of the move.
+    assert gemm_rest_ratio(calls, lambda call: 1e-3, 90e9, 1.2, error=0.2) == pytest.approx(
+        1.6 / (1 + 0.2 / math.sqrt(2)))
+    assert gemm_rest_ratio(calls[:1], lambda call: 1e-3, 90e9, 1.2) is None  # nothing off the peak
+    drift = dataclasses.replace(drift_between(THEN, MachineState(75e9, 25e9)), gemm_rest=1.6)  # GEMM x1.2
+    assert drift.scale("gemm", flops=2.25e7, seconds=1e-3) == pytest.approx(1.5)
+    assert drift.scale("im2col") == pytest.approx(0.8)  # other kernels keep the copy rates
+    assert "GEMM off its peak x1.600" in drift.describe()
 
 
 def test_a_fused_kernel_the_probe_did_not_time_moves_as_the_mean_of_its_parts():

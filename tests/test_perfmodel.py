@@ -21,9 +21,11 @@ from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, KIB, log_spaced_sizes
 from pydtnn_lite.perfmodel.modelling.allreduce import (
+    TERMS,
     AllreduceModel,
     InterpolatedAllreduce,
     Link,
+    RangeFits,
     allreduce_seconds,
     fit_allreduce,
 )
@@ -69,6 +71,41 @@ def test_fit_recovers_two_bandwidth_regimes():
     assert fitted.links[0].alpha == pytest.approx(3e-6, rel=0.05)
     assert fitted.link(2 ** 22) == fitted.links[1] and fitted.link(2 ** 22 - 1) == fitted.links[0]
     assert AllreduceModel.from_dict(json.loads(json.dumps(fitted.to_dict()))) == fitted
+
+
+def brute_force_fit(samples: list[tuple[int, float, float]], gamma: float) -> tuple[Link, float]:
+    """Non-negative least squares of relative error by trying every subset of (alpha, beta)
+    with numpy's lstsq: the reference the fit's normal equations must agree with."""
+    terms = np.array([TERMS["ring"](p, n) for p, n, _ in samples])
+    times = np.array([t for _, _, t in samples])
+    best, best_error = Link(0.0, 0.0, gamma), float(np.sum(((times - terms[:, 2] * gamma) / times) ** 2))
+    for subset in ([0], [1], [0, 1]):
+        columns = terms[:, subset] / times[:, None]
+        solution = np.linalg.lstsq(columns, (times - terms[:, 2] * gamma) / times, rcond=None)[0]
+        error = float(np.sum((columns @ solution - (times - terms[:, 2] * gamma) / times) ** 2))
+        if (solution >= 0).all() and error < best_error:
+            full = dict(zip(subset, solution, strict=True))
+            best, best_error = Link(full.get(0, 0.0), full.get(1, 0.0), gamma), error
+    predicted = terms @ np.array([best.alpha, best.beta, gamma])
+    return best, float(np.sum(np.abs(predicted - times) / times))
+
+
+def test_fit_of_every_size_range_is_the_least_squares_fit_of_its_samples():
+    """Ranges of noisy samples, among them ones whose unconstrained fit has a negative alpha
+    (a steep bandwidth term), each fitted as a brute-force NNLS of that range alone finds."""
+    rng = np.random.default_rng(3)
+    sizes = [2.0 ** k for k in range(8, 27)]
+    truth = AllreduceModel("ring", (Link(5e-6, 0.3e-9), Link(0.0, 0.8e-9)), (2.0 ** 18,))
+    samples = [(p, n, truth.seconds(n, p) * rng.uniform(0.8, 1.25)) for p in (2, 4) for n in sizes]
+    ranges = RangeFits("ring", samples, gamma=0.05e-9)
+    bounds = [0.0, *sizes[1:], math.inf]
+    for low, high in itertools.combinations(bounds, 2):
+        within = [s for s in samples if low <= s[1] < high]
+        link, error = ranges.fit(low, high)
+        expected, expected_error = brute_force_fit(within, 0.05e-9)
+        assert link.alpha == pytest.approx(expected.alpha, rel=1e-6, abs=1e-15)
+        assert link.beta == pytest.approx(expected.beta, rel=1e-6, abs=1e-20)
+        assert error == pytest.approx(expected_error, rel=1e-6, abs=1e-6)
 
 
 def test_fit_picks_the_algorithm_that_generated_the_samples():
@@ -566,7 +603,7 @@ def test_validate_prints_its_figures_as_one_json_object(traced_run, tmp_path):
     assert isinstance(drift, float) and drift > 0
     assert document["raw_step_error"] == pytest.approx((predicted / drift - measured) / measured)
     assert set(document["drift"]) == {"compute", "memory", "communication", "noise", "measured", "peak_flops",
-                                      "kernels", "imbalance"}
+                                      "kernels", "imbalance", "gemm_rest"}
     assert document["drift"]["kernels"]["batchnorm_sums"] > 0  # the kernel probe's own ratios
     assert set(document["wre"]) == {"FP", "BP", "WU"} and all(isinstance(v, float) for v in document["wre"].values())
     for key in ("measured_stage_seconds", "predicted_stage_seconds", "stage_errors"):

@@ -98,37 +98,66 @@ class AllreduceModel:
                    tuple(float(t) for t in data["thresholds"]))
 
 
-def _fit_link(terms: np.ndarray, times: np.ndarray, gamma: float) -> tuple[Link, float]:
-    """Non-negative least squares of relative error for alpha and beta, gamma given, over
-    samples whose model coefficients (:data:`TERMS`, a row each) are ``terms`` and whose
-    measured seconds are ``times``; the link, and the sum of the samples' absolute relative
-    errors under it.
+class RangeFits:
+    """One algorithm's link fitted to the samples of every range of message sizes at once.
 
-    Relative error weights small and large messages alike. In all three models the beta
-    and gamma terms are proportional (2:1), so timings cannot tell them apart: gamma is
-    fixed and beta absorbs the rest of the per-byte cost.
+    A range runs from one measured size (inclusive) to a larger one (exclusive), the first
+    from 0 and the last to infinity. Each range's fit is non-negative least squares of
+    relative error for alpha and beta, gamma given: every subset of the two (alpha alone,
+    beta alone, both) is solved from the range's normal equations, which prefix sums over
+    the samples sorted by size give for all ranges at once, and the best non-negative
+    solution kept. Relative error weights small and large messages alike. In all three
+    models the beta and gamma terms are proportional (2:1), so timings cannot tell them
+    apart: gamma is fixed and beta absorbs the rest of the per-byte cost.
     """
-    target = times - terms[:, 2] * gamma
-    free = terms[:, :2]
-    weights = 1.0 / times
-    best, best_error = None, math.inf
-    # Tiny NNLS: try every subset of free parameters and keep the best non-negative solution.
-    for size in range(1, free.shape[1] + 1):
-        for subset in itertools.combinations(range(free.shape[1]), size):
-            columns = free[:, subset] * weights[:, None]
-            solution, *_ = np.linalg.lstsq(columns, target * weights, rcond=None)
-            if (solution < 0).any():
-                continue
-            error = float(np.sum((columns @ solution - target * weights) ** 2))
-            if error < best_error:
-                full = np.zeros(free.shape[1])
-                full[list(subset)] = solution
-                best, best_error = full, error
-    if best is None:
-        best = np.zeros(free.shape[1])
-    link = Link(float(best[0]), float(best[1]), gamma)
-    predicted = terms @ np.array([link.alpha, link.beta, link.gamma])
-    return link, float(np.sum(np.abs(predicted - times) / times))
+
+    def __init__(self, algorithm: str, samples: Sequence[tuple[int, float, float]], gamma: float) -> None:
+        ordered = sorted(samples, key=lambda sample: sample[1])
+        terms = np.array([TERMS[algorithm](p, n) for p, n, _ in ordered])
+        times = np.array([t for _, _, t in ordered])
+        sizes = np.array([n for _, n, _ in ordered])
+        self.gamma = gamma
+        self.sizes = sorted(set(sizes.tolist()))
+        # Row k of a prefix sum covers the samples below the k-th size; the last row all of them.
+        bounds = np.searchsorted(sizes, [*self.sizes, math.inf])
+        bounds[-1] = len(sizes)
+        first, last = np.triu_indices(len(bounds), k=1)  # every range: [first size, last size)
+        scale = max(float(terms[:, 1].max()), 1e-300)  # beta's column near 1, for the normal equations
+        columns = np.stack([terms[:, 0], terms[:, 1] / scale], axis=1) / times[:, None]
+        target = (times - terms[:, 2] * gamma) / times
+        products = np.concatenate([columns[:, [0, 0, 1]] * columns[:, [0, 1, 1]], columns * target[:, None],
+                                   (target * target)[:, None]], axis=1)
+        prefix = np.vstack([np.zeros(products.shape[1]), np.cumsum(products, axis=0)])[bounds]
+        s11, s12, s22, s1y, s2y, syy = (prefix[last] - prefix[first]).T
+        candidates = [(np.zeros_like(s11), np.zeros_like(s11), syy)]  # no free parameter
+        with np.errstate(divide="ignore", invalid="ignore"):
+            alpha = s1y / s11
+            candidates.append((alpha, np.zeros_like(s11), syy - alpha * s1y))
+            beta = s2y / s22
+            candidates.append((np.zeros_like(s11), beta, syy - beta * s2y))
+            determinant = s11 * s22 - s12 * s12
+            alpha, beta = (s22 * s1y - s12 * s2y) / determinant, (s11 * s2y - s12 * s1y) / determinant
+            candidates.append((alpha, beta, syy - alpha * s1y - beta * s2y))
+        best_error = np.full(len(first), math.inf)
+        self.alpha, self.beta = np.zeros(len(first)), np.zeros(len(first))
+        for alpha, beta, error in candidates:
+            better = np.isfinite(alpha) & np.isfinite(beta) & (alpha >= 0) & (beta >= 0) & (error < best_error)
+            best_error = np.where(better, error, best_error)
+            self.alpha, self.beta = np.where(better, alpha, self.alpha), np.where(better, beta, self.beta)
+        self.beta = self.beta / scale
+        predicted = (np.outer(self.alpha, terms[:, 0]) + np.outer(self.beta, terms[:, 1])
+                     + gamma * terms[:, 2][None, :])
+        within = (np.arange(len(sizes))[None, :] >= bounds[first][:, None]) & \
+                 (np.arange(len(sizes))[None, :] < bounds[last][:, None])
+        self.errors = np.sum(np.abs(predicted - times) / times * within, axis=1)
+        self.index = {(int(a), int(b)): i for i, (a, b) in enumerate(zip(first, last, strict=True))}
+        self.position = {size: k for k, size in enumerate(self.sizes)}
+
+    def fit(self, low: float, high: float) -> tuple[Link, float]:
+        """The link of the samples of sizes in ``[low, high)`` (0 and infinity, or measured
+        sizes), and the sum of their absolute relative errors under it."""
+        i = self.index[(self.position.get(low, 0), self.position.get(high, len(self.sizes)))]
+        return Link(float(self.alpha[i]), float(self.beta[i]), self.gamma), float(self.errors[i])
 
 
 MIN_REGIME_GAIN = 0.005  # mean relative error an extra regime must save
@@ -144,25 +173,6 @@ def _threshold_sets(sizes: Sequence[float], regimes: int) -> list[tuple[float, .
             if all(sum(1 for n in sizes if low <= n < high) >= 2 for low, high in itertools.pairwise(bounds)):
                 out.append(chosen)
     return out
-
-
-def _range_fitter(algorithm: str, samples: Sequence[tuple[int, float, float]],
-                  gamma: float) -> Callable[[float, float], tuple[Link, float]]:
-    """A function of a message-size range ``[low, high)`` giving ``algorithm``'s link fitted to
-    the samples within it and the sum of their absolute relative errors, each range fitted once
-    (many cuts share it)."""
-    fitted: dict[tuple[float, float], tuple[Link, float]] = {}
-    terms = np.array([TERMS[algorithm](p, n) for p, n, _ in samples])
-    sizes = np.array([n for _, n, _ in samples])
-    times = np.array([t for _, _, t in samples])
-
-    def fit_range(low: float, high: float) -> tuple[Link, float]:
-        if (low, high) not in fitted:
-            within = (sizes >= low) & (sizes < high)
-            fitted[(low, high)] = _fit_link(terms[within], times[within], gamma)
-        return fitted[(low, high)]
-
-    return fit_range
 
 
 def fit_allreduce(samples: Sequence[tuple[int, float, float]], algorithm: str | None = None,
@@ -183,13 +193,13 @@ def fit_allreduce(samples: Sequence[tuple[int, float, float]], algorithm: str | 
     sizes = sorted({n for _, n, _ in samples})
     best: dict[int, tuple[float, AllreduceModel]] = {}  # per number of regimes
     for name in ([algorithm] if algorithm else list(TERMS)):
-        fit_range = _range_fitter(name, samples, gamma)
+        ranges = RangeFits(name, samples, gamma)
         for thresholds in _threshold_sets(sizes, regimes):
             bounds = [0.0, *thresholds, math.inf]
-            ranges = [fit_range(low, high) for low, high in itertools.pairwise(bounds)]
-            error = sum(range_error for _, range_error in ranges) / len(samples)
-            if error < best.get(len(ranges), (math.inf, None))[0]:
-                best[len(ranges)] = (error, AllreduceModel(name, tuple(link for link, _ in ranges), thresholds))
+            fits = [ranges.fit(low, high) for low, high in itertools.pairwise(bounds)]
+            error = sum(range_error for _, range_error in fits) / len(samples)
+            if error < best.get(len(fits), (math.inf, None))[0]:
+                best[len(fits)] = (error, AllreduceModel(name, tuple(link for link, _ in fits), thresholds))
     error, model = best[1]
     for count in sorted(best)[1:]:
         if best[count][0] < min(0.9 * error, error - MIN_REGIME_GAIN):

@@ -6,10 +6,11 @@ ranks load every core, and an Allreduce is timed over the job's ranks. A kernel'
 predicted time is scaled by the ratio of the rate that bounds it, then to now:
 
 - GEMM, by the GEMM rates for the part of its calibrated time that ran at the
-  calibration probe's GEMM rate, and by the copy rates for the rest (packing, the edges of
-  skinny products, memory traffic): processors differ most in their peak rates, and a
-  product that stayed below the peak on the calibration's machine moves less than the
-  peak does;
+  calibration probe's GEMM rate, and for the rest (packing, the edges of skinny products,
+  memory traffic) by the ratio that the run's kernel probe's GEMMs ask for
+  (:func:`gemm_rest_ratio`), or the copy rates where it timed none: processors differ
+  most in their peak rates, and a product that stayed below the peak on the
+  calibration's machine moves less than the peak does;
 - every other compute kernel by its own ratio where the run's kernel probe
   (``measuring/kernel_probe.py``) timed it: its calls' times now over what the
   calibration's model predicts for them (:func:`kernel_ratios`); a fused kernel that it
@@ -41,12 +42,14 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
-from pydtnn_lite.costs import FUSED_KERNELS
+import numpy as np
+
+from pydtnn_lite.costs import FUSED_KERNELS, GEMM
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample, sample_columns, samples_from_columns
 
 DRIFT_WARNING = 0.10  # a probe rate that moved more than this makes validate warn
 
-COMPUTE_BOUND = frozenset({"gemm"})
+COMPUTE_BOUND = frozenset({GEMM})
 # A model's updates stream its parameters and optimizer state, megabytes the step has pushed
 # out of the caches, as the copy probe does; a probe network's few layers time them worse
 # (2026-11-24: VGG11's updates moved x0.55, the copy x0.55, the kernel probe's x0.84).
@@ -178,12 +181,14 @@ class Drift:
     peak_flops: float = 0.0
     kernels: Mapping[str, float] = field(default_factory=dict)
     imbalance: float | None = None  # the run's probe's (:meth:`CoreRates.imbalance`); None: not probed
+    gemm_rest: float | None = None  # GEMM off its peak, the kernel probe's (:func:`gemm_rest_ratio`); None: memory
 
     def scale(self, kernel: str, communication: bool = False, flops: float = 0.0, seconds: float = 0.0) -> float:
         """The factor for a kernel's predicted time (``communication``: a collective). A
         compute-bound kernel of ``flops`` that took ``seconds`` at the calibration moves with
         the GEMM rates for the share of its time that ran at the calibration probe's rate
-        (``peak_flops``; the whole of it where either is unknown), the rest with memory."""
+        (``peak_flops``; the whole of it where either is unknown), the rest by ``gemm_rest``
+        where the kernel probe gave one, else with memory."""
         if communication:
             return self.communication
         if kernel in FUSED_KERNELS and kernel not in self.kernels:
@@ -193,8 +198,9 @@ class Drift:
             return sum(self.kernels.get(part, self.memory) for part in parts) / len(parts)
         if kernel not in COMPUTE_BOUND:
             return self.kernels.get(kernel, self.memory)
-        at_peak = min(1.0, flops / (self.peak_flops * seconds)) if self.peak_flops > 0 and seconds > 0 else 1.0
-        return at_peak * self.compute + (1.0 - at_peak) * self.memory
+        at_peak = peak_share(flops, seconds, self.peak_flops)
+        rest = self.memory if self.gemm_rest is None else self.gemm_rest
+        return at_peak * self.compute + (1.0 - at_peak) * rest
 
     @property
     def moved(self) -> bool:
@@ -206,6 +212,7 @@ class Drift:
                f"to x{max(self.kernels.values()):.2f})") if self.kernels else ""
         noise = (f"; the probes measured moves up to {100 * self.measured:.0f} % and repeat within "
                  f"+-{100 * self.noise:.0f} %, a part of each move that is not corrected") if self.noise else ""
+        own = (f"; GEMM off its peak x{self.gemm_rest:.3f} by the kernel probe's" if self.gemm_rest else "") + own
         slowest = (f"; the slowest core {100 * self.imbalance:.1f} % slower than the cores' mean"
                    if self.imbalance else "")
         return (f"GEMM x{self.compute:.3f}, memory x{self.memory:.3f}, communication x{self.communication:.3f}"
@@ -244,6 +251,38 @@ def work_ratio(seconds: Sequence[tuple[float, float]], error: float = 0.0) -> fl
     if not seconds or now <= 0 or before <= 0:
         return None
     return beyond_noise(now / before, error / math.sqrt(len(seconds)))
+
+
+def peak_share(flops: float, seconds: float, peak_flops: float) -> float:
+    """The share of a GEMM's ``seconds`` that its ``flops`` take at ``peak_flops`` (at most
+    all of it; all of it where either is unknown)."""
+    return min(1.0, flops / (peak_flops * seconds)) if peak_flops > 0 and seconds > 0 else 1.0
+
+
+def gemm_rest_ratio(calls: Sequence[KernelSample], then: Callable[[KernelSample], float], peak_flops: float,
+                    at_peak_ratio: float, error: float = 0.0) -> float | None:
+    """GEMM's time now over then off its peak, fitted to the kernel probe's GEMM ``calls``
+    (seconds measured now) and ``then(call)``, the calibration's predicted seconds of the
+    same call, given ``at_peak_ratio`` for the share of each call's time that ran at
+    ``peak_flops`` (:func:`peak_share`): least squares of ``now - then share at_peak_ratio
+    = then (1 - share) R``. Absolute seconds weigh each call by its time, as a step does.
+    The part of the move that ``error`` (the GEMM model's held-out time error) over the
+    square root of the calls explains is taken off (:func:`beyond_noise`). None without a
+    call off the peak, or where the fit is not positive.
+
+    The copy rates that stand in otherwise can stay still while skinny products move: on
+    2026-11-26 this machine's copy probe ran 1.2x slower than at the calibration while the
+    kernel probe's GEMMs ran 1.3x slower off the peak, and LeNet's products, far off it, 1.4x.
+    """
+    before = np.array([then(call) for call in calls])
+    now = np.array([call.seconds for call in calls])
+    share = np.array([peak_share(call.flops, seconds, peak_flops) for call, seconds in zip(calls, before, strict=True)])
+    off_peak = before * (1.0 - share)
+    weight = float(off_peak @ off_peak)
+    if weight <= 0:
+        return None
+    ratio = float(off_peak @ (now - before * share * at_peak_ratio)) / weight
+    return beyond_noise(ratio, error / math.sqrt(len(calls))) if ratio > 0 else None
 
 
 def kernel_ratios(calls: Mapping[str, Sequence[KernelSample]], then: Callable[[str, KernelSample], float],

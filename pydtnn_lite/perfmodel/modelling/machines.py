@@ -5,7 +5,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from pydtnn_lite.costs import DATA_LOAD, FUSED_KERNELS, KernelCost, Stage
+from pydtnn_lite.costs import DATA_LOAD, FUSED_KERNELS, GEMM, KernelCost, Stage
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.allreduce import (
     AllreduceModel,
@@ -22,6 +22,7 @@ from pydtnn_lite.perfmodel.modelling.drift import (
     MachineState,
     ProbedWork,
     drift_between,
+    gemm_rest_ratio,
     kernel_ratios,
     work_ratio,
 )
@@ -169,7 +170,40 @@ def adjusted_machine(machine: CalibratedMachine, placement: Placement | None = N
     if now is not None and calibration.machine_state is not None:
         model = machine.allreduce_seconds if machine.allreduce is not None else None
         drift = drift_between(calibration.machine_state, now, model, probed_ratios(calibration, probed))
+        drift = replace(drift, gemm_rest=probed_gemm_rest(calibration, probed, drift.compute))
     return AdjustedMachine(machine, placement or calibration.placement, drift)
+
+
+def _probe_comparable(calibration: Calibration, probed: ProbedWork | None) -> bool:
+    """Whether a kernel probe's calls can be set against ``calibration``'s models: it has
+    calls, and the calibration's kernels ran as the probe runs (one single-thread rank per
+    core, on the host)."""
+    placed = calibration.placement
+    return (probed is not None and bool(probed.calls) and calibration.machine.get("device", "cpu") == "cpu"
+            and placed.threads_per_rank == 1 and placed.ranks_per_node == placed.cores_per_node)
+
+
+def _calibrated_seconds(calibration: Calibration, kernel: str, call: KernelSample) -> float:
+    return calibration.kernel_seconds(kernel, KernelCost(Stage.FP, kernel, call.flops, call.bytes, call.dims))
+
+
+def _model_error(calibration: Calibration, kernel: str) -> float:
+    """The held-out time error of the calibration's model of ``kernel`` (NaN without one)."""
+    model = calibration.kernel_models.get(kernel)
+    return model.held_out_time_error if model is not None else math.nan
+
+
+def probed_gemm_rest(calibration: Calibration, probed: ProbedWork | None, at_peak_ratio: float) -> float | None:
+    """The kernel probe's ratio for GEMM off its peak against ``calibration``, the part at
+    the peak moving by ``at_peak_ratio``
+    (:func:`~pydtnn_lite.perfmodel.modelling.drift.gemm_rest_ratio`); None where it timed
+    no GEMM, the calibration has no probe's peak, or the two ran otherwise (:func:`probed_ratios`)."""
+    state = calibration.machine_state
+    if probed is None or not _probe_comparable(calibration, probed) or state is None or not probed.calls.get(GEMM):
+        return None
+    error = _model_error(calibration, GEMM)
+    return gemm_rest_ratio(probed.calls[GEMM], lambda call: _calibrated_seconds(calibration, GEMM, call),
+                           state.gemm_flops, at_peak_ratio, error if math.isfinite(error) else 0.0)
 
 
 def probed_ratios(calibration: Calibration, probed: ProbedWork | None) -> dict[str, float]:
@@ -177,17 +211,14 @@ def probed_ratios(calibration: Calibration, probed: ProbedWork | None) -> dict[s
     (:func:`~pydtnn_lite.perfmodel.modelling.drift.kernel_ratios`), the time outside the
     kernels' (:data:`OUTSIDE_KERNELS`) and loading data's (``DATA_LOAD``); none where the
     calibration's kernels ran otherwise placed than the probe's, or on a GPU."""
-    placed = calibration.placement
-    if probed is None or not probed.calls or calibration.machine.get("device", "cpu") != "cpu" \
-            or placed.threads_per_rank != 1 or placed.ranks_per_node != placed.cores_per_node:
+    if probed is None or not _probe_comparable(calibration, probed):
         return {}
 
     def then(kernel: str, call: KernelSample) -> float:
-        return calibration.kernel_seconds(kernel, KernelCost(Stage.FP, kernel, call.flops, call.bytes, call.dims))
+        return _calibrated_seconds(calibration, kernel, call)
 
     def model_error(kernel: str) -> float:
-        model = calibration.kernel_models.get(kernel)
-        return model.held_out_time_error if model is not None else math.nan
+        return _model_error(calibration, kernel)
 
     # A fused kernel the calibration never sampled is predicted from the unfused calls it
     # replaces, which a probed call's cost does not name: it has no "then" to set against.
