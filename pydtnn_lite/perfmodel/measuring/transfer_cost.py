@@ -9,8 +9,11 @@ overlapped backward's pattern, on every rank at once: kernels (one-thread GEMMs)
 test of the outstanding buckets after each, while :data:`BUCKETS` buckets of
 :data:`BUCKET_BYTES` reduce over all the ranks.
 
-- Posting: the seconds of the calls that start the buckets' reductions, per bucket
-  (MPICH over TCP starts sending inside them: 0.3-1.4 ms for a 4 MiB bucket here).
+- Posting: the seconds of the call that starts a bucket's reduction (MPICH over TCP
+  writes the bucket's first share into the socket inside it), each bucket posted alone
+  onto an idle link, as backward posts its buckets one at a time: 1.0-2.5 ms for a 4 MiB
+  bucket over 5 Gbit/s here, where training's posts took 0.6-1.3 ms. Six posted back to
+  back averaged 0.2-0.4 ms, five of them finding the sockets full.
 - CPU: kernels of a few milliseconds, against the same kernels alone just before; the
   difference, less the posting, per byte of the buckets.
 - Window: kernels of :data:`LONG_KERNEL_SECONDS`, longer than the link needs for what the
@@ -63,18 +66,21 @@ def overlapped_kernels(comm: MPICommunicator, kernel: Callable[[], object],
     return kernels, time.perf_counter() - started, posting
 
 
-def transfer_round(comm: MPICommunicator, kernel: Callable[[], object],
-                   buckets: list[np.ndarray]) -> tuple[float, float]:
+def transfer_round(comm: MPICommunicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
     """Seconds per bucket byte that a reduction of ``buckets`` over ``comm``, tested after
-    every ``kernel``, adds to this rank's kernels besides posting them, and the seconds of
-    posting one bucket; collective."""
+    every ``kernel``, adds to this rank's kernels besides posting them; collective."""
     started = time.perf_counter()
     for _ in range(ALONE_KERNELS):
         kernel()
     alone = (time.perf_counter() - started) / ALONE_KERNELS
     kernels, elapsed, posting = overlapped_kernels(comm, kernel, buckets)
-    return (max(0.0, elapsed - posting - kernels * alone) / sum(bucket.nbytes for bucket in buckets),
-            posting / len(buckets))
+    return max(0.0, elapsed - posting - kernels * alone) / sum(bucket.nbytes for bucket in buckets)
+
+
+def lone_post_round(comm: MPICommunicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
+    """The mean seconds of posting one of ``buckets`` onto an idle link, each reduced to its
+    end, tested after every ``kernel``, before the next is posted; collective."""
+    return statistics.fmean(overlapped_kernels(comm, kernel, [bucket])[2] for bucket in buckets)
 
 
 def window_round(comm: MPICommunicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
@@ -92,8 +98,8 @@ def measure_transfer(comm: MPICommunicator, rounds: int = ROUNDS) -> TransferCos
     kernel = _kernel()
     kernel()
     buckets = [np.ones(BUCKET_BYTES // 4, dtype=np.float32) for _ in range(BUCKETS)]
-    cpu_and_post = [transfer_round(comm, kernel, buckets) for _ in range(rounds)]
-    cpu, post = (statistics.median(figures) for figures in zip(*cpu_and_post, strict=True))
+    cpu = statistics.median(transfer_round(comm, kernel, buckets) for _ in range(rounds))
+    post = statistics.median(lone_post_round(comm, kernel, buckets) for _ in range(rounds))
     started = time.perf_counter()
     kernel()
     repeats = max(1, math.ceil(LONG_KERNEL_SECONDS / (time.perf_counter() - started)))
