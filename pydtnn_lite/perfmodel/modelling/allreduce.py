@@ -98,6 +98,29 @@ class AllreduceModel:
                    tuple(float(t) for t in data["thresholds"]))
 
 
+def _nonnegative_solutions(s11: np.ndarray, s12: np.ndarray, s22: np.ndarray, s1y: np.ndarray, s2y: np.ndarray,
+                           syy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per problem, the (x1, x2) >= 0 of least squared error from the sums of its normal
+    equations (column products s11, s12, s22, products with the target s1y, s2y, and the
+    target's square syy): the best of x1 alone, x2 alone, both, and neither."""
+    zero = np.zeros_like(s11)
+    candidates = [(zero, zero, syy)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x1 = s1y / s11
+        candidates.append((x1, zero, syy - x1 * s1y))
+        x2 = s2y / s22
+        candidates.append((zero, x2, syy - x2 * s2y))
+        determinant = s11 * s22 - s12 * s12
+        x1, x2 = (s22 * s1y - s12 * s2y) / determinant, (s11 * s2y - s12 * s1y) / determinant
+        candidates.append((x1, x2, syy - x1 * s1y - x2 * s2y))
+    best_error, best1, best2 = np.full(len(s11), math.inf), zero, zero
+    for x1, x2, error in candidates:
+        better = np.isfinite(x1) & np.isfinite(x2) & (x1 >= 0) & (x2 >= 0) & (error < best_error)
+        best_error = np.where(better, error, best_error)
+        best1, best2 = np.where(better, x1, best1), np.where(better, x2, best2)
+    return best1, best2
+
+
 class RangeFits:
     """One algorithm's link fitted to the samples of every range of message sizes at once.
 
@@ -128,22 +151,7 @@ class RangeFits:
         products = np.concatenate([columns[:, [0, 0, 1]] * columns[:, [0, 1, 1]], columns * target[:, None],
                                    (target * target)[:, None]], axis=1)
         prefix = np.vstack([np.zeros(products.shape[1]), np.cumsum(products, axis=0)])[bounds]
-        s11, s12, s22, s1y, s2y, syy = (prefix[last] - prefix[first]).T
-        candidates = [(np.zeros_like(s11), np.zeros_like(s11), syy)]  # no free parameter
-        with np.errstate(divide="ignore", invalid="ignore"):
-            alpha = s1y / s11
-            candidates.append((alpha, np.zeros_like(s11), syy - alpha * s1y))
-            beta = s2y / s22
-            candidates.append((np.zeros_like(s11), beta, syy - beta * s2y))
-            determinant = s11 * s22 - s12 * s12
-            alpha, beta = (s22 * s1y - s12 * s2y) / determinant, (s11 * s2y - s12 * s1y) / determinant
-            candidates.append((alpha, beta, syy - alpha * s1y - beta * s2y))
-        best_error = np.full(len(first), math.inf)
-        self.alpha, self.beta = np.zeros(len(first)), np.zeros(len(first))
-        for alpha, beta, error in candidates:
-            better = np.isfinite(alpha) & np.isfinite(beta) & (alpha >= 0) & (beta >= 0) & (error < best_error)
-            best_error = np.where(better, error, best_error)
-            self.alpha, self.beta = np.where(better, alpha, self.alpha), np.where(better, beta, self.beta)
+        self.alpha, self.beta = _nonnegative_solutions(*(prefix[last] - prefix[first]).T)
         self.beta = self.beta / scale
         predicted = (np.outer(self.alpha, terms[:, 0]) + np.outer(self.beta, terms[:, 1])
                      + gamma * terms[:, 2][None, :])

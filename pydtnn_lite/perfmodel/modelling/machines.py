@@ -174,12 +174,12 @@ def adjusted_machine(machine: CalibratedMachine, placement: Placement | None = N
     return AdjustedMachine(machine, placement or calibration.placement, drift)
 
 
-def _probe_comparable(calibration: Calibration, probed: ProbedWork | None) -> bool:
+def _probe_comparable(calibration: Calibration, probed: ProbedWork) -> bool:
     """Whether a kernel probe's calls can be set against ``calibration``'s models: it has
     calls, and the calibration's kernels ran as the probe runs (one single-thread rank per
     core, on the host)."""
     placed = calibration.placement
-    return (probed is not None and bool(probed.calls) and calibration.machine.get("device", "cpu") == "cpu"
+    return (bool(probed.calls) and calibration.machine.get("device", "cpu") == "cpu"
             and placed.threads_per_rank == 1 and placed.ranks_per_node == placed.cores_per_node)
 
 
@@ -214,17 +214,12 @@ def probed_ratios(calibration: Calibration, probed: ProbedWork | None) -> dict[s
     if probed is None or not _probe_comparable(calibration, probed):
         return {}
 
-    def then(kernel: str, call: KernelSample) -> float:
-        return _calibrated_seconds(calibration, kernel, call)
-
-    def model_error(kernel: str) -> float:
-        return _model_error(calibration, kernel)
-
     # A fused kernel the calibration never sampled is predicted from the unfused calls it
     # replaces, which a probed call's cost does not name: it has no "then" to set against.
     calls = {kernel: samples for kernel, samples in probed.calls.items()
              if kernel not in FUSED_KERNELS or kernel in calibration.kernel_models}
-    ratios = kernel_ratios(calls, then, model_error)
+    ratios = kernel_ratios(calls, lambda kernel, call: _calibrated_seconds(calibration, kernel, call),
+                           lambda kernel: _model_error(calibration, kernel))
     outside = work_ratio([(seconds, calibration.overhead.seconds(calls)) for calls, seconds in probed.outside])
     loading = work_ratio([(seconds, calibration.data_load_seconds(name, int(samples)))
                           for name, samples_seconds in probed.data.items() for samples, seconds in samples_seconds])
