@@ -36,7 +36,13 @@ from pydtnn_lite.perfmodel.measuring.probes import QUICK, job_probes
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.outside_kernels import fit_affine
 from pydtnn_lite.perfmodel.modelling.synchronization import fit_sync_wait
-from pydtnn_lite.runtime import default_blas_threads, install_job_abort, keep_freed_memory, set_blas_threads
+from pydtnn_lite.runtime import (
+    default_blas_threads,
+    install_job_abort,
+    keep_freed_memory,
+    set_blas_threads,
+    usable_cores,
+)
 from pydtnn_lite.textable import format_table
 
 PROGRAM = "pydtnn_lite.calibrate"
@@ -168,6 +174,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from(args)
         if emulated_link_gbit() is not None:  # child jobs would run outside the emulated nodes' placement
             settings = dataclasses.replace(settings, beyond_job=False)
+        if settings.jobs and comm.local_size > usable_cores():
+            # A grid probe's calls are shorter than the scheduler's time slice and run as on a core
+            # of their own; a whole network's are not, and predictions time-share the cores again.
+            raise UserError(f"--models with {comm.local_size} ranks on {usable_cores()} cores here: the networks' "
+                            "kernels would be timed sharing the cores and predicted sharing them twice; "
+                            "calibrate --models with at most one rank per core")
         previous = Calibration.load(source) if source else None
         if args.allreduce_only and previous is not None:
             check_allreduce_ranks(previous, comm.size)

@@ -30,6 +30,7 @@ from pydtnn_lite.perfmodel.modelling.regression import (
     fit_kernel_model,
     model_from_dict,
 )
+from pydtnn_lite.runtime import usable_cores
 from pydtnn_lite.step_costs import step_costs
 
 from mpi import run
@@ -229,6 +230,18 @@ def test_cli_names_a_corrupt_calibration_file_in_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "corrupt.json is not a calibration file" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_whole_networks_are_not_sampled_by_ranks_that_share_cores(tmp_path):
+    """--models times whole networks, whose calls outlast a time slice: with more ranks than
+    cores they would be timed sharing the cores and predicted sharing them again."""
+    out = tmp_path / "never.json"
+    ranks = usable_cores() + 1
+    result = run(ranks, ["-m", "pydtnn_lite.calibrate", "--quick", "--models", "mlp:4", "--out", str(out)])
+    assert result.returncode == 2
+    assert f"--models with {ranks} ranks on {usable_cores()} cores here" in result.stderr
+    assert "at most one rank per core" in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()
 
 
 def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path):
