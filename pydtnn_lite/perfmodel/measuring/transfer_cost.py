@@ -11,9 +11,9 @@ test of the outstanding buckets after each, while :data:`BUCKETS` buckets of
 
 - Posting: the seconds of the call that starts a bucket's reduction (MPICH over TCP
   writes the bucket's first share into the socket inside it), each bucket posted alone
-  onto an idle link, as backward posts its buckets one at a time: 1.0-2.5 ms for a 4 MiB
-  bucket over 5 Gbit/s here, where training's posts took 0.6-1.3 ms. Six posted back to
-  back averaged 0.2-0.4 ms, five of them finding the sockets full.
+  onto an idle link, as backward posts its buckets one at a time: 0.6 ms for a 4 MiB
+  bucket over 1 Gbit/s and 0.8 over 5 here, where training's posts took 0.6-1.3 ms. Six
+  posted back to back averaged 0.2-0.4 ms, five of them finding the sockets full.
 - CPU: kernels of a few milliseconds, against the same kernels alone just before; the
   difference, less the posting, per byte of the buckets.
 - Window: kernels of :data:`LONG_KERNEL_SECONDS`, longer than the link needs for what the
@@ -92,7 +92,7 @@ def window_round(comm: MPICommunicator, kernel: Callable[[], object], buckets: l
 
 def measure_transfer(comm: MPICommunicator, rounds: int = ROUNDS) -> TransferCost:
     """The CPU seconds per byte of a bucket that moving it over the job's network costs a
-    rank computing beside it and the seconds of posting one (the medians over ``rounds``),
+    rank computing beside it and the seconds of posting one alone (the medians over ``rounds``),
     and the bucket bytes the link moves between two tests (the median over
     :data:`WINDOW_ROUNDS`), each averaged over the ranks (every rank gets them). Collective."""
     kernel = _kernel()
