@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from(args)
         if emulated_link_gbit() is not None:  # child jobs would run outside the emulated nodes' placement
             settings = dataclasses.replace(settings, beyond_job=False)
-        if settings.jobs and comm.local_size > usable_cores():
+        if settings.jobs and comm.oversubscribed:
             # A grid probe's calls are shorter than the scheduler's time slice and run as on a core
             # of their own; a whole network's are not, and predictions time-share the cores again.
             raise UserError(f"--models with {comm.local_size} ranks on {usable_cores()} cores here: the networks' "

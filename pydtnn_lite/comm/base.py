@@ -45,6 +45,7 @@ class Communicator(ABC):
     size: int
     local_rank: int  # rank among the processes of this node
     local_size: int  # processes of this job on this node
+    oversubscribed: bool  # more processes of this job on this node than cores they may use
     name: str
     blocked_seconds: float  # time spent blocked in collectives so far (waiting for data or other ranks)
 
@@ -96,6 +97,7 @@ class SerialCommunicator(Communicator):
     size = 1
     local_rank = 0
     local_size = 1
+    oversubscribed = False  # one process has a core
     name = "serial"
     blocked_seconds = 0.0  # there is no other rank to wait for
 

@@ -45,6 +45,7 @@ class TracedCommunicator(Communicator):
         self.inner, self.time_call = inner, time_call
         self.rank, self.size = inner.rank, inner.size
         self.local_rank, self.local_size = inner.local_rank, inner.local_size
+        self.oversubscribed = inner.oversubscribed
         self.name = inner.name
 
     @property
