@@ -8,7 +8,9 @@ included (the residual adds of resnet18 and resnet50, the concatenations of
 densenet121), so both compute the same convolutions, poolings and products. Both run
 float32 SGD steps (forward, loss, backward, update) on a fixed batch of random images;
 PyTorch's TF32 is turned off, as CuPy's matmul does not use it. Prints each median step
-time and this framework's throughput as a fraction of PyTorch's.
+time, this framework's throughput as a fraction of PyTorch's, and the FLOP/s each reaches
+(the layers' analytic FP and BP counts over the step time) against the device's float32
+GEMM peak, measured in the same run (a 2048^3 product on the CPU, 8192^3 on a GPU).
 ``--dataset synthetic-imagenet`` gives ImageNet-shaped images.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 
 from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.network import Network
+from pydtnn_lite.perfmodel.measuring.host import gemm_peak
 from pydtnn_lite.runtime import set_blas_threads
 
 from common import interleave, make_trainer, model_parser, timed
@@ -122,16 +125,22 @@ def main() -> None:
     trainer = make_trainer(args.model, args.dataset, args.batch_size, SerialCommunicator(), device=args.device)
     batch = trainer.load_step(0, 0)
     ours = lambda: trainer.train_step(batch)  # noqa: E731  (float(loss) waits for the GPU)
-    theirs = torch_step(trainer.network, args.batch_size, args.device, args.channels_last)
+    network = trainer.network
+    theirs = torch_step(network, args.batch_size, args.device, args.channels_last)
     samples = interleave([lambda: {"pydtnn_lite": timed(ours)}, lambda: {"pytorch": timed(theirs)}],
                          rounds=args.steps, warmup=2)
     ours_s, theirs_s = (float(np.median(samples[name])) for name in ("pydtnn_lite", "pytorch"))
+    peak = gemm_peak(network.backend, size=8192 if args.device == "gpu" else 2048, repeats=5)
+    flops = args.batch_size * (network.flops_per_sample("FP") + network.flops_per_sample("BP"))
     layout = "NHWC" if args.channels_last else "NCHW"
-    print(f"{args.model} on {args.dataset} {trainer.network.input_shape}, batch {args.batch_size}, {args.device}, "
+    print(f"{args.model} on {args.dataset} {network.input_shape}, batch {args.batch_size}, {args.device}, "
           f"{args.threads} threads; PyTorch {torch.__version__} ({layout})")
     print(f"step: pydtnn_lite {ours_s * 1e3:.1f} ms, PyTorch {theirs_s * 1e3:.1f} ms (medians of {args.steps})")
     print(f"throughput: pydtnn_lite {args.batch_size / ours_s:.1f} img/s, PyTorch {args.batch_size / theirs_s:.1f} "
           f"img/s: pydtnn_lite reaches {theirs_s / ours_s:.2f}x PyTorch's throughput")
+    print(f"float32 GEMM peak {peak / 1e12:.2f} TFLOP/s; step {flops / 1e9:.1f} GFLOP: "
+          f"pydtnn_lite {flops / ours_s / 1e12:.2f} TFLOP/s ({flops / ours_s / peak:.1%} of the peak), "
+          f"PyTorch {flops / theirs_s / 1e12:.2f} TFLOP/s ({flops / theirs_s / peak:.1%})")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,24 @@ def interleave(variants: Sequence[Callable[[], Timings]], rounds: int, warmup: i
     return samples
 
 
+def slowest_rank(timings: Timings) -> Timings:
+    """On MPI rank 0, each figure's maximum over the ranks (a collective ends with its slowest rank); elsewhere none."""
+    from mpi4py import MPI
+
+    gathered = MPI.COMM_WORLD.gather(dict(timings))
+    if gathered is None:
+        return {}
+    return {name: max(ranks[name] for ranks in gathered if name in ranks) for name in gathered[0]}
+
+
+def measure(variants: Sequence[Callable[[], Timings]], rounds: int) -> dict[str, list[float]]:
+    """Every figure of ``variants`` over ``rounds`` interleaved rounds of an MPI job, a barrier before
+    each call; the slowest rank's figures, on rank 0 only."""
+    from mpi4py import MPI
+
+    return interleave(variants, rounds, before=MPI.COMM_WORLD.Barrier, combine=slowest_rank)
+
+
 def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) -> float:
     """Median wall seconds of ``repeats`` calls, after ``warmup`` untimed ones."""
     return statistics.median(interleave([lambda: {"call": timed(call)}], repeats, warmup)["call"])

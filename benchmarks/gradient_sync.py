@@ -26,7 +26,7 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -39,23 +39,10 @@ from pydtnn_lite.runtime import default_blas_threads, set_blas_threads, usable_c
 from pydtnn_lite.textable import format_table
 from pydtnn_lite.training import Trainer
 
-from common import Timings, interleave, make_trainer, timed
+from common import Timings, make_trainer, measure, timed
 
 WORLD = MPI.COMM_WORLD
 Samples = dict[str, list[float]]
-
-
-def slowest_rank(timings: Timings) -> Timings:
-    """On rank 0, each figure's maximum over the ranks (a collective ends with its slowest rank); elsewhere none."""
-    gathered = WORLD.gather(dict(timings))
-    if gathered is None:
-        return {}
-    return {name: max(ranks[name] for ranks in gathered if name in ranks) for name in gathered[0]}
-
-
-def measure(variants: Sequence[Callable[[], Timings]], rounds: int) -> Samples:
-    """Every figure of ``variants`` over ``rounds`` interleaved rounds, a barrier before each call (rank 0 only)."""
-    return interleave(variants, rounds, before=WORLD.Barrier, combine=slowest_rank)
 
 
 def medians(samples: Samples, order: Sequence[str] = ()) -> dict[str, float]:

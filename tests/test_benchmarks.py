@@ -115,6 +115,8 @@ def test_against_pytorch_prints_the_throughput_ratio():
                             capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "x PyTorch's throughput" in result.stdout
+    assert re.search(r"float32 GEMM peak [\d.]+ TFLOP/s; step [\d.]+ GFLOP: pydtnn_lite [\d.]+ TFLOP/s \([\d.]+% of "
+                     r"the peak\), PyTorch [\d.]+ TFLOP/s", result.stdout), result.stdout
 
 
 def test_against_pytorch_runs_graph_models():
@@ -154,6 +156,17 @@ def test_allreduce_benchmark_prints_both_models_on_two_ranks():
     for line in ("interpolate, the file's samples: in:", "interpolate, this run's samples: out:",
                  "fit, the file's samples: in:", "fit, this run's samples: out:"):
         assert result.stdout.count(line) == 1, result.stdout  # rank 0 alone prints
+
+
+def test_device_allreduce_checks_the_sums_and_skips_strategies_the_ranks_cannot_run():
+    result = run(2, [os.path.join(BENCHMARKS, "device_allreduce.py"), "--device", "cpu", "--mib", "0.0625", "1",
+                     "--repeats", "1", "--strategies", "mpi", "nccl"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "nccl: skipped (--comm nccl needs every rank on a GPU" in result.stdout
+    assert "2 rank(s), devices cpu, cpu; sums checked" in result.stdout
+    rows = re.findall(r"^(0.0625|1) +(bare mpi4py \(host\)|mpi) +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+x$", result.stdout,
+                      re.MULTILINE)
+    assert len(rows) == 4, result.stdout  # two sizes, the bare Allreduce and mpi, printed by rank 0 alone
 
 
 def test_the_synthetic_data_benchmark_sets_the_loader_against_per_sample_generators():

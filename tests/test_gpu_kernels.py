@@ -25,7 +25,7 @@ import pytest
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend, gpu_available, make_backend
-from pydtnn_lite.kernels import conv, cpu, gpu, pooling
+from pydtnn_lite.kernels import blas, conv, cpu, gpu, normalization, pooling
 from pydtnn_lite.layers import StepContext
 from pydtnn_lite.models import create_model
 
@@ -127,7 +127,8 @@ def host_cupy(library: ctypes.CDLL) -> SimpleNamespace:
         array.view(np.uint8).fill(0xFF)  # NaN in a float, 255 in an argmax: an element left unwritten shows
         return array
 
-    return SimpleNamespace(RawModule=raw_module, empty=empty, ascontiguousarray=np.ascontiguousarray, uint8=np.uint8)
+    return SimpleNamespace(RawModule=raw_module, empty=empty, ascontiguousarray=np.ascontiguousarray, uint8=np.uint8,
+                           ones=np.ones, zeros=np.zeros, matmul=np.matmul, stack=np.stack, float64=np.float64)
 
 
 class HostArray:
@@ -241,10 +242,38 @@ def test_avgpool_and_its_gradient(device: Device, shape: tuple, kh: int, kw: int
     rng = np.random.default_rng(3)
     x = rng.normal(size=shape).astype(dtype)  # sums that round: the order of the additions shows
     out = pooling.avgpool(x, kh, kw, stride, padding)
-    assert_same(device.run("avgpool", x, kh, kw, stride, padding), out)
+    actual = device.run("avgpool", x, kh, kw, stride, padding)
+    if (kh, kw, padding) == shape[1:3] + (0,):  # a global mean: CuPy's adds in another order than NumPy's
+        np.testing.assert_allclose(actual, out, rtol=1e-6 if dtype == np.float32 else 1e-14)
+    else:
+        assert_same(actual, out)
     grad_out = rng.normal(size=out.shape).astype(dtype)
     assert_same(device.run("avgpool_grad", grad_out, shape, kh, kw, stride, padding),
                 pooling.avgpool_grad(grad_out, shape, kh, kw, stride, padding))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_channel_sums_give_the_numpy_sums(device: Device, dtype: type) -> None:
+    """The bias gradient and the batch-norm sums as products with a vector of ones: the references'
+    sums to rounding (they add in another order)."""
+    rng = np.random.default_rng(7)
+    x = (rng.normal(size=(3, 5, 4, 6)) * 2 + 1e3).astype(dtype)  # far from 0: deviations must not cancel
+    grad, activated = (rng.normal(size=x.shape).astype(dtype) for _ in range(2))
+    mean, inv_std = x.mean(axis=(0, 1, 2)).astype(dtype), (1 / x.std(axis=(0, 1, 2))).astype(dtype)
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+
+    def assert_near(actual: np.ndarray, expected: np.ndarray) -> None:
+        assert actual.shape == expected.shape
+        np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * np.abs(expected).max())
+
+    rows = grad.reshape(-1, 6)
+    assert_near(device.run("bias_grad", rows, np.empty(6, dtype)), blas.bias_grad(rows, np.empty(6, dtype)))
+    assert_near(device.run("batchnorm_sums", x), normalization.batchnorm_sums(x))
+    assert_near(device.run("batchnorm_grad_sums", grad, x, mean, inv_std),
+                normalization.batchnorm_grad_sums(grad, x, mean, inv_std))
+    assert_near(device.run("batchnorm_relu_grad_sums", grad, activated, x, mean, inv_std),
+                normalization.batchnorm_relu_grad_sums(grad, activated, x, mean, inv_std))
+    assert_same(device.run("batchnorm_sums", np.zeros((0, 6), dtype)), np.zeros((2, 6)))
 
 
 def test_entries_run_numpy_arrays_on_numpy_and_others_on_cuda(device: Device,

@@ -35,7 +35,8 @@ def test_one_gpu_trains_as_the_cpu(cpu_single, tmp_path):
     assert_close_weights(cpu_single, train_small(tmp_path, 1, "--device", "gpu"))
 
 
-@pytest.mark.parametrize("strategy", ["mpi", "gpu-side", "auto"])
+# Not the bare id "mpi": pytest-mpi skips a test whose keywords hold "mpi" unless run --with-mpi.
+@pytest.mark.parametrize("strategy", ["mpi", "gpu-side", "auto"], ids=["comm-mpi", "comm-gpu-side", "comm-auto"])
 def test_a_cpu_rank_and_a_gpu_rank_train_as_one_process(cpu_single, tmp_path, strategy):
     assert_close_weights(cpu_single, train_small(tmp_path, 2, "--device", "cpu,gpu", "--comm", strategy))
 

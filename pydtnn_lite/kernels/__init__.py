@@ -10,7 +10,8 @@ On the host, the memory-bound kernels (im2col, col2im, batch norm, ReLU, batch n
 fused with ReLU, the residual add, pooling, the SGD and Adam updates) are the Numba loops
 of :mod:`~pydtnn_lite.kernels.cpu`, which use every thread of the process; the NumPy
 versions they replace stay the reference. The window kernels (im2col, col2im and the
-pooling kernels) also have CUDA versions, in :mod:`~pydtnn_lite.kernels.gpu`. An entry
+pooling kernels) also have CUDA versions, and the channel sums (bias gradient, batch-norm
+statistics and their gradients) GPU versions through cuBLAS, in :mod:`~pydtnn_lite.kernels.gpu`. An entry
 picks its version by its first argument's array type, for the cost of one ``isinstance``
 check.
 """
@@ -23,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from pydtnn_lite.kernels import cpu, elementwise, gpu, normalization, update
-from pydtnn_lite.kernels.blas import bias_add, bias_grad, gemm
+from pydtnn_lite.kernels import blas, cpu, elementwise, gpu, normalization, update
+from pydtnn_lite.kernels.blas import bias_add, gemm
 from pydtnn_lite.kernels.elementwise import concat, dropout_apply, dropout_mask, split
 from pydtnn_lite.kernels.loss import (
     softmax_cross_entropy,
@@ -63,12 +64,13 @@ avgpool_grad = _by_array_type(cpu.avgpool_grad, gpu.avgpool_grad)
 relu = _by_array_type(cpu.relu, elementwise.relu)
 relu_grad = _by_array_type(cpu.relu_grad, elementwise.relu_grad)
 add = _by_first_array_type(cpu.add, elementwise.add)
-batchnorm_sums = _by_array_type(cpu.batchnorm_sums, normalization.batchnorm_sums)
+bias_grad = _by_array_type(blas.bias_grad, gpu.bias_grad)
+batchnorm_sums = _by_array_type(cpu.batchnorm_sums, gpu.batchnorm_sums)
 batchnorm_normalize = _by_array_type(cpu.batchnorm_normalize, normalization.batchnorm_normalize)
-batchnorm_grad_sums = _by_array_type(cpu.batchnorm_grad_sums, normalization.batchnorm_grad_sums)
+batchnorm_grad_sums = _by_array_type(cpu.batchnorm_grad_sums, gpu.batchnorm_grad_sums)
 batchnorm_grad_input = _by_array_type(cpu.batchnorm_grad_input, normalization.batchnorm_grad_input)
 batchnorm_relu_normalize = _by_array_type(cpu.batchnorm_relu_normalize, normalization.batchnorm_relu_normalize)
-batchnorm_relu_grad_sums = _by_array_type(cpu.batchnorm_relu_grad_sums, normalization.batchnorm_relu_grad_sums)
+batchnorm_relu_grad_sums = _by_array_type(cpu.batchnorm_relu_grad_sums, gpu.batchnorm_relu_grad_sums)
 batchnorm_relu_grad_input = _by_array_type(cpu.batchnorm_relu_grad_input,
                                            normalization.batchnorm_relu_grad_input)
 sgd_update = _by_array_type(cpu.sgd_update, update.sgd_update)
