@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.allreduce_only and previous is not None:
         calibration = remeasure_allreduce(previous, comm, settings.allreduce_sizes, settings.beyond_job)
     elif previous is not None:
-        previous.kernel_models = fit_models(previous.kernel_samples, comm, args.seed)
+        previous.kernel_models = fit_models(previous.kernel_samples, comm, args.seed, threads)
         previous.sync_wait = fit_sync_wait(previous.sync_samples, previous.allreduce_ranks)
         previous.overhead = fit_affine(previous.overhead_samples)
         previous.data_load = {name: fit_affine(rows) for name, rows in previous.data_load_samples.items()}

@@ -28,6 +28,7 @@ from pydtnn_lite.perfmodel.modelling.regression import (
     MLPEnsemble,
     MLPRegressor,
     fit_kernel_model,
+    fit_kernel_models,
     model_from_dict,
 )
 from pydtnn_lite.runtime import usable_cores
@@ -44,6 +45,13 @@ def gemm_like(count: int, seed: int) -> list[KernelSample]:
     bytes given, so a model must learn the function from the dims alone."""
     dims = np.exp(np.random.default_rng(seed).uniform(np.log(16), np.log(4096), size=(count, 3))).astype(int)
     return [KernelSample(tuple(int(d) for d in row), 0.0, 0.0, 1e-9 * float(np.prod(row))) for row in dims]
+
+
+def bumpy(count: int, seed: int) -> list[KernelSample]:
+    """Calls of one size whose seconds follow two bumps of its logarithm: no power law and no sum
+    of rates fits them, so an MLP ensemble holds out best."""
+    sizes = np.exp(np.random.default_rng(seed).uniform(0, np.log(1e5), size=count))
+    return [KernelSample((int(n),), n, 4 * n, 1e-6 * np.exp(np.sin(np.log(n)))) for n in sizes]
 
 
 def median_error(model, samples) -> float:
@@ -77,15 +85,22 @@ def test_an_ensemble_averages_its_members_in_log_time_and_reads_back_identically
 
 
 def test_the_mlp_is_kept_only_where_it_predicts_held_out_calls_better():
-    # A bumpy function of one size: no power law and no sum of rates follows it. Its two bumps
-    # and 100 samples (80 to fit, above MLP_MIN_SAMPLES) train the ensemble in seconds.
-    rng = np.random.default_rng(0)
-    sizes = np.exp(rng.uniform(0, np.log(1e5), size=100))
-    bumpy = [KernelSample((int(n),), n, 4 * n, 1e-6 * np.exp(np.sin(np.log(n)))) for n in sizes]
-    assert fit_kernel_model(bumpy).kind == "mlp_ensemble"
+    # 100 samples (80 to fit, above MLP_MIN_SAMPLES) train the ensemble in seconds.
+    assert fit_kernel_model(bumpy(100, seed=0)).kind == "mlp_ensemble"
+    sizes = np.exp(np.random.default_rng(0).uniform(0, np.log(1e5), size=100))
     linear = [KernelSample((int(n),), n, 4 * n, 2e-6 + 4 * n / 1e10) for n in sizes]
     model = fit_kernel_model(linear)
     assert model.kind == "rate" and model.held_out_error < 1e-6
+
+
+def test_worker_processes_fit_the_models_a_serial_fit_does():
+    # A kernel with an ensemble and one with too few samples for an MLP.
+    samples = {"gemm": bumpy(60, seed=1), "bias_grad": gemm_like(8, seed=3)}
+    serial = fit_kernel_models(samples, seed=4)
+    parallel = fit_kernel_models(samples, seed=4, workers=2)
+    assert serial["gemm"].kind == "mlp_ensemble" and serial["bias_grad"].kind in ("rate", "loglinear")
+    assert {name: model.to_dict() for name, model in parallel.items()} == \
+        {name: model.to_dict() for name, model in serial.items()}
 
 
 def test_fallback_fits_a_handful_of_samples():

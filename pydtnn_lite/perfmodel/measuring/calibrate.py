@@ -54,7 +54,7 @@ from pydtnn_lite.perfmodel.modelling.regression import (
     KernelModel,
     KernelSample,
     MLPEnsemble,
-    fit_kernel_model,
+    fit_kernel_models,
     model_from_dict,
 )
 from pydtnn_lite.perfmodel.modelling.synchronization import fit_sync_wait
@@ -77,11 +77,14 @@ def best_rates(samples: list[KernelSample]) -> dict[str, float]:
     return {"flops_per_second": flops, "bytes_per_second": nbytes}
 
 
-def fit_models(samples: dict[str, list[KernelSample]], comm: Communicator, seed: int = 0) -> dict[str, KernelModel]:
-    """Fit every kernel's model, the kernels shared out over the ranks; every rank gets all
-    models. Collective."""
+def fit_models(samples: dict[str, list[KernelSample]], comm: Communicator, seed: int = 0,
+               workers: int = 1) -> dict[str, KernelModel]:
+    """Fit every kernel's model, the kernels shared out over the ranks, each rank's MLPs
+    trained by ``workers`` processes (its share of the cores); every rank gets all models.
+    Collective."""
     names = sorted(samples)
-    mine = {name: fit_kernel_model(samples[name], seed=seed).to_dict() for name in names[comm.rank::comm.size]}
+    mine_fitted = fit_kernel_models({name: samples[name] for name in names[comm.rank::comm.size]}, seed, workers)
+    mine = {name: model.to_dict() for name, model in mine_fitted.items()}
     fitted = {name: model for part in comm.allgather_object(mine) for name, model in part.items()}
     return {name: model_from_dict(fitted[name]) for name in names}
 
@@ -174,7 +177,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     phase_done("allreduce", f"{len(reductions)} samples on {', '.join(map(str, counts))} ranks{_levels(network)}"
                if reductions else "skipped: one rank (run under mpiexec, or without --no-oversubscribed)")
 
-    models = fit_models(samples, comm, settings.seed)
+    models = fit_models(samples, comm, settings.seed, blas_threads)
     ensembles = sum(isinstance(m, MLPEnsemble) for m in models.values())
     phase_done("fit", f"{ensembles} MLP ensembles, {len(models) - ensembles} closed-form models")
     if comm.rank != 0:

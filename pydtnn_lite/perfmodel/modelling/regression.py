@@ -14,7 +14,8 @@ its analytic FLOPs and bytes, and the median seconds it took. Three models learn
   :class:`LogLinearModel` (a power law of the sizes).
 
 :func:`fit_kernel_model` fits the candidates, compares them on held-out samples and keeps
-the best. Every model has ``predict(dims, flops, bytes) -> seconds`` and round-trips
+the best; :func:`fit_kernel_models` does so for many kernels, training the MLPs in
+parallel. Every model has ``predict(dims, flops, bytes) -> seconds`` and round-trips
 through ``to_dict`` / :func:`model_from_dict` (plain JSON values).
 """
 from __future__ import annotations
@@ -22,7 +23,9 @@ from __future__ import annotations
 import base64
 import itertools
 import math
-from collections.abc import Sequence
+import multiprocessing
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -370,8 +373,13 @@ class MLPEnsemble(KernelModel):
 
     @classmethod
     def fit(cls, samples: Sequence[KernelSample], seed: int = 0, members: int = ENSEMBLE_MEMBERS) -> MLPEnsemble:
-        model = cls([MLPRegressor.fit(samples, seed=seed + i) for i in range(members)])
-        model.samples = len(samples)
+        return cls.of_members([MLPRegressor.fit(samples, seed=seed + i) for i in range(members)], len(samples))
+
+    @classmethod
+    def of_members(cls, members: Sequence[MLPRegressor], samples: int) -> MLPEnsemble:
+        """The ensemble of ``members``, each trained on the same ``samples`` samples."""
+        model = cls(members)
+        model.samples = samples
         return model
 
     def predict_features(self, x: np.ndarray) -> np.ndarray:
@@ -431,17 +439,71 @@ def fit_kernel_model(samples: Sequence[KernelSample], seed: int = 0,
     model holds out better for kernels whose time their dims tell better than their bytes
     do (im2col), the rate model for others (docs/performance-model.md, 'The models').
     """
+    return _started_fit(samples, seed, mlp_min_samples, _InlineExecutor())()
+
+
+def fit_kernel_models(samples: Mapping[str, Sequence[KernelSample]], seed: int = 0, workers: int = 1,
+                      mlp_min_samples: int = MLP_MIN_SAMPLES) -> dict[str, KernelModel]:
+    """:func:`fit_kernel_model` of each kernel's samples, by name.
+
+    With ``workers`` above 1, the members of every kernel's MLP ensemble train at once in
+    that many worker processes of one BLAS thread each. Training an MLP is a few thousand
+    small steps, bound by Python, not arithmetic: one process fitting a GPU's calibration
+    took minutes. The workers are started fresh, not forked, since the calibrating process
+    holds MPI's and maybe CUDA's state; each member keeps its seed, so the models equal a
+    serial fit's.
+    """
+    executor: Executor = (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                              initializer=_one_blas_thread)
+                          if workers > 1 else _InlineExecutor())
+    with executor:
+        finishers = {name: _started_fit(rows, seed, mlp_min_samples, executor) for name, rows in samples.items()}
+        return {name: finish() for name, finish in finishers.items()}
+
+
+def _started_fit(samples: Sequence[KernelSample], seed: int, mlp_min_samples: int,
+                 executor: Executor) -> Callable[[], KernelModel]:
+    """Start :func:`fit_kernel_model`: the MLP members are handed to ``executor`` now, and the
+    returned call finishes the fit once they are trained."""
     if not samples:
         raise ValueError("no samples to fit")
     fit_rows, test_rows = _held_out_split(len(samples), seed)
     fit = [samples[i] for i in fit_rows]
     test = [samples[i] for i in test_rows]
-    candidates: list[KernelModel] = [kind.fit(fit) for kind in FALLBACKS]
-    if len(fit) >= mlp_min_samples:
-        candidates.append(MLPEnsemble.fit(fit, seed=seed))
-    scored = [(held_out_errors(model, test), model) for model in candidates]
-    # Without held-out samples (NaN errors) the first fallback is kept.
-    errors, best = min(scored, key=lambda entry: 0.0 if math.isnan(entry[0][0]) else sum(entry[0]) / 2)
-    chosen = best if isinstance(best, MLPEnsemble) else type(best).fit(samples)
-    chosen.held_out_error, chosen.held_out_time_error = errors
-    return chosen
+    members = ([executor.submit(_trained_member, fit, seed + i) for i in range(ENSEMBLE_MEMBERS)]
+               if len(fit) >= mlp_min_samples else [])
+
+    def finish() -> KernelModel:
+        candidates: list[KernelModel] = [kind.fit(fit) for kind in FALLBACKS]
+        if members:
+            trained = [MLPRegressor.from_dict(member.result()) for member in members]
+            candidates.append(MLPEnsemble.of_members(trained, len(fit)))
+        scored = [(held_out_errors(model, test), model) for model in candidates]
+        # Without held-out samples (NaN errors) the first fallback is kept.
+        errors, best = min(scored, key=lambda entry: 0.0 if math.isnan(entry[0][0]) else sum(entry[0]) / 2)
+        chosen = best if isinstance(best, MLPEnsemble) else type(best).fit(samples)
+        chosen.held_out_error, chosen.held_out_time_error = errors
+        return chosen
+    return finish
+
+
+def _trained_member(samples: Sequence[KernelSample], seed: int) -> dict:
+    """One ensemble member, trained (in a worker process), as its dict: a model holds its
+    backend's array module, which does not pickle."""
+    return MLPRegressor.fit(samples, seed=seed).to_dict()
+
+
+def _one_blas_thread() -> None:
+    """A worker's set-up: its MLP's products are far too small to share among threads."""
+    from pydtnn_lite.runtime import set_blas_threads
+
+    set_blas_threads(1)
+
+
+class _InlineExecutor(Executor):
+    """Runs each submitted call at once, in this process: the serial fit, through the same code."""
+
+    def submit(self, fn: Callable, /, *args: object, **kwargs: object) -> Future:
+        future: Future = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
