@@ -9,9 +9,9 @@ functions, so an untraced step pays nothing.
 On the host, the memory-bound kernels (im2col, col2im, batch norm, ReLU, batch norm
 fused with ReLU, the residual add, pooling, the SGD and Adam updates) are the Numba loops
 of :mod:`~pydtnn_lite.kernels.cpu`, which use every thread of the process; the NumPy
-versions they replace stay the reference. The window kernels (im2col, col2im and the
-pooling kernels) also have CUDA versions, and the channel sums (bias gradient, batch-norm
-statistics and their gradients) GPU versions through cuBLAS, in :mod:`~pydtnn_lite.kernels.gpu`. An entry
+versions they replace stay the reference. On a GPU, :mod:`~pydtnn_lite.kernels.gpu` runs
+the window kernels (im2col, col2im and the pooling kernels) as CUDA kernels and the channel
+sums (bias gradient, batch-norm statistics and their gradients) through cuBLAS. An entry
 picks its version by its first argument's array type, for the cost of one ``isinstance``
 check.
 """

@@ -133,10 +133,9 @@ def avgpool_grad(grad_out: Any, x_shape: tuple, kh: int, kw: int, stride: int, p
     return _input_gradient("avgpool_grad", x_shape, kh, kw, stride, padding, grad_out)
 
 
-def column_sums(matrix: Any, dtype: Any = None) -> Any:
-    """Sums over the rows of ``matrix`` (rows, C), in ``dtype`` (``matrix``'s by default)."""
+def column_sums(matrix: Any) -> Any:
+    """Sums over the rows of ``matrix`` (rows, C), in its dtype."""
     import cupy
-    matrix = matrix.astype(dtype or matrix.dtype, copy=False)
     return cupy.matmul(cupy.ones(matrix.shape[0], dtype=matrix.dtype), matrix)
 
 
