@@ -169,6 +169,15 @@ def test_device_allreduce_checks_the_sums_and_skips_strategies_the_ranks_cannot_
     assert len(rows) == 4, result.stdout  # two sizes, the bare Allreduce and mpi, printed by rank 0 alone
 
 
+def test_gpu_checks_refuses_an_unknown_stage_before_running_any(tmp_path):
+    result = subprocess.run(["bash", os.path.join(BENCHMARKS, "gpu_checks.sh"), str(tmp_path), "tests", "profiles"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("gpu_checks: unknown stage 'profiles': choose from environment tests pytorch "
+                                     "profile nccl mixed model")
+    assert not (tmp_path / "tests.log").exists()
+
+
 def test_the_synthetic_data_benchmark_sets_the_loader_against_per_sample_generators():
     result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "synthetic_data.py"), "--batch-size", "4",
                              "--rounds", "1"], capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
