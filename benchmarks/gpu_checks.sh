@@ -117,7 +117,7 @@ model() {
   timeout "$(cap 120)" $PY -m pydtnn_lite.train --model vgg11 --device gpu --batch-size 128 --steps-per-epoch 100 \
     --eval-steps 0 --no-progress --run-dir "$WORK/runs" --trace "$WORK/trace-model" | tail -1
   say "calibrate"
-  timeout "$(cap 400)" $PY -m pydtnn_lite.calibrate --device gpu --out "$WORK/gpu.json"
+  timeout "$(cap 400)" $PY -m pydtnn_lite.calibrate --device gpu --batch-sizes 32 64 128 256 --out "$WORK/gpu.json"
   say "validate"
   timeout "$(cap 60)" $PY -m pydtnn_lite.validate "$WORK/trace-model" --calibration "$WORK/gpu.json"
 }
