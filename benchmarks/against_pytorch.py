@@ -109,6 +109,13 @@ def torch_step(network: Network, batch: int, device: str, channels_last: bool):
     return step
 
 
+def rate(flops_per_second: float) -> str:
+    """A FLOP rate in TFLOP/s from 1 TFLOP/s up (GPUs), in GFLOP/s below (CPUs)."""
+    if flops_per_second >= 1e12:
+        return f"{flops_per_second / 1e12:.2f} TFLOP/s"
+    return f"{flops_per_second / 1e9:.1f} GFLOP/s"
+
+
 def main() -> None:
     parser = model_parser(__doc__)
     parser.set_defaults(batch_size=128)
@@ -138,9 +145,9 @@ def main() -> None:
     print(f"step: pydtnn_lite {ours_s * 1e3:.1f} ms, PyTorch {theirs_s * 1e3:.1f} ms (medians of {args.steps})")
     print(f"throughput: pydtnn_lite {args.batch_size / ours_s:.1f} img/s, PyTorch {args.batch_size / theirs_s:.1f} "
           f"img/s: pydtnn_lite reaches {theirs_s / ours_s:.2f}x PyTorch's throughput")
-    print(f"float32 GEMM peak {peak / 1e12:.2f} TFLOP/s; step {flops / 1e9:.1f} GFLOP: "
-          f"pydtnn_lite {flops / ours_s / 1e12:.2f} TFLOP/s ({flops / ours_s / peak:.1%} of the peak), "
-          f"PyTorch {flops / theirs_s / 1e12:.2f} TFLOP/s ({flops / theirs_s / peak:.1%})")
+    print(f"float32 GEMM peak {rate(peak)}; step {flops / 1e9:.1f} GFLOP: "
+          f"pydtnn_lite {rate(flops / ours_s)} ({flops / ours_s / peak:.1%} of the peak), "
+          f"PyTorch {rate(flops / theirs_s)} ({flops / theirs_s / peak:.1%})")
 
 
 if __name__ == "__main__":
