@@ -1,6 +1,6 @@
 """How close the performance model comes to training steps, against how close the steps come to each other.
 
-    python benchmarks/validation_accuracy.py --calibration calibration/dev-2core.json \\
+    python benchmarks/validation_accuracy.py --calibration calibration/dev-2core.json [OTHER.json ...] \\
         [--runs 3] [--ranks 2 4 8] [--steps 8] [--min-seconds 1] [--configs vgg11:64 vgg11:128 resnet18:48] \\
         [--no-overlap] [--matrix] [--plot FILE.png]
 
@@ -10,6 +10,7 @@ with ``--trace``, the order rotating from round to round so that a slow spell of
 shared machine hits all of them alike, and validates every trace against the
 calibration, placed as the run's ranks were and corrected for the drift its
 machine-state probe measured (the step error before that correction is printed too).
+Given several calibration files, it validates the same runs against each in turn.
 A run traces ``--steps`` steps, or more where the calibration predicts that they take
 less than ``--min-seconds``: a small model's 20 ms steps would otherwise measure one
 slow spell of a core rather than the model.
@@ -170,6 +171,23 @@ def matrix_row(config: Config, validations: list[Validation], raw: list[Validati
             *(f"{100 * model[f'WRE {s}']:.1f} / {100 * floor[f'WRE {s}']:.1f}" for s in COMPUTE_STAGES))
 
 
+def summary(configs: list[Config], validations: dict[Config, list[Validation]]) -> str:
+    """The median and the largest of the configurations' step errors (each their runs' median),
+    and how many stage WREs stay within 1.5x the between-run WRE of the same configuration."""
+    errors = {config: statistics.median(v.step.relative_error for v in validations[config]) for config in configs}
+    largest = max(configs, key=lambda config: abs(errors[config]))
+    within = cells = 0
+    for config in configs:
+        model = median_magnitudes([figures(v) for v in validations[config]])
+        floor = median_magnitudes([between(a, b) for a, b in itertools.permutations(validations[config], 2)])
+        for stage in COMPUTE_STAGES:
+            cells += 1
+            within += model[f"WRE {stage}"] <= 1.5 * floor[f"WRE {stage}"]
+    return (f"median |step error| {100 * statistics.median(abs(e) for e in errors.values()):.1f} %, largest "
+            f"{100 * errors[largest]:+.1f} % ({largest.model} b{largest.batch} x{largest.ranks}); stage WRE within "
+            f"1.5x the between-run WRE in {within} of {cells}")
+
+
 MATRIX_HEADER = ("model", "batch", "ranks", "measured ms", "predicted ms", "step error %", "before drift %",
                  "between runs %", "WRE FP % (model / between)", "WRE BP %", "WRE WU %")
 
@@ -198,7 +216,8 @@ def plot(rows: list[tuple], path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--calibration", required=True)
+    parser.add_argument("--calibration", required=True, nargs="+",
+                        help="calibration files: each validates the same runs (the first sets the steps traced)")
     parser.add_argument("--configs", nargs="+", default=["vgg11:64", "vgg11:128", "resnet18:48"])
     parser.add_argument("--runs", type=int, default=3, help="rounds over the configurations (at least 2)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2], help="rank counts to run each configuration on")
@@ -212,10 +231,11 @@ def main() -> None:
     if args.runs < 2:
         raise SystemExit("validation_accuracy: --runs must be at least 2 (the floor compares runs)")
     configs = [Config.parse(text, ranks) for text in (MATRIX if args.matrix else args.configs) for ranks in args.ranks]
-    machine = calibrated_machine(args.calibration)
-    steps = {config: steps_to_trace(config, machine, args.steps, args.min_seconds) for config in configs}
-    validations: dict[Config, list[Validation]] = {config: [] for config in configs}
-    raw: dict[Config, list[Validation]] = {config: [] for config in configs}
+    machines = [calibrated_machine(path) for path in args.calibration]
+    steps = {config: steps_to_trace(config, machines[0], args.steps, args.min_seconds) for config in configs}
+    # Per calibration, per configuration: the runs' validations after and before the drift correction.
+    validations = [{config: [] for config in configs} for _ in machines]
+    raw = [{config: [] for config in configs} for _ in machines]
     with tempfile.TemporaryDirectory() as scratch:
         for round_ in range(args.runs):
             for offset in range(len(configs)):
@@ -223,23 +243,25 @@ def main() -> None:
                 trace = os.path.join(scratch, f"{config.model}-{config.batch}-{config.ranks}-{round_}")
                 traced_run(config, steps[config], not args.no_overlap, trace)
                 loaded = load_trace(trace)
-                before, corrected = run_machines(machine, loaded[2])
-                validation_before, validation = validations_of(trace, loaded, [before, corrected])
-                validations[config].append(validation)
-                raw[config].append(validation_before)
-    print(f"ranks {', '.join(map(str, args.ranks))}; at least {args.steps} traced steps and "
-          f"{args.min_seconds:g} s (predicted) per run, {args.runs} runs each, "
-          f"overlap {'off' if args.no_overlap else 'on'}, calibration {args.calibration}; load average "
-          f"{os.getloadavg()[0]:.2f} at the end")
-    for config in configs:
-        print(report(config, steps[config], validations[config], raw[config]))
-    rows = [matrix_row(config, validations[config], raw[config]) for config in configs]
-    print("\nMatrix (medians over the runs; WRE: the model's / between runs')")
-    print(format_table(MATRIX_HEADER, rows))
-    if args.plot:
-        plot(rows, args.plot)
-        print(f"wrote {args.plot}")
-
+                for index, machine in enumerate(machines):
+                    before, corrected = run_machines(machine, loaded[2])
+                    validation_before, validation = validations_of(trace, loaded, [before, corrected])
+                    validations[index][config].append(validation)
+                    raw[index][config].append(validation_before)
+    for index, path in enumerate(args.calibration):
+        print(f"ranks {', '.join(map(str, args.ranks))}; at least {args.steps} traced steps and "
+              f"{args.min_seconds:g} s (predicted) per run, {args.runs} runs each, "
+              f"overlap {'off' if args.no_overlap else 'on'}, calibration {path}; load average "
+              f"{os.getloadavg()[0]:.2f} at the end")
+        for config in configs:
+            print(report(config, steps[config], validations[index][config], raw[index][config]))
+        rows = [matrix_row(config, validations[index][config], raw[index][config]) for config in configs]
+        print(f"\nMatrix against {path} (medians over the runs; WRE: the model's / between runs')")
+        print(format_table(MATRIX_HEADER, rows))
+        print(summary(configs, validations[index]))
+        if args.plot and index == 0:
+            plot(rows, args.plot)
+            print(f"wrote {args.plot}")
 
 if __name__ == "__main__":
     main()

@@ -90,7 +90,7 @@ def settings_from(args: argparse.Namespace) -> CalibrationSettings:
     job_probes(jobs)  # refuses an unknown model or data set before anything is measured
     if args.quick:
         return CalibrationSettings(tuple(args.batch_sizes), repeats, 0.0, QUICK, QUICK_SIZES, 1, args.seed, False,
-                                   jobs, read_ahead_rounds=2, read_ahead_steps=10)
+                                   jobs, read_ahead_rounds=2, read_ahead_steps=10, kernel_probes=2)
     return CalibrationSettings(batch_sizes=tuple(args.batch_sizes), repeats=repeats, seed=args.seed,
                                beyond_job=not args.no_oversubscribed, jobs=jobs)
 

@@ -37,7 +37,7 @@ from pydtnn_lite.step_costs import step_costs
 from mpi import run
 
 TINY = CalibrationSettings(batch_sizes=(4, 8), repeats=1, min_seconds=0.0, grid=QUICK, roof_repeats=1,
-                           read_ahead_rounds=2, read_ahead_steps=10)
+                           read_ahead_rounds=2, read_ahead_steps=10, kernel_probes=2)
 
 
 def gemm_like(count: int, seed: int) -> list[KernelSample]:
@@ -177,6 +177,9 @@ def test_a_tiny_calibration_reads_back_with_identical_predictions(tiny):
     assert loaded.allreduce_samples == [] and loaded.allreduce_ranks == 1
     assert set(loaded.kernel_models) == set(calibration.kernel_models)
     assert loaded.kernel_samples == calibration.kernel_samples
+    # The kernel probe as the calibration ran it, as it starts and as it ends, for runs to set theirs against.
+    assert len(loaded.kernel_probes) == 2 and loaded.kernel_probes == calibration.kernel_probes
+    assert all(probe.calls["relu"] and probe.outside for probe in loaded.kernel_probes)
     for name, samples in calibration.kernel_samples.items():
         for sample in samples:
             cost = KernelCost(Stage.FP, name, sample.flops, sample.bytes, sample.dims)

@@ -88,7 +88,7 @@ class Machine:
     def sync_wait_seconds(self, segment: float, procs: int) -> float:
         return 0.0
 
-    def overhead_seconds(self, calls: int) -> float:
+    def overhead_seconds(self, calls: int, network: str = "", batch: int = 0, dataset: str | None = None) -> float:
         return 0.0
 
     def data_load_seconds(self, dataset: str, samples: int) -> float:

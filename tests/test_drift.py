@@ -19,8 +19,16 @@ from pydtnn_lite.perfmodel.modelling.drift import (
     drift_between,
     gemm_rest_ratio,
     kernel_ratios,
+    like_for_like,
+    probe_moves,
 )
-from pydtnn_lite.perfmodel.modelling.machines import OUTSIDE_KERNELS, AdjustedMachine, CalibratedMachine, probed_ratios
+from pydtnn_lite.perfmodel.modelling.machines import (
+    OUTSIDE_KERNELS,
+    AdjustedMachine,
+    CalibratedMachine,
+    probed_gemm_rest,
+    probed_ratios,
+)
 from pydtnn_lite.perfmodel.modelling.outside_kernels import AffineCost, fit_affine
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample, RateModel
@@ -62,11 +70,10 @@ def test_a_gemm_off_its_peak_moves_by_the_kernel_probe_s_products():
     first took 1.2 ms, the second 0.25 x 1.2 + 0.75 x 1.6 = 1.5 ms: the part off the peak
     moved 1.6x, which the fit recovers and a GEMM's scale then uses instead of the copy rates."""
     calls = [KernelSample((64, 64, 64, 0, 0), 9e7, 1e5, 1.2e-3), KernelSample((8, 64, 64, 0, 0), 2.25e7, 1e5, 1.5e-3)]
-    assert gemm_rest_ratio(calls, lambda call: 1e-3, 90e9, at_peak_ratio=1.2) == pytest.approx(1.6)
-    # The held-out error of 20 % a call, over two calls, explains 1.2 / 1.414 of the move.
-    assert gemm_rest_ratio(calls, lambda call: 1e-3, 90e9, 1.2, error=0.2) == pytest.approx(
-        1.6 / (1 + 0.2 / math.sqrt(2)))
-    assert gemm_rest_ratio(calls[:1], lambda call: 1e-3, 90e9, 1.2) is None  # nothing off the peak
+    assert gemm_rest_ratio(calls, [1e-3, 1e-3], 90e9, at_peak_ratio=1.2) == pytest.approx(1.6)
+    # A ratio known within 10 % keeps 1.6 / 1.1 of its move.
+    assert gemm_rest_ratio(calls, [1e-3, 1e-3], 90e9, 1.2, noise=0.1) == pytest.approx(1.6 / 1.1)
+    assert gemm_rest_ratio(calls[:1], [1e-3], 90e9, 1.2) is None  # nothing off the peak
     drift = dataclasses.replace(drift_between(THEN, MachineState(75e9, 25e9)), gemm_rest=1.6)  # GEMM x1.2
     assert drift.scale("gemm", flops=2.25e7, seconds=1e-3) == pytest.approx(1.5)
     assert drift.scale("im2col") == pytest.approx(0.8)  # other kernels keep the copy rates
@@ -233,16 +240,12 @@ def test_each_probed_kernel_moves_by_the_ratio_of_its_calls_total_times():
     calls = {"relu": [KernelSample((1000,), 0.0, 8e3, 30e-6), KernelSample((9000,), 0.0, 72e3, 90e-6)],
              "gemm": [KernelSample((64, 64, 64, 0, 0), 5e5, 5e4, 1e-4)],
              "sgd_update": [KernelSample((4096,), 1e4, 5e4, 1e-4)]}  # updates follow the copy probe
-    then = {30e-6: 20e-6, 90e-6: 60e-6, 1e-4: 5e-5}
-
-    def predicted(kernel: str, call: KernelSample) -> float:
-        return then[call.seconds]
-
-    assert kernel_ratios(calls, predicted, lambda kernel: math.nan) == {"relu": pytest.approx(1.5)}
-    # A model that errs by 20 % a call, over two calls, explains 1.2 / 1.414 of the move.
-    noisy = kernel_ratios(calls, predicted, lambda kernel: 0.2)["relu"]
-    assert noisy == pytest.approx(1.5 / (1 + 0.2 / math.sqrt(2)))
-    drift = drift_between(THEN, MachineState(60e9, 25e9), kernels={"relu": 1.5})
+    before = {"relu": [20e-6, 60e-6], "gemm": [5e-5], "sgd_update": [5e-5]}
+    assert kernel_ratios(calls, before, {}) == {"relu": pytest.approx(1.5)}
+    # A ratio known within 20 % keeps 1.5 / 1.2 of its move; a kernel without a time then is left out.
+    assert kernel_ratios(calls, before, {"relu": 0.2})["relu"] == pytest.approx(1.5 / 1.2)
+    assert kernel_ratios(calls, {"gemm": [5e-5]}, {}) == {}
+    drift = dataclasses.replace(drift_between(THEN, MachineState(60e9, 25e9)), kernels={"relu": 1.5})
     assert drift.scale("relu") == pytest.approx(1.5) and drift.scale("add") == pytest.approx(0.8)
     assert "1 kinds of work by the kernel probe's" in drift.describe()
 
@@ -263,6 +266,54 @@ def test_the_kernel_probe_is_compared_only_with_a_calibration_placed_as_it_runs(
     assert probed_ratios(threaded, probed) == {}
     on_gpu = dataclasses.replace(calibration, machine={**placed, "device": "gpu"})
     assert probed_ratios(on_gpu, probed) == {}  # the probe times the host's kernels
+
+
+def test_like_for_like_takes_each_piece_s_median_over_the_calibration_s_probes():
+    work = [(1000,), (9000,)]
+    references = [[((1000,), 1.0), ((9000,), 3.0)], [((1000,), 2.0), ((9000,), 2.0)], [((1000,), 3.0), ((9000,), 5.0)]]
+    assert like_for_like(work, references) == [2.0, 3.0]
+    assert like_for_like(work, [*references, [((1000,), 1.0)]]) is None  # a reference of other work
+    assert like_for_like(work, []) is None
+
+
+def test_each_kind_of_work_moves_as_the_probe_s_whole_and_apart_beyond_its_spread():
+    """The calibration probed twice, the second time 1.5x slower throughout (the machine's
+    wander): shares 1/4, 1/4, 1/2 both times, totals 4 and 6 (median 5). Now the probe's
+    work took 5, as a whole unmoved, and ReLU took 2/5 of it: 1.6x its share, while the add
+    and the time outside the kernels fell to 0.8x theirs."""
+    now = {"relu": [((1000,), 2.0)], "add": [((500,), 1.0)], "outside": [(20.0, 2.0)]}
+    calm = {"relu": [((1000,), 1.0)], "add": [((500,), 1.0)], "outside": [(20.0, 2.0)]}
+    slower = {kind: [(name, 1.5 * seconds) for name, seconds in pieces] for kind, pieces in calm.items()}
+    moves = probe_moves(now, [calm, slower])
+    assert moves == {"relu": pytest.approx(1.6), "add": pytest.approx(0.8), "outside": pytest.approx(0.8)}
+    # Twice as slow as a whole, shares unmoved: every kind 2x.
+    doubled = {kind: [(name, 2.5 * seconds) for name, seconds in pieces] for kind, pieces in calm.items()}
+    assert probe_moves(doubled, [calm, slower]) == {kind: pytest.approx(2.0) for kind in calm}
+    # References whose ReLU took 1/4 and 2/5 of their work: a share within that spread moved as the whole.
+    assert probe_moves(now, [calm, now])["relu"] == pytest.approx(5.0 / 4.5)
+    # A kind some reference timed at other sizes is left out; without references, everything.
+    other = {**calm, "relu": [((2000,), 1.0)]}
+    assert set(probe_moves(now, [calm, other])) == {"add", "outside"}
+    assert probe_moves(now, []) == {}
+
+
+def test_the_kernel_probe_is_set_against_the_calibration_s_own_runs_of_it():
+    """The model predicts the probe's ReLU at 8 us, the calibration's own probe took 16 us, as
+    now: against the models the ReLU moved 2x, like for like it did not move."""
+    probed = ProbedWork({"relu": [KernelSample((1000,), 0.0, 8e3, 16e-6)]}, outside=[(20.0, 3e-4), (40.0, 9e-4)])
+    calibration = Calibration(machine={"ranks": 2, "usable_cores": 2, "blas_threads": 1}, peak_flops=1e11,
+                              memory_bandwidth=1e10, kernel_models={"relu": RateModel(0.0, 0.0, 1e-9)},
+                              allreduce_samples=[], overhead=AffineCost(0.0, 10e-6))
+    assert probed_ratios(calibration, probed) == {"relu": pytest.approx(2.0), OUTSIDE_KERNELS: pytest.approx(2.0)}
+    own = dataclasses.replace(calibration, kernel_probes=[probed, probed])
+    assert probed_ratios(own, probed) == {"relu": pytest.approx(1.0), OUTSIDE_KERNELS: pytest.approx(1.0)}
+    assert Calibration.from_dict(own.to_dict()).kernel_probes == own.kernel_probes
+    # A product a quarter of whose 1 ms ran at the 90 GFLOP/s peak in the calibration's probes,
+    # 1.5 ms now with the peak's part 1.2x slower: the rest moved (1.5 - 0.3) / 0.75 = 1.6x.
+    then = KernelSample((64, 64, 64, 0, 0), 2.25e7, 1e5, 1e-3)
+    gemm_then = dataclasses.replace(own, machine_state=THEN, kernel_probes=[ProbedWork({"gemm": [then]})] * 2)
+    now_gemm = ProbedWork({"gemm": [dataclasses.replace(then, seconds=1.5e-3)]})
+    assert probed_gemm_rest(gemm_then, now_gemm, at_peak_ratio=1.2) == pytest.approx(1.6)
 
 
 def test_a_call_beyond_the_largest_sampled_batch_takes_time_in_proportion():

@@ -31,7 +31,8 @@ from pydtnn_lite.perfmodel.modelling.allreduce import (
 )
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.channel import TransferCost
-from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
+from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, calibrated_machine
+from pydtnn_lite.perfmodel.modelling.outside_kernels import AffineCost
 from pydtnn_lite.perfmodel.modelling.prediction import PredictedKernel, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline, gemm_intensity
 from pydtnn_lite.perfmodel.modelling.synchronization import expected_maximum, fit_sync_wait
@@ -223,7 +224,7 @@ class ConstantMachine:
         self.wait, self.outside, self.load, self.background = wait, outside, load, background
         self.during = reduce if during is None else during
 
-    def overhead_seconds(self, calls: int) -> float:
+    def overhead_seconds(self, calls: int, network: str = "", batch: int = 0, dataset: str | None = None) -> float:
         return self.outside * calls
 
     def data_load_seconds(self, dataset: str, samples: int) -> float:
@@ -382,6 +383,24 @@ def test_the_step_adds_the_batch_s_loading_and_the_time_outside_the_kernels():
     assert full.overhead_seconds == pytest.approx(1e-5 * calls)
     assert full.stage_seconds["DATA"] == pytest.approx(16 * 2e-4 + 1e-3)  # loading, then the copy to the device
     assert full.step_with_overlap == pytest.approx(bare.step_with_overlap + 1e-5 * calls + 16 * 2e-4 + 1e-3)
+
+
+def test_a_network_sampled_whole_keeps_its_own_time_outside_the_kernels():
+    """The grid's fit gives 10 us a call; LeNet, sampled whole at 8 and 32 samples a rank,
+    took 2 and 4 ms outside its kernels: its steps are predicted from those, in proportion
+    between them and held beyond them; other networks and data sets from the fit."""
+    calibration = Calibration(machine={}, peak_flops=1e11, memory_bandwidth=1e10, kernel_models={},
+                              allreduce_samples=[], settings={"jobs": ["lenet:8:synthetic", "lenet:32:synthetic"]},
+                              overhead_samples=[(10.0, 1e-4), (46.0, 2e-3), (46.0, 4e-3)],
+                              overhead=AffineCost(0.0, 1e-5))
+    assert calibration.overhead_seconds(46, "lenet", 8, "synthetic") == pytest.approx(2e-3)
+    assert calibration.overhead_seconds(46, "lenet", 14, "synthetic") == pytest.approx(2.5e-3)
+    assert calibration.overhead_seconds(46, "lenet", 64, "synthetic") == pytest.approx(4e-3)
+    for other in (("lenet", 8, "digits"), ("mlp", 8, "synthetic"), ("", 0, None)):
+        assert calibration.overhead_seconds(46, *other) == pytest.approx(46e-5)
+    network, optimizer = build_workload("lenet", "synthetic")
+    machine = CalibratedMachine(calibration, None)
+    assert predict_step(network, optimizer, 8, 1, machine, dataset="synthetic").overhead_seconds == pytest.approx(2e-3)
 
 
 def test_a_batch_read_ahead_costs_the_step_only_what_it_takes_from_its_cores_or_the_wait_for_it():

@@ -36,6 +36,7 @@ from pydtnn_lite.perfmodel.measuring.data_loading import (
     time_read_ahead,
 )
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor, describe_machine, gemm_peak, memory_bandwidth
+from pydtnn_lite.perfmodel.measuring.kernel_probe import probe_kernels
 from pydtnn_lite.perfmodel.measuring.machine_state import (
     WATCH_REPEATS,
     allreduce_probe,
@@ -112,6 +113,7 @@ class CalibrationSettings:
     jobs: tuple = ()  # (zoo model, batch per rank, generated data set): networks sampled whole, besides the grid
     read_ahead_rounds: int = READ_AHEAD_ROUNDS  # rounds of training the probe model reading in the step and ahead
     read_ahead_steps: int = READ_AHEAD_STEPS  # ... of this many steps each way
+    kernel_probes: int = 4  # runs of the kernel probe along the kernel phase, the first as it starts, the last after
 
 
 def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSettings, blas_threads: int,
@@ -141,15 +143,23 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     mine: dict[str, list[KernelSample]] = {}
     my_waits: list[list[tuple[float, float]]] = []
     my_overheads: list[tuple[float, float]] = []
+    # A run's kernel probe is set against the calibration's own runs of it, spread over the
+    # phase as the machine-state instants are.
+    probe_at = {index * len(grid) // (settings.kernel_probes - 1) for index in range(settings.kernel_probes - 1)}
+    kernel_probes = []
     for index, probe in enumerate(grid):
         if index % STATE_EVERY == STATE_EVERY - 1:
             instants.append(probe_cores(comm, WATCH_REPEATS))
+        if index in probe_at:
+            kernel_probes.append(probe_kernels(comm, on_host=backend.device == "cpu"))
         comm.barrier()  # the ranks run each probe together, as they run a training step
         measured = measure_probe(probe, backend, comm, settings.repeats, evict, settings.min_seconds, settings.seed)
         for name, probe_samples in measured.samples.items():
             mine.setdefault(name, []).extend(probe_samples)
         my_waits.append(measured.waits)
         my_overheads.append(measured.overhead)
+    if settings.kernel_probes > 0:
+        kernel_probes.append(probe_kernels(comm, on_host=backend.device == "cpu"))
     instants.append(probe_cores(comm))
     state = MachineState.over(instants, allreduce, typical=True)
     samples = median_over_ranks(comm.allgather_object(mine))
@@ -201,7 +211,8 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                        data_load_samples=data_load_samples,
                        data_load={name: fit_affine(rows) for name, rows in data_load_samples.items()},
                        read_ahead_samples=read_ahead_samples, read_ahead_share=read_ahead,
-                       machine_state=state, network=network)
+                       machine_state=state, network=network,
+                       kernel_probes=[work for work in kernel_probes if work.calls])
 
 
 def _levels(network: NetworkTimings | None) -> str:

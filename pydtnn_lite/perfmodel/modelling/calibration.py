@@ -13,8 +13,10 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from pydtnn_lite.costs import KernelCost
-from pydtnn_lite.perfmodel.modelling.drift import COMPUTE_BOUND, MachineState
+from pydtnn_lite.perfmodel.modelling.drift import COMPUTE_BOUND, MachineState, ProbedWork
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
 from pydtnn_lite.perfmodel.modelling.outside_kernels import NO_COST, AffineCost
 from pydtnn_lite.perfmodel.modelling.placement import Placement
@@ -59,7 +61,9 @@ class Calibration:
     ``machine_state`` is the machine-state probe taken with the calibration, against
     which a later run's probe measures how far the machine moved. ``network`` holds the
     Allreduce between and inside the nodes of a calibration run on several (emulated) nodes,
-    None on one node; files without it read as None.
+    None on one node; files without it read as None. ``kernel_probes`` are the kernel
+    probe (``measuring/kernel_probe.py``) as the calibration ran it, a few times along its
+    kernel phase, against which a run's probe is set like for like (none in older files).
     """
 
     machine: dict
@@ -82,6 +86,7 @@ class Calibration:
     read_ahead_share: float = 1.0
     machine_state: MachineState | None = None
     network: NetworkTimings | None = None
+    kernel_probes: list[ProbedWork] = field(default_factory=list)
     _widest: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
     _sampled: dict[str, dict[tuple, float]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -108,6 +113,33 @@ class Calibration:
         busy = self.placement.background_share
         paid = min(1.0, self.read_ahead_share / busy) if busy > 0 else 1.0
         return seconds * placement.background_share * paid
+
+    def overhead_seconds(self, calls: int, network: str = "", batch: int = 0, dataset: str | None = None) -> float:
+        """A step's time outside its ``calls`` compute kernel calls. For a ``network`` trained on
+        ``dataset`` that ``calibrate --models`` sampled whole, its own time outside the kernels
+        at ``batch`` samples per rank (interpolated between the batches sampled, held beyond
+        them): the affine fit over every probe, whose grid networks have a layer or two, gave
+        the zoo's networks from a quarter to 1.3 times what they took (on 2026-11-26 AlexNet
+        3.1 ms a step against 10.6-11.7, ResNet18 9.2 against 21, LeNet 1.8 against 1.3-1.7).
+        Otherwise that fit."""
+        sampled = self._outside_of_jobs().get((network, dataset))
+        if not sampled:
+            return self.overhead.seconds(calls)
+        batches, seconds = zip(*sorted(sampled), strict=True)
+        return float(np.interp(batch, batches, seconds))
+
+    def _outside_of_jobs(self) -> dict[tuple[str, str | None], list[tuple[int, float]]]:
+        """(batch per rank, seconds outside the kernels) by (network, data set) of the networks
+        sampled whole: ``calibrate`` probes them after the grid, in the order of
+        ``settings["jobs"]``, so theirs are the last of ``overhead_samples``."""
+        jobs = self.settings.get("jobs", [])
+        if not jobs or len(self.overhead_samples) < len(jobs):
+            return {}
+        out: dict[tuple[str, str | None], list[tuple[int, float]]] = defaultdict(list)
+        for job, (_, seconds) in zip(jobs, self.overhead_samples[-len(jobs):], strict=True):
+            model, batch, dataset = job.split(":")
+            out[(model, dataset)].append((int(batch), seconds))
+        return out
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         """Predicted seconds of one call of ``kernel`` with ``cost``; a kernel without a model
@@ -179,7 +211,8 @@ class Calibration:
                 "read_ahead": {"share": self.read_ahead_share,
                                "samples": [list(sample) for sample in self.read_ahead_samples]},
                 "machine_state": self.machine_state.to_dict() if self.machine_state else None,
-                "network": self.network.to_dict() if self.network else None}
+                "network": self.network.to_dict() if self.network else None,
+                "kernel_probes": [probe.to_dict() for probe in self.kernel_probes]}
 
     @classmethod
     def from_dict(cls, data: dict) -> Calibration:
@@ -211,7 +244,8 @@ class Calibration:
                                        for a, b, c in data.get("read_ahead", {}).get("samples", [])],
                    read_ahead_share=float(data.get("read_ahead", {}).get("share", 1.0)),
                    machine_state=MachineState.from_dict(data["machine_state"]) if data["machine_state"] else None,
-                   network=NetworkTimings.from_dict(data["network"]) if data.get("network") else None)
+                   network=NetworkTimings.from_dict(data["network"]) if data.get("network") else None,
+                   kernel_probes=[ProbedWork.from_dict(probe) for probe in data.get("kernel_probes", [])])
 
     def save(self, path: str) -> None:
         """Write the calibration file at ``path`` (its folder is created; the file is replaced

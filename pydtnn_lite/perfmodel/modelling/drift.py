@@ -12,11 +12,14 @@ predicted time is scaled by the ratio of the rate that bounds it, then to now:
   most in their peak rates, and a product that stayed below the peak on the
   calibration's machine moves less than the peak does;
 - every other compute kernel by its own ratio where the run's kernel probe
-  (``measuring/kernel_probe.py``) timed it: its calls' times now over what the
-  calibration's model predicts for them (:func:`kernel_ratios`); a fused kernel that it
-  did not time, by the mean of the ratios of the kernels it replaces; otherwise, and the
-  time between kernels, by the copy rates (memory-bound, or the interpreter's pace, which
-  moves with the memory system and the clock alike);
+  (``measuring/kernel_probe.py``) timed it: against the calibration's own runs of the
+  probe, as the probe's work as a whole moved and by its share of that work where the
+  share moved beyond its spread (:func:`probe_moves`), or, against a calibration without
+  them, its calls' times now over what the calibration's model predicts for them
+  (:func:`kernel_ratios`); a fused
+  kernel that it did not time, by the mean of the ratios of the kernels it replaces;
+  otherwise, and the time between kernels, by the copy rates (memory-bound, or the
+  interpreter's pace, which moves with the memory system and the clock alike);
 - communication, by the probe's Allreduce time now against the calibration's probe,
   carried over to the run's rank count by the calibration's Allreduce model.
 
@@ -39,7 +42,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
@@ -243,14 +246,14 @@ class ProbedWork:
                     for name, samples in record.get("data", {}).items()})
 
 
-def work_ratio(seconds: Sequence[tuple[float, float]], error: float = 0.0) -> float | None:
-    """Time now over then of pieces of work timed now and predicted by the calibration,
-    ``seconds`` as (now, then) pairs: their totals' ratio, less the part that ``error``
-    (relative, of one piece) over the square root of the pieces explains; None without any."""
+def work_ratio(seconds: Sequence[tuple[float, float]], noise: float = 0.0) -> float | None:
+    """Time now over then of pieces of work timed now and known then, ``seconds`` as (now,
+    then) pairs: their totals' ratio, less the part that ``noise`` (relative, of the ratio)
+    explains (:func:`beyond_noise`); None without any."""
     now, before = sum(pair[0] for pair in seconds), sum(pair[1] for pair in seconds)
     if not seconds or now <= 0 or before <= 0:
         return None
-    return beyond_noise(now / before, error / math.sqrt(len(seconds)))
+    return beyond_noise(now / before, noise)
 
 
 def peak_share(flops: float, seconds: float, peak_flops: float) -> float:
@@ -259,58 +262,102 @@ def peak_share(flops: float, seconds: float, peak_flops: float) -> float:
     return min(1.0, flops / (peak_flops * seconds)) if peak_flops > 0 and seconds > 0 else 1.0
 
 
-def gemm_rest_ratio(calls: Sequence[KernelSample], then: Callable[[KernelSample], float], peak_flops: float,
-                    at_peak_ratio: float, error: float = 0.0) -> float | None:
+def gemm_rest_ratio(calls: Sequence[KernelSample], before: Sequence[float], peak_flops: float,
+                    at_peak_ratio: float, noise: float = 0.0) -> float | None:
     """GEMM's time now over then off its peak, fitted to the kernel probe's GEMM ``calls``
-    (seconds measured now) and ``then(call)``, the calibration's predicted seconds of the
-    same call, given ``at_peak_ratio`` for the share of each call's time that ran at
-    ``peak_flops`` (:func:`peak_share`): least squares of ``now - then share at_peak_ratio
-    = then (1 - share) R``. Absolute seconds weigh each call by its time, as a step does.
-    The part of the move that ``error`` (the GEMM model's held-out time error) over the
-    square root of the calls explains is taken off (:func:`beyond_noise`). None without a
-    call off the peak, or where the fit is not positive.
+    (seconds measured now) and ``before``, the seconds of the same calls at the calibration,
+    given ``at_peak_ratio`` for the share of each call's time that ran at ``peak_flops``
+    (:func:`peak_share`): least squares of ``now - then share at_peak_ratio = then (1 -
+    share) R``. Absolute seconds weigh each call by its time, as a step does. The part of
+    the move that ``noise`` (relative, of the ratio) explains is taken off
+    (:func:`beyond_noise`). None without a call off the peak, or where the fit is not positive.
 
     The copy rates that stand in otherwise can stay still while skinny products move: on
     2026-11-26 this machine's copy probe ran 1.2x slower than at the calibration while the
     kernel probe's GEMMs ran 1.3x slower off the peak, and LeNet's products, far off it, 1.4x.
     """
-    before = np.array([then(call) for call in calls])
+    then = np.asarray(before, dtype=float)
     now = np.array([call.seconds for call in calls])
-    share = np.array([peak_share(call.flops, seconds, peak_flops) for call, seconds in zip(calls, before, strict=True)])
-    off_peak = before * (1.0 - share)
+    share = np.array([peak_share(call.flops, seconds, peak_flops) for call, seconds in zip(calls, then, strict=True)])
+    off_peak = then * (1.0 - share)
     weight = float(off_peak @ off_peak)
     if weight <= 0:
         return None
-    ratio = float(off_peak @ (now - before * share * at_peak_ratio)) / weight
-    return beyond_noise(ratio, error / math.sqrt(len(calls))) if ratio > 0 else None
+    ratio = float(off_peak @ (now - then * share * at_peak_ratio)) / weight
+    return beyond_noise(ratio, noise) if ratio > 0 else None
 
 
-def kernel_ratios(calls: Mapping[str, Sequence[KernelSample]], then: Callable[[str, KernelSample], float],
-                  model_error: Callable[[str], float]) -> dict[str, float]:
+def kernel_ratios(calls: Mapping[str, Sequence[KernelSample]], before: Mapping[str, Sequence[float]],
+                  noise: Mapping[str, float]) -> dict[str, float]:
     """Each compute kernel's time now over then, from the kernel probe's ``calls`` (seconds
-    measured now) and ``then(kernel, call)``, the calibration's predicted seconds of the
-    same call: their totals' ratio, which weighs each call by its time as a step does (a
-    probe's smallest calls, a few microseconds of launching a loop, say little of a large
-    model's), with the part of its move that the calibration model's own error
-    (``model_error(kernel)``, its held-out time error, over the square root of the calls)
-    can explain taken off (:func:`beyond_noise`). GEMM is left to the GEMM and copy rates,
-    the updates (:data:`STREAMING`) to the copy rates.
+    measured now) and ``before``, the seconds of the same calls at the calibration (kernels
+    without them are left out): their totals' ratio, which weighs each call by its time as
+    a step does (a probe's smallest calls, a few microseconds of launching a loop, say
+    little of a large model's), with the part of its move that the kernel's ``noise``
+    (relative, of the ratio) can explain taken off (:func:`beyond_noise`). GEMM is left to
+    the GEMM and copy rates, the updates (:data:`STREAMING`) to the copy rates.
     """
     ratios = {}
     for kernel, samples in calls.items():
-        if kernel in COMPUTE_BOUND | STREAMING:
+        if kernel in COMPUTE_BOUND | STREAMING or kernel not in before:
             continue
-        error = model_error(kernel)
-        ratio = work_ratio([(call.seconds, then(kernel, call)) for call in samples],
-                           error if math.isfinite(error) else 0.0)
+        ratio = work_ratio([(call.seconds, then) for call, then in zip(samples, before[kernel], strict=True)],
+                           noise.get(kernel, 0.0))
         if ratio is not None:
             ratios[kernel] = ratio
     return ratios
 
 
+def log_spread(values: Sequence[float]) -> float:
+    """The relative spread of positive ``values``: the standard deviation of their logarithms
+    (0 for fewer than two)."""
+    return statistics.stdev(math.log(value) for value in values) if len(values) > 1 else 0.0
+
+
+def like_for_like(work: Sequence[Hashable],
+                  references: Sequence[Sequence[tuple[Hashable, float]]]) -> list[float] | None:
+    """The seconds of the pieces of ``work`` (each named by what it was: a call's sizes) in
+    ``references``, the calibration's own runs of the probe as (name, seconds): each piece's
+    median over them. None where a reference did other work, or there is none."""
+    if not references or any([name for name, _ in reference] != list(work) for reference in references):
+        return None
+    return [float(np.median([seconds for _, seconds in piece])) for piece in zip(*references, strict=True)]
+
+
+def probe_moves(now: Mapping[str, Sequence[tuple[Hashable, float]]],
+                references: Sequence[Mapping[str, Sequence[tuple[Hashable, float]]]]) -> dict[str, float]:
+    """How far each kind of work moved since the calibration, from a run's probe ``now`` and
+    the calibration's own runs of it, ``references``, each as pieces of work by kind (a
+    kernel's calls named by their sizes, the steps' time outside the kernels named by their
+    calls), (name, seconds). Only kinds that every reference timed alike count.
+
+    Each moves as the probe's work as a whole (its total now over the references' median
+    total, its steadiest figure), times its share of that total now over its median share
+    then, where the share moved beyond its spread between the references (for the run's
+    one probe and for their median, :func:`beyond_noise`): a change of processor moves
+    kinds apart, the machine's wander moves them all alike."""
+    kinds = [kind for kind, pieces in now.items()
+             if references and all([name for name, _ in reference.get(kind, [])] == [name for name, _ in pieces]
+                                   for reference in references)]
+
+    def totals(work: Mapping[str, Sequence[tuple[Hashable, float]]]) -> dict[str, float]:
+        return {kind: sum(seconds for _, seconds in work[kind]) for kind in kinds}
+
+    now_totals, reference_totals = totals(now), [totals(reference) for reference in references]
+    if not kinds or min(min(t.values()) for t in [now_totals, *reference_totals]) <= 0:
+        return {}
+    whole = sum(now_totals.values()) / statistics.median(sum(t.values()) for t in reference_totals)
+    shares = [{kind: total / sum(t.values()) for kind, total in t.items()} for t in reference_totals]
+    moves = {}
+    for kind in kinds:
+        then = [share[kind] for share in shares]
+        noise = log_spread(then) * math.sqrt(1.0 + 1.0 / len(then))
+        moves[kind] = whole * beyond_noise(now_totals[kind] / sum(now_totals.values()) / statistics.median(then), noise)
+    return moves
+
+
 def drift_between(then: MachineState, now: MachineState,
-                  allreduce_model: Callable[[float, int], float] | None = None,
-                  kernels: Mapping[str, float] | None = None) -> Drift:
+                  allreduce_model: Callable[[float, int], float] | None = None) -> Drift:
     """The drift from the calibration's probe ``then`` to a run's probe ``now``.
 
     Communication compares the two probes' Allreduce: directly when they timed the same
@@ -318,8 +365,7 @@ def drift_between(then: MachineState, now: MachineState,
     model, which says how much longer the run's Allreduce takes than the calibration's
     on an unmoved machine. Without both probes' Allreduce (or the model, where it is
     needed) communication is taken as unmoved. Each ratio keeps only its move beyond the
-    two probes' spreads (:func:`beyond_noise`). ``kernels`` are the ratios of the kernels
-    the run's kernel probe timed (:func:`kernel_ratios`).
+    two probes' spreads (:func:`beyond_noise`).
     """
     communication = 1.0
     if now.allreduce_seconds and then.allreduce_seconds:
@@ -333,7 +379,8 @@ def drift_between(then: MachineState, now: MachineState,
     measured = {"compute": (then.gemm_flops / now.gemm_flops, then.gemm_spread, now.gemm_spread),
                 "memory": (then.copy_bytes_per_second / now.copy_bytes_per_second, then.copy_spread, now.copy_spread),
                 "communication": (communication, then.allreduce_spread, now.allreduce_spread)}
-    return Drift(**{kind: beyond_noise(*figures) for kind, figures in measured.items()},
+    return Drift(compute=beyond_noise(*measured["compute"]), memory=beyond_noise(*measured["memory"]),
+                 communication=beyond_noise(*measured["communication"]),
                  noise=max(math.hypot(then_spread, now_spread) for _, then_spread, now_spread in measured.values()),
                  measured=max(abs(ratio - 1.0) for ratio, _, _ in measured.values()), peak_flops=then.gemm_flops,
-                 kernels=dict(kernels or {}), imbalance=now.imbalance)
+                 imbalance=now.imbalance)

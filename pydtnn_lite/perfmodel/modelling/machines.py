@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 
 from pydtnn_lite.costs import DATA_LOAD, FUSED_KERNELS, GEMM, KernelCost, Stage
@@ -18,12 +18,16 @@ from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.channel import NO_TRANSFER_COST, TransferCost
 from pydtnn_lite.perfmodel.modelling.clusters import PRESETS, Cluster
 from pydtnn_lite.perfmodel.modelling.drift import (
+    COMPUTE_BOUND,
+    STREAMING,
     Drift,
     MachineState,
     ProbedWork,
     drift_between,
     gemm_rest_ratio,
     kernel_ratios,
+    like_for_like,
+    probe_moves,
     work_ratio,
 )
 from pydtnn_lite.perfmodel.modelling.placement import Placement, kernel_scale
@@ -67,8 +71,8 @@ class CalibratedMachine:
     def allreduce_during_compute_seconds(self, nbytes: float, procs: int) -> float:
         return self.allreduce_seconds(nbytes, procs)  # the calibration's ranks each have a core
 
-    def overhead_seconds(self, calls: int) -> float:
-        return self.calibration.overhead.seconds(calls)
+    def overhead_seconds(self, calls: int, network: str = "", batch: int = 0, dataset: str | None = None) -> float:
+        return self.calibration.overhead_seconds(calls, network, batch, dataset)
 
     def data_load_seconds(self, dataset: str, samples: int) -> float:
         return self.calibration.data_load_seconds(dataset, samples)
@@ -137,8 +141,8 @@ class AdjustedMachine:
             now = 0.0 if self.placement.oversubscribed else then
         return self.base.calibration.sync_wait.seconds(segment, procs, then) + now * segment
 
-    def overhead_seconds(self, calls: int) -> float:
-        return self.base.overhead_seconds(calls) * self._scale(OUTSIDE_KERNELS)
+    def overhead_seconds(self, calls: int, network: str = "", batch: int = 0, dataset: str | None = None) -> float:
+        return self.base.overhead_seconds(calls, network, batch, dataset) * self._scale(OUTSIDE_KERNELS)
 
     def data_load_seconds(self, dataset: str, samples: int) -> float:
         return self.base.data_load_seconds(dataset, samples) * self._scale(DATA_LOAD)
@@ -169,8 +173,9 @@ def adjusted_machine(machine: CalibratedMachine, placement: Placement | None = N
     drift = Drift()
     if now is not None and calibration.machine_state is not None:
         model = machine.allreduce_seconds if machine.allreduce is not None else None
-        drift = drift_between(calibration.machine_state, now, model, probed_ratios(calibration, probed))
-        drift = replace(drift, gemm_rest=probed_gemm_rest(calibration, probed, drift.compute))
+        drift = drift_between(calibration.machine_state, now, model)
+        drift = replace(drift, kernels=probed_ratios(calibration, probed),
+                        gemm_rest=probed_gemm_rest(calibration, probed, drift.compute))
     return AdjustedMachine(machine, placement or calibration.placement, drift)
 
 
@@ -187,45 +192,84 @@ def _calibrated_seconds(calibration: Calibration, kernel: str, call: KernelSampl
     return calibration.kernel_seconds(kernel, KernelCost(Stage.FP, kernel, call.flops, call.bytes, call.dims))
 
 
-def _model_error(calibration: Calibration, kernel: str) -> float:
-    """The held-out time error of the calibration's model of ``kernel`` (NaN without one)."""
+def _model_noise(calibration: Calibration, kernel: str, calls: int) -> float:
+    """The noise of a ratio of ``calls`` calls' total time to the predictions of the
+    calibration's model of ``kernel``: its held-out time error over the square root of the
+    calls (0 without a model)."""
     model = calibration.kernel_models.get(kernel)
-    return model.held_out_time_error if model is not None else math.nan
+    error = model.held_out_time_error if model is not None else math.nan
+    return error / math.sqrt(calls) if math.isfinite(error) else 0.0
+
+
+def _modelled_ratios(calibration: Calibration, probed: ProbedWork) -> dict[str, float]:
+    """The kernel probe's kernels and time outside them against what the calibration's models
+    predict for the same work (:func:`~pydtnn_lite.perfmodel.modelling.drift.kernel_ratios`),
+    each kernel's noise its model's held-out error over the square root of the calls. A
+    fused kernel the calibration never sampled is predicted from the unfused calls it
+    replaces, which a probed call's cost does not name, and is left out."""
+    calls = {kernel: samples for kernel, samples in probed.calls.items()
+             if kernel not in FUSED_KERNELS or kernel in calibration.kernel_models}
+    before = {kernel: [_calibrated_seconds(calibration, kernel, call) for call in samples]
+              for kernel, samples in calls.items()}
+    noise = {kernel: _model_noise(calibration, kernel, len(samples)) for kernel, samples in calls.items()}
+    ratios = kernel_ratios(calls, before, noise)
+    outside = work_ratio([(seconds, calibration.overhead.seconds(count)) for count, seconds in probed.outside])
+    return ratios if outside is None else {**ratios, OUTSIDE_KERNELS: outside}
+
+
+def _kinds_of_work(probed: ProbedWork) -> dict[str, list[tuple[Hashable, float]]]:
+    """A probe's work to set like for like, by kind, each piece named by what it was: each
+    kernel's calls but GEMM's and the updates' (left to the GEMM and copy rates, as in
+    :func:`kernel_ratios`), and the steps' time outside the kernels, named by their calls."""
+    work: dict[str, list[tuple[Hashable, float]]] = {
+        kernel: [(call.dims, call.seconds) for call in calls] for kernel, calls in probed.calls.items()
+        if kernel not in COMPUTE_BOUND | STREAMING}
+    work[OUTSIDE_KERNELS] = [(calls, seconds) for calls, seconds in probed.outside]
+    return work
 
 
 def probed_gemm_rest(calibration: Calibration, probed: ProbedWork | None, at_peak_ratio: float) -> float | None:
     """The kernel probe's ratio for GEMM off its peak against ``calibration``, the part at
     the peak moving by ``at_peak_ratio``
-    (:func:`~pydtnn_lite.perfmodel.modelling.drift.gemm_rest_ratio`); None where it timed
-    no GEMM, the calibration has no probe's peak, or the two ran otherwise (:func:`probed_ratios`)."""
+    (:func:`~pydtnn_lite.perfmodel.modelling.drift.gemm_rest_ratio`): against the median of
+    the calibration's own runs of the probe where they timed the same products
+    (:func:`~pydtnn_lite.perfmodel.modelling.drift.like_for_like`), as measured; otherwise
+    against its GEMM model's predictions, less the part of the move the model's held-out
+    error explains. None where it timed no GEMM, the calibration has no probe's peak, or
+    the two ran otherwise (:func:`probed_ratios`)."""
     state = calibration.machine_state
     if probed is None or not _probe_comparable(calibration, probed) or state is None or not probed.calls.get(GEMM):
         return None
-    error = _model_error(calibration, GEMM)
-    return gemm_rest_ratio(probed.calls[GEMM], lambda call: _calibrated_seconds(calibration, GEMM, call),
-                           state.gemm_flops, at_peak_ratio, error if math.isfinite(error) else 0.0)
+    calls = probed.calls[GEMM]
+    own = like_for_like([call.dims for call in calls],
+                        [[(call.dims, call.seconds) for call in reference.calls.get(GEMM, [])]
+                         for reference in calibration.kernel_probes])
+    if own is not None:
+        return gemm_rest_ratio(calls, own, state.gemm_flops, at_peak_ratio)
+    return gemm_rest_ratio(calls, [_calibrated_seconds(calibration, GEMM, call) for call in calls],
+                           state.gemm_flops, at_peak_ratio, _model_noise(calibration, GEMM, len(calls)))
 
 
 def probed_ratios(calibration: Calibration, probed: ProbedWork | None) -> dict[str, float]:
-    """The kernel probe's ratios against ``calibration``: each kernel's
-    (:func:`~pydtnn_lite.perfmodel.modelling.drift.kernel_ratios`), the time outside the
-    kernels' (:data:`OUTSIDE_KERNELS`) and loading data's (``DATA_LOAD``); none where the
-    calibration's kernels ran otherwise placed than the probe's, or on a GPU."""
+    """The kernel probe's ratios against ``calibration``, for each kernel but GEMM and the
+    updates, the time outside the kernels (:data:`OUTSIDE_KERNELS`) and loading data
+    (``DATA_LOAD``); none where the calibration's kernels ran otherwise placed than the
+    probe's, or on a GPU.
+
+    Where the calibration ran the probe itself, like for like
+    (:func:`~pydtnn_lite.perfmodel.modelling.drift.probe_moves`): a probe network's
+    kernels run in the context of its own few layers, at a speed the models, fitted over
+    the whole grid, need not give them (on 2026-11-26 the calibration's own probes ran its
+    bias additions at 1.72x the models' time, batch norm's input gradient at 1.85x, its
+    ReLUs at 1.13x). Otherwise against the models' predictions (:func:`_modelled_ratios`).
+    Loading data is set against the calibration's model of it."""
     if probed is None or not _probe_comparable(calibration, probed):
         return {}
-
-    # A fused kernel the calibration never sampled is predicted from the unfused calls it
-    # replaces, which a probed call's cost does not name: it has no "then" to set against.
-    calls = {kernel: samples for kernel, samples in probed.calls.items()
-             if kernel not in FUSED_KERNELS or kernel in calibration.kernel_models}
-    ratios = kernel_ratios(calls, lambda kernel, call: _calibrated_seconds(calibration, kernel, call),
-                           lambda kernel: _model_error(calibration, kernel))
-    outside = work_ratio([(seconds, calibration.overhead.seconds(calls)) for calls, seconds in probed.outside])
+    references = [_kinds_of_work(reference) for reference in calibration.kernel_probes]
+    ratios = probe_moves(_kinds_of_work(probed), references) or _modelled_ratios(calibration, probed)
     loading = work_ratio([(seconds, calibration.data_load_seconds(name, int(samples)))
                           for name, samples_seconds in probed.data.items() for samples, seconds in samples_seconds])
-    ratios.update({name: ratio for name, ratio in ((OUTSIDE_KERNELS, outside), (DATA_LOAD, loading))
-                   if ratio is not None})
-    return ratios
+    return ratios if loading is None else {**ratios, DATA_LOAD: loading}
 
 
 ALLREDUCE_MODELS = ("interpolate", "fit")

@@ -72,7 +72,8 @@ class Machine(Protocol):
     ``allreduce_during_compute_seconds`` is what a reduction that runs while other ranks
     still compute adds to a step that overlap cannot hide it in (its duration, or its CPU
     time where ranks time-share the cores).
-    ``overhead_seconds`` is a step's time outside its ``calls`` compute kernel calls,
+    ``overhead_seconds`` is a step's time outside its ``calls`` compute kernel calls (of
+    ``network`` with ``batch`` samples per rank of ``dataset``, where the machine knows it),
     ``data_load_seconds`` the time to load ``samples`` of data set ``dataset``, and
     ``background_seconds`` how much of ``seconds`` of work on a rank's background thread
     (batches read ahead) lengthens its step. ``transfer_cost`` is what moving overlapped
@@ -93,7 +94,8 @@ class Machine(Protocol):
 
     def sync_wait_seconds(self, segment: float, procs: int) -> float: ...
 
-    def overhead_seconds(self, calls: int) -> float: ...
+    def overhead_seconds(self, calls: int, network: str = "", batch: int = 0, dataset: str | None = None) -> float:
+        ...
 
     def data_load_seconds(self, dataset: str, samples: int) -> float: ...
 
@@ -125,7 +127,7 @@ class RooflineMachine:
     def sync_wait_seconds(self, segment: float, procs: int) -> float:
         return 0.0
 
-    def overhead_seconds(self, calls: int) -> float:
+    def overhead_seconds(self, calls: int, network: str = "", batch: int = 0, dataset: str | None = None) -> float:
         return 0.0  # a described machine runs its kernels back to back
 
     def data_load_seconds(self, dataset: str, samples: int) -> float:
@@ -241,8 +243,9 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
         kernels += [PredictedKernel(NO_LAYER, "", Stage.COMM, ALLREDUCE, i, s, 0.0, n)
                     for i, (n, s) in enumerate(reductions)]
         kernels.append(PredictedKernel(NO_LAYER, "", Stage.COMM, SYNC_WAIT, 0, end_wait, 0.0, 0.0))
+    overhead = machine.overhead_seconds(calls, network.name, batch, dataset)
     prediction = StepPrediction(kernels, bucket_bytes, bucket_seconds, procs, batch, wait_seconds=sum(waits),
-                                synchronisations=len(waits), overhead_seconds=machine.overhead_seconds(calls))
+                                synchronisations=len(waits), overhead_seconds=overhead)
     stage: defaultdict[str, float] = defaultdict(float)
     for kernel in kernels:
         stage[kernel.stage] += kernel.seconds
