@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 
 import pytest
 
@@ -271,26 +272,33 @@ def test_the_kernel_probe_is_compared_only_with_a_calibration_placed_as_it_runs(
 def test_like_for_like_takes_each_piece_s_median_over_the_calibration_s_probes():
     work = [(1000,), (9000,)]
     references = [[((1000,), 1.0), ((9000,), 3.0)], [((1000,), 2.0), ((9000,), 2.0)], [((1000,), 3.0), ((9000,), 5.0)]]
-    assert like_for_like(work, references) == [2.0, 3.0]
+    medians, noise = like_for_like(work, references)
+    # Totals 4, 4 and 8: the standard error of their median, 1.2533 sigma / sqrt(3), sigma
+    # the standard deviation of their logarithms.
+    assert medians == [2.0, 3.0]
+    assert noise == pytest.approx(1.2533 * statistics.stdev([math.log(4), math.log(4), math.log(8)]) / math.sqrt(3))
+    assert like_for_like(work, references[:1]) == ([1.0, 3.0], 0.0)
     assert like_for_like(work, [*references, [((1000,), 1.0)]]) is None  # a reference of other work
     assert like_for_like(work, []) is None
 
 
 def test_each_kind_of_work_moves_as_the_probe_s_whole_and_apart_beyond_its_spread():
     """The calibration probed twice, the second time 1.5x slower throughout (the machine's
-    wander): shares 1/4, 1/4, 1/2 both times, totals 4 and 6 (median 5). Now the probe's
-    work took 5, as a whole unmoved, and ReLU took 2/5 of it: 1.6x its share, while the add
-    and the time outside the kernels fell to 0.8x theirs."""
+    wander): shares 1/4, 1/4, 1/2 both times, totals 4 and 6 (median 5, known within
+    1.2533 ln(1.5) / 2, 25 %). Now the probe's work took 5, as a whole unmoved, and ReLU
+    took 2/5 of it: 1.6x its share, while the add and the time outside the kernels fell
+    to 0.8x theirs."""
     now = {"relu": [((1000,), 2.0)], "add": [((500,), 1.0)], "outside": [(20.0, 2.0)]}
     calm = {"relu": [((1000,), 1.0)], "add": [((500,), 1.0)], "outside": [(20.0, 2.0)]}
     slower = {kind: [(name, 1.5 * seconds) for name, seconds in pieces] for kind, pieces in calm.items()}
     moves = probe_moves(now, [calm, slower])
     assert moves == {"relu": pytest.approx(1.6), "add": pytest.approx(0.8), "outside": pytest.approx(0.8)}
-    # Twice as slow as a whole, shares unmoved: every kind 2x.
+    # Twice as slow as a whole, shares unmoved: every kind 2x, less the median's standard error.
     doubled = {kind: [(name, 2.5 * seconds) for name, seconds in pieces] for kind, pieces in calm.items()}
-    assert probe_moves(doubled, [calm, slower]) == {kind: pytest.approx(2.0) for kind in calm}
+    noise = 1.2533 * math.log(1.5) / math.sqrt(2) / math.sqrt(2)
+    assert probe_moves(doubled, [calm, slower]) == {kind: pytest.approx(2.0 / (1 + noise)) for kind in calm}
     # References whose ReLU took 1/4 and 2/5 of their work: a share within that spread moved as the whole.
-    assert probe_moves(now, [calm, now])["relu"] == pytest.approx(5.0 / 4.5)
+    assert probe_moves(now, [calm, now])["relu"] == probe_moves(now, [calm, now])["add"]
     # A kind some reference timed at other sizes is left out; without references, everything.
     other = {**calm, "relu": [((2000,), 1.0)]}
     assert set(probe_moves(now, [calm, other])) == {"add", "outside"}
@@ -299,14 +307,18 @@ def test_each_kind_of_work_moves_as_the_probe_s_whole_and_apart_beyond_its_sprea
 
 def test_the_kernel_probe_is_set_against_the_calibration_s_own_runs_of_it():
     """The model predicts the probe's ReLU at 8 us, the calibration's own probe took 16 us, as
-    now: against the models the ReLU moved 2x, like for like it did not move."""
-    probed = ProbedWork({"relu": [KernelSample((1000,), 0.0, 8e3, 16e-6)]}, outside=[(20.0, 3e-4), (40.0, 9e-4)])
+    now: against the models the ReLU moved 2x, like for like it did not move. The update,
+    left to the copy rates against the models, is set like for like too."""
+    probed = ProbedWork({"relu": [KernelSample((1000,), 0.0, 8e3, 16e-6)],
+                         "sgd_update": [KernelSample((4096,), 1.6e4, 8e4, 9e-6)]},
+                        outside=[(20.0, 3e-4), (40.0, 9e-4)])
     calibration = Calibration(machine={"ranks": 2, "usable_cores": 2, "blas_threads": 1}, peak_flops=1e11,
                               memory_bandwidth=1e10, kernel_models={"relu": RateModel(0.0, 0.0, 1e-9)},
                               allreduce_samples=[], overhead=AffineCost(0.0, 10e-6))
     assert probed_ratios(calibration, probed) == {"relu": pytest.approx(2.0), OUTSIDE_KERNELS: pytest.approx(2.0)}
     own = dataclasses.replace(calibration, kernel_probes=[probed, probed])
-    assert probed_ratios(own, probed) == {"relu": pytest.approx(1.0), OUTSIDE_KERNELS: pytest.approx(1.0)}
+    assert probed_ratios(own, probed) == {"relu": pytest.approx(1.0), "sgd_update": pytest.approx(1.0),
+                                          OUTSIDE_KERNELS: pytest.approx(1.0)}
     assert Calibration.from_dict(own.to_dict()).kernel_probes == own.kernel_probes
     # A product a quarter of whose 1 ms ran at the 90 GFLOP/s peak in the calibration's probes,
     # 1.5 ms now with the peak's part 1.2x slower: the rest moved (1.5 - 0.3) / 0.75 = 1.6x.

@@ -314,14 +314,23 @@ def log_spread(values: Sequence[float]) -> float:
     return statistics.stdev(math.log(value) for value in values) if len(values) > 1 else 0.0
 
 
+def median_noise(values: Sequence[float]) -> float:
+    """The relative standard error of the median of positive ``values``: 1.2533 times their
+    spread (:func:`log_spread`) over the square root of their number."""
+    return 1.2533 * log_spread(values) / math.sqrt(len(values)) if values else 0.0
+
+
 def like_for_like(work: Sequence[Hashable],
-                  references: Sequence[Sequence[tuple[Hashable, float]]]) -> list[float] | None:
+                  references: Sequence[Sequence[tuple[Hashable, float]]]) -> tuple[list[float], float] | None:
     """The seconds of the pieces of ``work`` (each named by what it was: a call's sizes) in
     ``references``, the calibration's own runs of the probe as (name, seconds): each piece's
-    median over them. None where a reference did other work, or there is none."""
+    median over them, and the noise of a ratio of totals to those medians, the standard
+    error of the references' median total (:func:`median_noise`). None where a reference
+    did other work, or there is none."""
     if not references or any([name for name, _ in reference] != list(work) for reference in references):
         return None
-    return [float(np.median([seconds for _, seconds in piece])) for piece in zip(*references, strict=True)]
+    medians = [float(np.median([seconds for _, seconds in piece])) for piece in zip(*references, strict=True)]
+    return medians, median_noise([sum(seconds for _, seconds in reference) for reference in references])
 
 
 def probe_moves(now: Mapping[str, Sequence[tuple[Hashable, float]]],
@@ -332,10 +341,11 @@ def probe_moves(now: Mapping[str, Sequence[tuple[Hashable, float]]],
     calls), (name, seconds). Only kinds that every reference timed alike count.
 
     Each moves as the probe's work as a whole (its total now over the references' median
-    total, its steadiest figure), times its share of that total now over its median share
-    then, where the share moved beyond its spread between the references (for the run's
-    one probe and for their median, :func:`beyond_noise`): a change of processor moves
-    kinds apart, the machine's wander moves them all alike."""
+    total, its steadiest figure, beyond that median's standard error), times its share of
+    that total now over its median share then, where the share moved beyond its spread
+    between the references (for the run's one probe and for their median): a change of
+    processor moves kinds apart, the machine's wander moves them all alike
+    (:func:`beyond_noise` each)."""
     kinds = [kind for kind, pieces in now.items()
              if references and all([name for name, _ in reference.get(kind, [])] == [name for name, _ in pieces]
                                    for reference in references)]
@@ -346,7 +356,8 @@ def probe_moves(now: Mapping[str, Sequence[tuple[Hashable, float]]],
     now_totals, reference_totals = totals(now), [totals(reference) for reference in references]
     if not kinds or min(min(t.values()) for t in [now_totals, *reference_totals]) <= 0:
         return {}
-    whole = sum(now_totals.values()) / statistics.median(sum(t.values()) for t in reference_totals)
+    wholes = [sum(t.values()) for t in reference_totals]
+    whole = beyond_noise(sum(now_totals.values()) / statistics.median(wholes), median_noise(wholes))
     shares = [{kind: total / sum(t.values()) for kind, total in t.items()} for t in reference_totals]
     moves = {}
     for kind in kinds:
