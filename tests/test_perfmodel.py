@@ -386,16 +386,17 @@ def test_the_step_adds_the_batch_s_loading_and_the_time_outside_the_kernels():
 
 
 def test_a_network_sampled_whole_keeps_its_own_time_outside_the_kernels():
-    """The grid's fit gives 10 us a call; LeNet, sampled whole at 8 and 32 samples a rank,
-    took 2 and 4 ms outside its kernels: its steps are predicted from those, in proportion
-    between them and held beyond them; other networks and data sets from the fit."""
+    """The grid's fit gives 10 us a call; LeNet, sampled whole at 8 and 32 samples a rank on
+    the synthetic set, took 2 and 4 ms outside its kernels: its steps on images of that
+    shape (CIFAR-10's too) are predicted from those, in proportion between them and held
+    beyond them; other networks and shapes from the fit."""
     calibration = Calibration(machine={}, peak_flops=1e11, memory_bandwidth=1e10, kernel_models={},
                               allreduce_samples=[], settings={"jobs": ["lenet:8:synthetic", "lenet:32:synthetic"]},
                               overhead_samples=[(10.0, 1e-4), (46.0, 2e-3), (46.0, 4e-3)],
                               overhead=AffineCost(0.0, 1e-5))
     assert calibration.overhead_seconds(46, "lenet", 8, "synthetic") == pytest.approx(2e-3)
     assert calibration.overhead_seconds(46, "lenet", 14, "synthetic") == pytest.approx(2.5e-3)
-    assert calibration.overhead_seconds(46, "lenet", 64, "synthetic") == pytest.approx(4e-3)
+    assert calibration.overhead_seconds(46, "lenet", 64, "cifar10") == pytest.approx(4e-3)
     for other in (("lenet", 8, "digits"), ("mlp", 8, "synthetic"), ("", 0, None)):
         assert calibration.overhead_seconds(46, *other) == pytest.approx(46e-5)
     network, optimizer = build_workload("lenet", "synthetic")

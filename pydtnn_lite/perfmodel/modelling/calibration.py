@@ -28,6 +28,7 @@ from pydtnn_lite.perfmodel.modelling.regression import (
     samples_from_columns,
 )
 from pydtnn_lite.perfmodel.modelling.synchronization import NO_WAIT, SyncWaitModel, fit_sync_wait
+from pydtnn_lite.perfmodel.modelling.workload import DATASET_SHAPES
 
 FORMAT, VERSION = "pydtnn_lite calibration", 4
 
@@ -115,30 +116,30 @@ class Calibration:
         return seconds * placement.background_share * paid
 
     def overhead_seconds(self, calls: int, network: str = "", batch: int = 0, dataset: str | None = None) -> float:
-        """A step's time outside its ``calls`` compute kernel calls. For a ``network`` trained on
-        ``dataset`` that ``calibrate --models`` sampled whole, its own time outside the kernels
-        at ``batch`` samples per rank (interpolated between the batches sampled, held beyond
-        them): the affine fit over every probe, whose grid networks have a layer or two, gave
-        the zoo's networks from a quarter to 1.3 times what they took (on 2026-11-26 AlexNet
-        3.1 ms a step against 10.6-11.7, ResNet18 9.2 against 21, LeNet 1.8 against 1.3-1.7).
-        Otherwise that fit."""
-        sampled = self._outside_of_jobs().get((network, dataset))
+        """A step's time outside its ``calls`` compute kernel calls. For a ``network`` that
+        ``calibrate --models`` sampled whole on images of ``dataset``'s shape (CIFAR-10 and
+        the synthetic set alike), its own time outside the kernels at ``batch`` samples per
+        rank (interpolated between the batches sampled, held beyond them): the affine fit over
+        every probe, whose grid networks have a layer or two, gave the zoo's networks from a
+        quarter to 1.3 times what they took (on 2026-11-26 AlexNet 3.1 ms a step against
+        10.6-11.7, ResNet18 9.2 against 21, LeNet 1.8 against 1.3-1.7). Otherwise that fit."""
+        sampled = self._outside_of_jobs().get((network, DATASET_SHAPES.get(dataset or "")))
         if not sampled:
             return self.overhead.seconds(calls)
         batches, seconds = zip(*sorted(sampled), strict=True)
         return float(np.interp(batch, batches, seconds))
 
-    def _outside_of_jobs(self) -> dict[tuple[str, str | None], list[tuple[int, float]]]:
-        """(batch per rank, seconds outside the kernels) by (network, data set) of the networks
-        sampled whole: ``calibrate`` probes them after the grid, in the order of
+    def _outside_of_jobs(self) -> dict[tuple[str, object], list[tuple[int, float]]]:
+        """(batch per rank, seconds outside the kernels) by (network, data set's shapes) of the
+        networks sampled whole: ``calibrate`` probes them after the grid, in the order of
         ``settings["jobs"]``, so theirs are the last of ``overhead_samples``."""
         jobs = self.settings.get("jobs", [])
         if not jobs or len(self.overhead_samples) < len(jobs):
             return {}
-        out: dict[tuple[str, str | None], list[tuple[int, float]]] = defaultdict(list)
+        out: dict[tuple[str, object], list[tuple[int, float]]] = defaultdict(list)
         for job, (_, seconds) in zip(jobs, self.overhead_samples[-len(jobs):], strict=True):
             model, batch, dataset = job.split(":")
-            out[(model, dataset)].append((int(batch), seconds))
+            out[(model, DATASET_SHAPES.get(dataset))].append((int(batch), seconds))
         return out
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
