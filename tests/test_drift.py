@@ -270,7 +270,7 @@ def test_the_kernel_probe_is_compared_only_with_a_calibration_placed_as_it_runs(
 
 
 def test_like_for_like_takes_each_piece_s_median_over_the_calibration_s_probes():
-    work = [(1000,), (9000,)]
+    work = [((1000,), 1.5), ((9000,), 2.5)]
     references = [[((1000,), 1.0), ((9000,), 3.0)], [((1000,), 2.0), ((9000,), 2.0)], [((1000,), 3.0), ((9000,), 5.0)]]
     medians, noise = like_for_like(work, references)
     # Totals 4, 4 and 8: the standard error of their median, 1.2533 sigma / sqrt(3), sigma

@@ -146,12 +146,13 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     # A run's kernel probe is set against the calibration's own runs of it, spread over the
     # phase as the machine-state instants are.
     probe_at = {index * len(grid) // (settings.kernel_probes - 1) for index in range(settings.kernel_probes - 1)}
+    on_host = backend.device == "cpu"
     kernel_probes = []
     for index, probe in enumerate(grid):
         if index % STATE_EVERY == STATE_EVERY - 1:
             instants.append(probe_cores(comm, WATCH_REPEATS))
         if index in probe_at:
-            kernel_probes.append(probe_kernels(comm, on_host=backend.device == "cpu"))
+            kernel_probes.append(probe_kernels(comm, on_host=on_host))
         comm.barrier()  # the ranks run each probe together, as they run a training step
         measured = measure_probe(probe, backend, comm, settings.repeats, evict, settings.min_seconds, settings.seed)
         for name, probe_samples in measured.samples.items():
@@ -159,7 +160,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
         my_waits.append(measured.waits)
         my_overheads.append(measured.overhead)
     if settings.kernel_probes > 0:
-        kernel_probes.append(probe_kernels(comm, on_host=backend.device == "cpu"))
+        kernel_probes.append(probe_kernels(comm, on_host=on_host))
     instants.append(probe_cores(comm))
     state = MachineState.over(instants, allreduce, typical=True)
     samples = median_over_ranks(comm.allgather_object(mine))

@@ -54,9 +54,11 @@ DRIFT_WARNING = 0.10  # a probe rate that moved more than this makes validate wa
 
 COMPUTE_BOUND = frozenset({GEMM})
 # A model's updates stream its parameters and optimizer state, megabytes the step has pushed
-# out of the caches, as the copy probe does; a probe network's few layers time them worse
-# (2026-11-24: VGG11's updates moved x0.55, the copy x0.55, the kernel probe's x0.84).
+# out of the caches, as the copy probe does; against the models, a probe network's few layers
+# time them worse (2026-11-24: VGG11's updates moved x0.55, the copy x0.55, the kernel
+# probe's x0.84), so there they keep the copy ratio (like for like they count).
 STREAMING = frozenset({"sgd_update", "adam_update"})
+Pieces = Sequence[tuple[Hashable, float]]  # pieces of work, each (what it was, e.g. a call's sizes; seconds)
 
 
 @dataclass(frozen=True)
@@ -320,25 +322,29 @@ def median_noise(values: Sequence[float]) -> float:
     return 1.2533 * log_spread(values) / math.sqrt(len(values)) if values else 0.0
 
 
-def like_for_like(work: Sequence[Hashable],
-                  references: Sequence[Sequence[tuple[Hashable, float]]]) -> tuple[list[float], float] | None:
-    """The seconds of the pieces of ``work`` (each named by what it was: a call's sizes) in
-    ``references``, the calibration's own runs of the probe as (name, seconds): each piece's
-    median over them, and the noise of a ratio of totals to those medians, the standard
-    error of the references' median total (:func:`median_noise`). None where a reference
-    did other work, or there is none."""
-    if not references or any([name for name, _ in reference] != list(work) for reference in references):
+def _timed_alike(work: Pieces, references: Sequence[Pieces]) -> bool:
+    """Whether there are ``references`` and each timed the pieces of ``work``: the same
+    names, in the same order."""
+    names = [name for name, _ in work]
+    return bool(references) and all([name for name, _ in reference] == names for reference in references)
+
+
+def like_for_like(now: Pieces, references: Sequence[Pieces]) -> tuple[list[float], float] | None:
+    """The seconds of the pieces of work ``now`` in ``references``, the calibration's own
+    runs of the probe: each piece's median over them, and the noise of a ratio of totals to
+    those medians, the standard error of the references' median total
+    (:func:`median_noise`). None where a reference did other work, or there is none."""
+    if not _timed_alike(now, references):
         return None
     medians = [float(np.median([seconds for _, seconds in piece])) for piece in zip(*references, strict=True)]
     return medians, median_noise([sum(seconds for _, seconds in reference) for reference in references])
 
 
-def probe_moves(now: Mapping[str, Sequence[tuple[Hashable, float]]],
-                references: Sequence[Mapping[str, Sequence[tuple[Hashable, float]]]]) -> dict[str, float]:
+def probe_moves(now: Mapping[str, Pieces], references: Sequence[Mapping[str, Pieces]]) -> dict[str, float]:
     """How far each kind of work moved since the calibration, from a run's probe ``now`` and
     the calibration's own runs of it, ``references``, each as pieces of work by kind (a
     kernel's calls named by their sizes, the steps' time outside the kernels named by their
-    calls), (name, seconds). Only kinds that every reference timed alike count.
+    calls). Only kinds that every reference timed alike count.
 
     Each moves as the probe's work as a whole (its total now over the references' median
     total, its steadiest figure, beyond that median's standard error), times its share of
@@ -347,10 +353,9 @@ def probe_moves(now: Mapping[str, Sequence[tuple[Hashable, float]]],
     processor moves kinds apart, the machine's wander moves them all alike
     (:func:`beyond_noise` each)."""
     kinds = [kind for kind, pieces in now.items()
-             if references and all([name for name, _ in reference.get(kind, [])] == [name for name, _ in pieces]
-                                   for reference in references)]
+             if _timed_alike(pieces, [reference.get(kind, []) for reference in references])]
 
-    def totals(work: Mapping[str, Sequence[tuple[Hashable, float]]]) -> dict[str, float]:
+    def totals(work: Mapping[str, Pieces]) -> dict[str, float]:
         return {kind: sum(seconds for _, seconds in work[kind]) for kind in kinds}
 
     now_totals, reference_totals = totals(now), [totals(reference) for reference in references]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from pydtnn_lite.costs import DATA_LOAD, FUSED_KERNELS, GEMM, KernelCost, Stage
@@ -21,6 +21,7 @@ from pydtnn_lite.perfmodel.modelling.drift import (
     COMPUTE_BOUND,
     Drift,
     MachineState,
+    Pieces,
     ProbedWork,
     drift_between,
     gemm_rest_ratio,
@@ -216,18 +217,22 @@ def _modelled_ratios(calibration: Calibration, probed: ProbedWork) -> dict[str, 
     return ratios if outside is None else {**ratios, OUTSIDE_KERNELS: outside}
 
 
-def _kinds_of_work(probed: ProbedWork) -> dict[str, list[tuple[Hashable, float]]]:
+def _kinds_of_work(probed: ProbedWork) -> dict[str, Pieces]:
     """A probe's work to set like for like, by kind, each piece named by what it was: each
     kernel's calls but GEMM's (left to the GEMM rates and :func:`probed_gemm_rest`), and
     the steps' time outside the kernels, named by their calls. The updates count: like for
     like, the probe's 2M-parameter updates stream from memory as a model's do (against the
     models they do not, :func:`kernel_ratios`); with them, the WU stage's WRE of six runs
     on 2026-11-26 fell from 8.7-37.3 % to 3.5-25.7 %, LeNet's and MLP's the most."""
-    work: dict[str, list[tuple[Hashable, float]]] = {
-        kernel: [(call.dims, call.seconds) for call in calls] for kernel, calls in probed.calls.items()
-        if kernel not in COMPUTE_BOUND}
-    work[OUTSIDE_KERNELS] = [(calls, seconds) for calls, seconds in probed.outside]
+    work: dict[str, Pieces] = {kernel: _pieces(calls) for kernel, calls in probed.calls.items()
+                               if kernel not in COMPUTE_BOUND}
+    work[OUTSIDE_KERNELS] = list(probed.outside)
     return work
+
+
+def _pieces(calls: Sequence[KernelSample]) -> Pieces:
+    """A kernel's calls as pieces of work, each named by its sizes."""
+    return [(call.dims, call.seconds) for call in calls]
 
 
 def probed_gemm_rest(calibration: Calibration, probed: ProbedWork | None, at_peak_ratio: float) -> float | None:
@@ -243,9 +248,8 @@ def probed_gemm_rest(calibration: Calibration, probed: ProbedWork | None, at_pea
     if probed is None or not _probe_comparable(calibration, probed) or state is None or not probed.calls.get(GEMM):
         return None
     calls = probed.calls[GEMM]
-    own = like_for_like([call.dims for call in calls],
-                        [[(call.dims, call.seconds) for call in reference.calls.get(GEMM, [])]
-                         for reference in calibration.kernel_probes])
+    own = like_for_like(_pieces(calls),
+                        [_pieces(reference.calls.get(GEMM, [])) for reference in calibration.kernel_probes])
     before, noise = own if own is not None else ([_calibrated_seconds(calibration, GEMM, call) for call in calls],
                                                  _model_noise(calibration, GEMM, len(calls)))
     return gemm_rest_ratio(calls, before, state.gemm_flops, at_peak_ratio, noise)
