@@ -55,6 +55,9 @@ class KernelCost:
     :class:`CallKey`.
 
     ``dims`` are the operand sizes a performance model keys on, e.g. (m, n, k) for a GEMM.
+    ``cold_start`` marks the first of a run of calls of one kernel that follows other work
+    (the optimizer's first update after the gradient wait): it pays the processor's return
+    to that code, tens of microseconds here, which the later calls of the run do not.
     """
 
     stage: Stage
@@ -63,6 +66,7 @@ class KernelCost:
     bytes: float
     dims: tuple = ()
     replaces: tuple[KernelCost, ...] = ()  # a fused kernel's unfused calls (see FUSED_KERNELS)
+    cold_start: bool = False
 
 
 # The fused kernels, each with the unfused kernels whose calls it replaces, in their order.

@@ -139,8 +139,13 @@ def test_every_kernel_call_of_a_probe_step_becomes_one_sample(probe):
     costs = step_costs(network, optimizer, probe.batch)
     expected = Counter(cost.kernel for _, cost in costs if cost.kernel != ALLREDUCE)
     expected[H2D_COPY] += 1
+    # The step's first update follows the step's other work: it is kept apart, for its cold start.
+    assert {name: len(calls) for name, calls in measured.cold_starts.items()} == {optimizer.kernel: 1}
+    first_segment = network.segments[0]
+    assert measured.cold_starts[optimizer.kernel][0].dims == (first_segment.stop - first_segment.start,)
+    expected[optimizer.kernel] -= 1
     assert Counter({name: len(calls) for name, calls in samples.items()}) == expected
-    assert all(s.seconds > 0 for calls in samples.values() for s in calls)
+    assert all(s.seconds > 0 for calls in [*samples.values(), *measured.cold_starts.values()] for s in calls)
     im2col = samples.get("im2col", [KernelSample((0,) * 6, 0, 0, 1)])[0]
     assert len(im2col.dims) == 6
 
@@ -180,6 +185,8 @@ def test_a_tiny_calibration_reads_back_with_identical_predictions(tiny):
     # The kernel probe as the calibration ran it, as it starts and as it ends, for runs to set theirs against.
     assert len(loaded.kernel_probes) == 2 and loaded.kernel_probes == calibration.kernel_probes
     assert all(probe.calls["relu"] and probe.outside for probe in loaded.kernel_probes)
+    assert loaded.cold_start_samples == calibration.cold_start_samples
+    assert set(loaded.cold_start_samples) == {"sgd_update", "adam_update"}  # one a probe, both optimizers
     for name, samples in calibration.kernel_samples.items():
         for sample in samples:
             cost = KernelCost(Stage.FP, name, sample.flops, sample.bytes, sample.dims)
@@ -212,6 +219,36 @@ def test_a_call_sampled_at_its_exact_sizes_is_predicted_as_its_samples_median(ti
                   KernelCost(Stage.FP, "gemm", sample.flops, 2 * sample.bytes, sample.dims)):
         assert calibration.kernel_seconds("gemm", other) == calibration.kernel_models["gemm"].predict(
             other.dims, other.flops, other.bytes)
+
+
+def test_a_call_after_other_work_adds_the_median_time_such_calls_took_beyond_their_prediction(tiny):
+    calibration = Calibration.load(tiny[1])
+    calls = [KernelCost(Stage.WU, "sgd_update", 4.0 * n, 20.0 * n, (n,)) for n in (300, 5000, 70000)]
+    warm = [calibration.kernel_seconds("sgd_update", cost) for cost in calls]
+    # Beyond their warm predictions by 20, 50 and 400 us: the median, 50 us, whatever the outlier.
+    beyond = (2e-5, 5e-5, 4e-4)
+    calibration.cold_start_samples = {"sgd_update": [KernelSample(cost.dims, cost.flops, cost.bytes, seconds + extra)
+                                                     for cost, seconds, extra in zip(calls, warm, beyond, strict=True)]}
+    calibration._cold_start.clear()
+    assert calibration.cold_start_seconds("sgd_update") == pytest.approx(5e-5)
+    for cost, seconds in zip(calls, warm, strict=True):
+        assert calibration.kernel_seconds("sgd_update", cost) == seconds  # among other updates
+        cold = dataclasses.replace(cost, cold_start=True)
+        assert calibration.kernel_seconds("sgd_update", cold) == pytest.approx(seconds + 5e-5)
+    assert calibration.cold_start_seconds("adam_update") >= 0.0
+    # Calls that took less than their prediction add nothing; a kernel never sampled so, nothing.
+    calibration.cold_start_samples["sgd_update"] = [dataclasses.replace(s, seconds=s.seconds / 10)
+                                                    for s in calibration.cold_start_samples["sgd_update"]]
+    calibration._cold_start.clear()
+    assert calibration.cold_start_seconds("sgd_update") == 0.0 and calibration.cold_start_seconds("relu") == 0.0
+
+
+def test_only_a_steps_first_update_follows_other_work():
+    network = create_model("lenet", (32, 32, 3), 10).build(make_backend())
+    for optimizer in (SGD(network), Adam(network)):
+        marked = [cost.cold_start for _, cost in optimizer.costs()]
+        assert marked == [True] + [False] * (len(network.segments) - 1)
+    assert not any(cost.cold_start for _, cost in network.costs(4))
 
 
 def test_a_kernel_without_model_gets_its_roofline_time(tiny):
@@ -275,14 +312,23 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     # One (work, wait) sample per probe, the waits at the ranks' barrier fitted as a power law.
     assert len(calibration.sync_samples) == sum(QUICK.points.values()) + 1  # and the MLP's
     # The job's network sampled whole: each of its calls predicted as measured (the median of
-    # its samples where its layers repeat sizes).
+    # its samples where its layers repeat sizes); but its updates by the model fitted on the
+    # grid's, and the first, which follows the step's other work, with the time such calls
+    # took beyond their prediction.
     assert calibration.settings["jobs"] == ["mlp:4:synthetic"]
     network = create_model("mlp", (32, 32, 3), 10).build(make_backend())
     for _, cost in step_costs(network, SGD(network), 4):
-        if cost.kernel != ALLREDUCE:
+        if cost.cold_start:
+            assert calibration.kernel_seconds(cost.kernel, cost) == pytest.approx(
+                calibration.warm_seconds(cost.kernel, cost) + calibration.cold_start_seconds(cost.kernel))
+        elif cost.kernel == "sgd_update":
+            modelled = calibration.kernel_models["sgd_update"].predict(cost.dims, cost.flops, cost.bytes)
+            assert calibration.kernel_seconds(cost.kernel, cost) == pytest.approx(modelled)
+        elif cost.kernel != ALLREDUCE:
             sampled = [s.seconds for s in calibration.kernel_samples[cost.kernel]
                        if tuple(s.dims) == tuple(cost.dims) and s.bytes == cost.bytes]
             assert calibration.kernel_seconds(cost.kernel, cost) == pytest.approx(np.median(sampled)), cost
+    assert sum(map(len, calibration.cold_start_samples.values())) == len(calibration.sync_samples)  # one a probe
     assert all(work > 0 and wait >= 0 for work, wait in calibration.sync_samples)
     assert calibration.sync_wait.ranks == 2 and calibration.sync_wait.coefficient > 0
     assert "wait for the slowest rank" in result.stdout

@@ -41,13 +41,14 @@ class Optimizer:
         raise NotImplementedError
 
     def costs(self) -> list[tuple[int, KernelCost]]:
-        """(layer index, cost) of the WU kernel of every layer with parameters."""
+        """(layer index, cost) of the WU kernel of every layer with parameters; the first
+        follows the step's other work (``KernelCost.cold_start``)."""
         itemsize = np.dtype(self.network.backend.dtype).itemsize
         out = []
-        for segment in self.network.segments:
+        for index, segment in enumerate(self.network.segments):
             n = segment.stop - segment.start
             out.append((segment.layer, KernelCost(Stage.WU, self.kernel, self.flops_per_element * n,
-                                                  self.arrays_touched * n * itemsize, (n,))))
+                                                  self.arrays_touched * n * itemsize, (n,), cold_start=index == 0)))
         return out
 
     def state_dict(self) -> dict[str, np.ndarray]:

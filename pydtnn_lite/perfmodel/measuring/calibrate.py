@@ -141,6 +141,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     grid = calibration_grid(settings.batch_sizes, settings.grid, settings.seed) + job_probes(settings.jobs)
     evict = CacheEvictor(backend)
     mine: dict[str, list[KernelSample]] = {}
+    my_cold_starts: dict[str, list[KernelSample]] = {}
     my_waits: list[list[tuple[float, float]]] = []
     my_overheads: list[tuple[float, float]] = []
     # A run's kernel probe is set against the calibration's own runs of it, spread over the
@@ -157,6 +158,8 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
         measured = measure_probe(probe, backend, comm, settings.repeats, evict, settings.min_seconds, settings.seed)
         for name, probe_samples in measured.samples.items():
             mine.setdefault(name, []).extend(probe_samples)
+        for name, probe_samples in measured.cold_starts.items():
+            my_cold_starts.setdefault(name, []).extend(probe_samples)
         my_waits.append(measured.waits)
         my_overheads.append(measured.overhead)
     if settings.kernel_probes > 0:
@@ -164,6 +167,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     instants.append(probe_cores(comm))
     state = MachineState.over(instants, allreduce, typical=True)
     samples = median_over_ranks(comm.allgather_object(mine))
+    cold_starts = median_over_ranks(comm.allgather_object(my_cold_starts))
     sync_samples = _mean_waits(comm.allgather_object(my_waits))
     sync_wait = fit_sync_wait(sync_samples, comm.size)
     overhead_samples = [(calls[0][0], rounded(float(np.median([seconds for _, seconds in calls]))))
@@ -212,7 +216,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                        data_load_samples=data_load_samples,
                        data_load={name: fit_affine(rows) for name, rows in data_load_samples.items()},
                        read_ahead_samples=read_ahead_samples, read_ahead_share=read_ahead,
-                       machine_state=state, network=network,
+                       machine_state=state, network=network, cold_start_samples=cold_starts,
                        kernel_probes=[work for work in kernel_probes if work.calls])
 
 

@@ -100,12 +100,14 @@ class ProbeSynchronizer(GradientSynchronizer):
 @dataclass
 class ProbeMeasurement:
     """What one probe measured: kernel samples by kernel name, the (work, wait) seconds
-    of each traced step at the ranks' barrier (see :class:`ProbeSynchronizer`), and the
-    step's compute kernel calls with the median seconds of a step outside every traced call."""
+    of each traced step at the ranks' barrier (see :class:`ProbeSynchronizer`), the
+    step's compute kernel calls with the median seconds of a step outside every traced call,
+    and the samples of the calls that follow other work (``cold_starts``, by kernel name)."""
 
     samples: dict[str, list[KernelSample]]
     waits: list[tuple[float, float]]
     overhead: tuple[float, float]
+    cold_starts: dict[str, list[KernelSample]]
 
 
 def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: int, evict: Callable[[], None],
@@ -142,8 +144,9 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
         tracer.detach()
     costs = keyed_costs(step_costs(network, optimizer, probe.batch)
                         + [(NO_LAYER, h2d_copy_cost(probe.batch, probe.input_shape))])
-    return ProbeMeasurement(paired_samples(tracer.kernels, costs), list(synchronizer.waits),
-                            step_overhead(tracer.kernels, tracer.steps, synchronizer.untraced))
+    warm, cold = paired_samples(tracer.kernels, costs)
+    return ProbeMeasurement(warm, list(synchronizer.waits),
+                            step_overhead(tracer.kernels, tracer.steps, synchronizer.untraced), cold)
 
 
 def step_overhead(records: Sequence[KernelRecord], steps: Sequence[StepRecord],
@@ -160,9 +163,11 @@ def step_overhead(records: Sequence[KernelRecord], steps: Sequence[StepRecord],
     return float(statistics.median(calls[step.step] for step in steps)), rounded(statistics.median(gaps))
 
 
-def paired_samples(records: Sequence[KernelRecord], costs: dict[CallKey, KernelCost]) -> dict[str, list[KernelSample]]:
+def paired_samples(records: Sequence[KernelRecord], costs: dict[CallKey, KernelCost]
+                   ) -> tuple[dict[str, list[KernelSample]], dict[str, list[KernelSample]]]:
     """One sample per call of a step that ``costs`` lists: its cost, and the median duration
-    of its calls over the traced training steps."""
+    of its calls over the traced training steps; by kernel name, the calls that follow other
+    work (``KernelCost.cold_start``) apart from the rest, which a kernel's model fits."""
     durations: dict[CallKey, list[float]] = defaultdict(list)
     for step in sorted({r.step for r in records}):
         counter = CallCounter()
@@ -172,12 +177,13 @@ def paired_samples(records: Sequence[KernelRecord], costs: dict[CallKey, KernelC
             key = counter.key(record.layer, record.stage, record.kernel)
             if key in costs:
                 durations[key].append(record.duration)
-    samples: dict[str, list[KernelSample]] = defaultdict(list)
+    warm: dict[str, list[KernelSample]] = defaultdict(list)
+    cold: dict[str, list[KernelSample]] = defaultdict(list)
     for key, seconds in durations.items():
         cost = costs[key]
-        samples[key.kernel].append(KernelSample(tuple(cost.dims), cost.flops, cost.bytes,
-                                                rounded(statistics.median(seconds))))
-    return dict(samples)
+        (cold if cost.cold_start else warm)[key.kernel].append(
+            KernelSample(tuple(cost.dims), cost.flops, cost.bytes, rounded(statistics.median(seconds))))
+    return dict(warm), dict(cold)
 
 
 def median_over_ranks(per_rank: list[dict[str, list[KernelSample]]]) -> dict[str, list[KernelSample]]:

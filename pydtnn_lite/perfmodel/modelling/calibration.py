@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pydtnn_lite.costs import KernelCost
-from pydtnn_lite.perfmodel.modelling.drift import COMPUTE_BOUND, MachineState, ProbedWork
+from pydtnn_lite.costs import KernelCost, Stage
+from pydtnn_lite.perfmodel.modelling.drift import COMPUTE_BOUND, STREAMING, MachineState, ProbedWork
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
 from pydtnn_lite.perfmodel.modelling.outside_kernels import NO_COST, AffineCost
 from pydtnn_lite.perfmodel.modelling.placement import Placement
@@ -65,6 +65,9 @@ class Calibration:
     None on one node; files without it read as None. ``kernel_probes`` are the kernel
     probe (``measuring/kernel_probe.py``) as the calibration ran it, a few times along its
     kernel phase, against which a run's probe is set like for like (none in older files).
+    ``cold_start_samples`` are the calls that followed other work (``KernelCost.cold_start``),
+    by kernel, kept out of ``kernel_samples`` and the models (none in older files, whose
+    samples hold them).
     """
 
     machine: dict
@@ -88,6 +91,8 @@ class Calibration:
     machine_state: MachineState | None = None
     network: NetworkTimings | None = None
     kernel_probes: list[ProbedWork] = field(default_factory=list)
+    cold_start_samples: dict[str, list[KernelSample]] = field(default_factory=dict)
+    _cold_start: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _widest: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
     _sampled: dict[str, dict[tuple, float]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -143,16 +148,41 @@ class Calibration:
         return out
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
-        """Predicted seconds of one call of ``kernel`` with ``cost``; a kernel without a model
-        gets the roofline time max(flops / peak_flops, bytes / memory_bandwidth).
+        """Predicted seconds of one call of ``kernel`` with ``cost``: as :meth:`warm_seconds`
+        predicts it, and for a call that follows other work, the time such calls took beyond
+        that (:meth:`cold_start_seconds`)."""
+        seconds = self.warm_seconds(kernel, cost)
+        return seconds + self.cold_start_seconds(kernel) if cost.cold_start else seconds
+
+    def cold_start_seconds(self, kernel: str) -> float:
+        """The median time beyond its warm prediction of a call of ``kernel`` that followed
+        other work, over the calibration's samples of such calls (0 without any). On
+        2026-11-26 a step's first update took 55-80 us more than the same call among
+        the others: after a few milliseconds of other code, even a tiny NumPy call costs
+        tens of microseconds on this machine, and LeNet's first update was over a quarter of its WU."""
+        if kernel not in self._cold_start:
+            beyond = [sample.seconds - self.warm_seconds(kernel, KernelCost(Stage.WU, kernel, sample.flops,
+                                                                             sample.bytes, sample.dims))
+                      for sample in self.cold_start_samples.get(kernel, [])]
+            self._cold_start[kernel] = max(0.0, statistics.median(beyond)) if beyond else 0.0
+        return self._cold_start[kernel]
+
+    def warm_seconds(self, kernel: str, cost: KernelCost) -> float:
+        """Predicted seconds of one call of ``kernel`` with ``cost`` among calls of its kind; a
+        kernel without a model gets the roofline time max(flops / peak_flops, bytes / memory_bandwidth).
 
         A call the calibration sampled at exactly these sizes (a job's own network sampled
         whole, ``calibrate --models``) gets the median of its samples: a measurement of the
         call itself is closer than any fit over the grid (the GEMM model holds out 6-7 %).
+        Not so the updates (:data:`STREAMING`): their time follows the element count alone,
+        which the grid samples from 6 to 4 M all along the kernel phase, where a job's few
+        samples of one count come from one minute of a memory system that wanders (on
+        2026-11-26 VGG's 2.36 M-element updates: 2.39-4.09 ms in the jobs of the 08:23
+        calibration, 2.46 ms from its fit, 2.50-2.67 ms in a run at 08:43).
         A call beyond the largest batch sampled (the leading dim of every kernel but GEMM
         grows with the batch) is predicted as that many calls at the largest one: its work
         grows in proportion, where a fitted model's curve past its samples may not."""
-        sampled = self._sampled_seconds(kernel, cost)
+        sampled = None if kernel in STREAMING else self._sampled_seconds(kernel, cost)
         if sampled is not None:
             return sampled
         model = self.kernel_models.get(kernel)
@@ -213,7 +243,9 @@ class Calibration:
                                "samples": [list(sample) for sample in self.read_ahead_samples]},
                 "machine_state": self.machine_state.to_dict() if self.machine_state else None,
                 "network": self.network.to_dict() if self.network else None,
-                "kernel_probes": [probe.to_dict() for probe in self.kernel_probes]}
+                "kernel_probes": [probe.to_dict() for probe in self.kernel_probes],
+                "cold_start_samples": {name: sample_columns(samples)
+                                       for name, samples in sorted(self.cold_start_samples.items())}}
 
     @classmethod
     def from_dict(cls, data: dict) -> Calibration:
@@ -246,7 +278,9 @@ class Calibration:
                    read_ahead_share=float(data.get("read_ahead", {}).get("share", 1.0)),
                    machine_state=MachineState.from_dict(data["machine_state"]) if data["machine_state"] else None,
                    network=NetworkTimings.from_dict(data["network"]) if data.get("network") else None,
-                   kernel_probes=[ProbedWork.from_dict(probe) for probe in data.get("kernel_probes", [])])
+                   kernel_probes=[ProbedWork.from_dict(probe) for probe in data.get("kernel_probes", [])],
+                   cold_start_samples={name: samples_from_columns(columns)
+                                       for name, columns in data.get("cold_start_samples", {}).items()})
 
     def save(self, path: str) -> None:
         """Write the calibration file at ``path`` (its folder is created; the file is replaced
