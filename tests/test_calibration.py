@@ -20,6 +20,7 @@ from pydtnn_lite.optim import SGD, Adam
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
 from pydtnn_lite.perfmodel.measuring.calibrate import CalibrationSettings, calibrate
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
+from pydtnn_lite.perfmodel.measuring.machine_state import ALLREDUCE_BYTES
 from pydtnn_lite.perfmodel.measuring.probes import QUICK, Probe, calibration_grid
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
@@ -307,6 +308,10 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert result.stdout.count("wrote") == 1  # rank 0 alone writes and reports
     calibration = Calibration.load(str(out))
     assert calibration.allreduce_ranks == 2 and calibration.machine["ranks"] == 2
+    # The state a run's Allreduce probe is set against: the probe's reduction on the calibration's ranks.
+    state = calibration.machine_state
+    assert state is not None and (state.allreduce_ranks, state.allreduce_bytes) == (2, ALLREDUCE_BYTES)
+    assert state.allreduce_seconds is not None and state.allreduce_seconds > 0
     assert [(p, n) for p, n, _ in calibration.allreduce_samples] == [(2, float(n)) for n in QUICK_SIZES]
     assert all(seconds > 0 for _, _, seconds in calibration.allreduce_samples)
     # One (work, wait) sample per probe, the waits at the ranks' barrier fitted as a power law.
@@ -350,6 +355,8 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert again.kernel_models.keys() == calibration.kernel_models.keys()
     assert [(p, n) for p, n, _ in again.allreduce_samples] == [(p, n) for p, n, _ in calibration.allreduce_samples]
     assert again.settings["allreduce_remeasured"]["seconds"] > 0
+    assert again.machine_state is not None and again.machine_state.gemm_flops == state.gemm_flops  # kernels' state kept
+    assert again.machine_state.allreduce_seconds is not None and again.machine_state.allreduce_seconds > 0
     unknown = calibrate_cli("--quick", "--models", "vgg12:4", "--out", str(tmp_path / "never.json"))
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1 and "unknown model 'vgg12'" in unknown.stderr
     assert not (tmp_path / "never.json").exists()

@@ -16,7 +16,7 @@ import dataclasses
 import datetime
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +41,6 @@ from pydtnn_lite.perfmodel.measuring.machine_state import (
     WATCH_REPEATS,
     allreduce_probe,
     probe_cores,
-    probe_machine_state,
 )
 from pydtnn_lite.perfmodel.measuring.network_timing import network_timings
 from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, calibration_grid, job_probes
@@ -133,7 +132,6 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     # The machine's typical state over the calibration: its cores change speed for seconds at a
     # time, so they are probed all along the kernel phase, whose samples are medians as the state is.
     instants = [probe_cores(comm), probe_cores(comm)]
-    allreduce = [allreduce_probe(comm)] if comm.size > 1 else []
     peak = float(np.median(comm.allgather_object(gemm_peak(backend, repeats=settings.roof_repeats))))
     bandwidth = float(np.median(comm.allgather_object(memory_bandwidth(backend, repeats=settings.roof_repeats))))
     phase_done("roofs", f"GEMM peak {peak / 1e9:.1f} GFLOP/s, memory bandwidth {bandwidth / 1e9:.1f} GB/s per rank")
@@ -165,7 +163,6 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     if settings.kernel_probes > 0:
         kernel_probes.append(probe_kernels(comm, on_host=on_host))
     instants.append(probe_cores(comm))
-    state = MachineState.over(instants, allreduce, typical=True)
     samples = median_over_ranks(comm.allgather_object(mine))
     cold_starts = median_over_ranks(comm.allgather_object(my_cold_starts))
     sync_samples = _mean_waits(comm.allgather_object(my_waits))
@@ -181,7 +178,8 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     phase_done("data", f"loading {', '.join(data_load_samples)}; a step reading ahead pays {100 * read_ahead:.0f} % "
                        "of the reading")
 
-    reductions = allreduce_samples(mpi_of(comm), settings.allreduce_sizes) if comm.size > 1 else []
+    reductions, allreduce = bracketed_allreduce_samples(comm, settings.allreduce_sizes) if comm.size > 1 else ([], [])
+    state = MachineState.over(instants, allreduce, typical=True)
     reduction_cpu: list[tuple[int, int, float]] = []
     if settings.beyond_job:
         beyond, reduction_cpu = samples_beyond(comm, usable_cores())
@@ -237,6 +235,19 @@ def check_allreduce_ranks(calibration: Calibration, ranks: int) -> None:
                          "or calibrate again")
 
 
+def bracketed_allreduce_samples(comm: Communicator, sizes: Sequence[int]
+                                ) -> tuple[list[tuple[int, float, float]], list[tuple[int, int, float, float]]]:
+    """The Allreduce samples of ``sizes`` (:func:`allreduce_samples`), and the machine-state
+    probe's Allreduce just before and just after them (collective). A run's probe is set
+    against these, the state in which the samples it corrects were timed: one probe at the
+    calibration's start, minutes before them, was 0.74 to 1.24 times the samples' own
+    figure at its size over eight calibrations here, and a run on other ranks than the
+    calibration's carried that ratio into its drift correction."""
+    before = allreduce_probe(comm)
+    samples = allreduce_samples(mpi_of(comm), sizes)
+    return samples, [before, allreduce_probe(comm)]
+
+
 def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tuple = FULL_SIZES,
                         beyond_job: bool = True) -> Calibration:
     """Time Allreduce of ``sizes`` again into ``calibration`` (collective; the kernel models
@@ -245,7 +256,7 @@ def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tup
     many ranks per node (:func:`check_allreduce_ranks`)."""
     check_allreduce_ranks(calibration, comm.size)
     started, load_before = time.perf_counter(), os.getloadavg()
-    samples = allreduce_samples(mpi_of(comm), sizes)
+    samples, probes = bracketed_allreduce_samples(comm, sizes)
     beyond, cpu_samples = samples_beyond(comm, usable_cores()) if beyond_job else ([], [])
     samples += beyond
     calibration.allreduce_samples = [(p, float(n), t) for p, n, t in samples]
@@ -254,7 +265,7 @@ def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tup
     if calibration.machine_state is not None:
         # A later run's Allreduce drifts from the one timed now (over another network, perhaps),
         # its kernels from those of the probe taken with them.
-        probe = probe_machine_state(comm)
+        probe = MachineState.over([probe_cores(comm)], probes)
         calibration.machine_state = dataclasses.replace(
             calibration.machine_state, allreduce_ranks=probe.allreduce_ranks, allreduce_bytes=probe.allreduce_bytes,
             allreduce_seconds=probe.allreduce_seconds, allreduce_spread=probe.allreduce_spread)
