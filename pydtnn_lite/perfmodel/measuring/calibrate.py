@@ -47,7 +47,7 @@ from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, calibration_g
 from pydtnn_lite.perfmodel.measuring.process_counts import samples_beyond
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe, median_over_ranks, rounded
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
-from pydtnn_lite.perfmodel.modelling.drift import MachineState
+from pydtnn_lite.perfmodel.modelling.drift import MachineState, mean_allreduce
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
 from pydtnn_lite.perfmodel.modelling.outside_kernels import fit_affine
 from pydtnn_lite.perfmodel.modelling.regression import (
@@ -265,10 +265,10 @@ def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tup
     if calibration.machine_state is not None:
         # A later run's Allreduce drifts from the one timed now (over another network, perhaps),
         # its kernels from those of the probe taken with them.
-        probe = MachineState.over([probe_cores(comm)], probes)
+        ranks, nbytes, seconds, spread = mean_allreduce(probes)
         calibration.machine_state = dataclasses.replace(
-            calibration.machine_state, allreduce_ranks=probe.allreduce_ranks, allreduce_bytes=probe.allreduce_bytes,
-            allreduce_seconds=probe.allreduce_seconds, allreduce_spread=probe.allreduce_spread)
+            calibration.machine_state, allreduce_ranks=ranks, allreduce_bytes=nbytes,
+            allreduce_seconds=seconds, allreduce_spread=spread)
     calibration.settings["allreduce_sizes"] = list(sizes)
     calibration.settings["allreduce_remeasured"] = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

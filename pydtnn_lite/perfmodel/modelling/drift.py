@@ -133,18 +133,25 @@ class MachineState:
         paces = [instant.pace() for instant in instants]
         gemm, gemm_spread = _centre([1 / pace[0] for pace in paces], [i.gemm_spread for i in instants], typical)
         copy, copy_spread = _centre([1 / pace[1] for pace in paces], [i.copy_spread for i in instants], typical)
-        ranks, nbytes, seconds, allreduce_spread = 1, 0, None, 0.0
-        if allreduce:
-            ranks, nbytes = allreduce[0][:2]
-            if any(probe[:2] != (ranks, nbytes) for probe in allreduce):
-                raise ValueError("Allreduce probes of different ranks or sizes cannot be averaged")
-            seconds = statistics.fmean(probe[2] for probe in allreduce)
-            differ = (max(p[2] for p in allreduce) - min(p[2] for p in allreduce)) / (2 * seconds)
-            allreduce_spread = max(statistics.fmean(p[3] for p in allreduce), differ)
+        ranks, nbytes, seconds, allreduce_spread = mean_allreduce(allreduce)
         imbalances = [instant.imbalance() for instant in instants]
         return cls(1 / gemm, 1 / copy, ranks, nbytes, seconds, gemm_spread, copy_spread, allreduce_spread,
                    cores=max(len(i.gemm_flops) for i in instants), probes=len(instants),
                    imbalance=_middle(imbalances, typical))
+
+
+def mean_allreduce(allreduce: Sequence[tuple[int, int, float, float]]) -> tuple[int, int, float | None, float]:
+    """(ranks, bytes, seconds, spread) of Allreduce probes that timed the same ranks and bytes:
+    their mean seconds, and the larger of their mean spread and half their range relative
+    to it; (1, 0, None, 0) without any."""
+    if not allreduce:
+        return 1, 0, None, 0.0
+    ranks, nbytes = allreduce[0][:2]
+    if any(probe[:2] != (ranks, nbytes) for probe in allreduce):
+        raise ValueError("Allreduce probes of different ranks or sizes cannot be averaged")
+    seconds = statistics.fmean(probe[2] for probe in allreduce)
+    differ = (max(p[2] for p in allreduce) - min(p[2] for p in allreduce)) / (2 * seconds)
+    return ranks, nbytes, seconds, max(statistics.fmean(p[3] for p in allreduce), differ)
 
 
 def _middle(values: Sequence[float], median: bool) -> float:
