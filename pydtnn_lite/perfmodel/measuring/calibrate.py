@@ -178,7 +178,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     phase_done("data", f"loading {', '.join(data_load_samples)}; a step reading ahead pays {100 * read_ahead:.0f} % "
                        "of the reading")
 
-    reductions, allreduce = bracketed_allreduce_samples(comm, settings.allreduce_sizes) if comm.size > 1 else ([], [])
+    reductions, allreduce = bracketed_allreduce_samples(comm, settings.allreduce_sizes)
     state = MachineState.over(instants, allreduce, typical=True)
     reduction_cpu: list[tuple[int, int, float]] = []
     if settings.beyond_job:
@@ -242,7 +242,9 @@ def bracketed_allreduce_samples(comm: Communicator, sizes: Sequence[int]
     against these, the state in which the samples it corrects were timed: one probe at the
     calibration's start, minutes before them, was 0.74 to 1.24 times the samples' own
     figure at its size over eight calibrations here, and a run on other ranks than the
-    calibration's carried that ratio into its drift correction."""
+    calibration's carried that ratio into its drift correction. One rank has neither."""
+    if comm.size == 1:
+        return [], []
     before = allreduce_probe(comm)
     samples = allreduce_samples(mpi_of(comm), sizes)
     return samples, [before, allreduce_probe(comm)]
