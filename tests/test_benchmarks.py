@@ -48,6 +48,17 @@ def test_a_slow_spell_lasts_from_its_first_slow_instant_to_the_next_fast_one():
     assert longest(instants, [False, False, False, False, True, True]) == 1.0  # until the last instant
 
 
+def test_cold_start_times_every_condition_against_back_to_back():
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "cold_start.py"), "--rounds", "2",
+                             "--busy-ms", "1"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    timed = re.findall(r"^ +(back to back|after GEMMs|after a busy wait|after sleep) +[\d.]+ us +([\d.]+)x",
+                       result.stdout, re.MULTILINE)
+    conditions = ["back to back", "after GEMMs", "after a busy wait", "after sleep"]
+    assert [condition for condition, _ in timed] == conditions * 2, result.stdout  # the Numba and NumPy updates
+    assert [ratio for condition, ratio in timed if condition == "back to back"] == ["1.0", "1.0"]
+
+
 def test_gradient_sync_prints_every_part_on_two_ranks():
     result = run(2, [GRADIENT_SYNC, "--model", "lenet", "--batch-size", "8", "--repeats", "2", "--steps", "2",
                      "--bucket-mb", "0.01", "1"])
