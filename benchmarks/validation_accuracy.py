@@ -138,10 +138,22 @@ def row(label: str, values: dict[str, float], signed: bool = True) -> tuple[str,
                      for name in FIGURES))
 
 
+def model_and_floor(validations: list[Validation]) -> tuple[dict[str, float], dict[str, float]]:
+    """A configuration's figures over its runs, each the median of magnitudes: the model's,
+    and between runs (every ordered pair, one run's measurement standing in for the prediction)."""
+    model = median_magnitudes([figures(v) for v in validations])
+    floor = median_magnitudes([between(a, b) for a, b in itertools.permutations(validations, 2)])
+    return model, floor
+
+
+def median_step_error(validations: list[Validation]) -> float:
+    """The signed step error of a configuration: the median over its runs."""
+    return statistics.median(v.step.relative_error for v in validations)
+
+
 def report(config: Config, traced: int, validations: list[Validation], raw: list[Validation]) -> str:
     model = [figures(v) for v in validations]
-    floor = [between(a, b) for a, b in itertools.permutations(validations, 2)]
-    model_median, floor_median = median_magnitudes(model), median_magnitudes(floor)
+    model_median, floor_median = model_and_floor(validations)
     ratio = {name: model_median[name] / floor_median[name] if floor_median[name] > 0 else float("nan")
              for name in FIGURES}
     steps = ", ".join(f"{1e3 * v.step.measured:.1f}" for v in validations)
@@ -160,10 +172,8 @@ def report(config: Config, traced: int, validations: list[Validation], raw: list
 
 def matrix_row(config: Config, validations: list[Validation], raw: list[Validation]) -> tuple:
     """One line of the matrix: medians over the runs, and the between-run medians beside them."""
-    model = median_magnitudes([figures(v) for v in validations])
-    floor = median_magnitudes([between(a, b) for a, b in itertools.permutations(validations, 2)])
-    signed = statistics.median(v.step.relative_error for v in validations)
-    signed_raw = statistics.median(v.step.relative_error for v in raw)
+    model, floor = model_and_floor(validations)
+    signed, signed_raw = median_step_error(validations), median_step_error(raw)
     measured = statistics.median(v.step.measured for v in validations)
     return (config.model, config.batch, config.ranks, f"{1e3 * measured:.1f}",
             f"{1e3 * validations[0].step.predicted:.1f}", f"{100 * signed:+.1f}", f"{100 * signed_raw:+.1f}",
@@ -174,12 +184,11 @@ def matrix_row(config: Config, validations: list[Validation], raw: list[Validati
 def summary(configs: list[Config], validations: dict[Config, list[Validation]]) -> str:
     """The median and the largest of the configurations' step errors (each their runs' median),
     and how many stage WREs stay within 1.5x the between-run WRE of the same configuration."""
-    errors = {config: statistics.median(v.step.relative_error for v in validations[config]) for config in configs}
+    errors = {config: median_step_error(validations[config]) for config in configs}
     largest = max(configs, key=lambda config: abs(errors[config]))
     within = cells = 0
     for config in configs:
-        model = median_magnitudes([figures(v) for v in validations[config]])
-        floor = median_magnitudes([between(a, b) for a, b in itertools.permutations(validations[config], 2)])
+        model, floor = model_and_floor(validations[config])
         for stage in COMPUTE_STAGES:
             cells += 1
             within += model[f"WRE {stage}"] <= 1.5 * floor[f"WRE {stage}"]
