@@ -2,6 +2,7 @@
 
     python benchmarks/emulated_cluster.py [--nodes 2] [--ranks-per-node 1] [--link-gbit 1 2 5]
         [--models vgg11 resnet18] [--comm mpi [hierarchical ...]] [--calibration calibration/dev-2core.json] [--steps 6]
+        [--keep DIR]
 
 For each link rate, launch/emulated-cluster.sh first times Allreduce into a copy of the
 calibration (``calibrate --allreduce-only --quick``: the job-wide, inter-node and
@@ -11,6 +12,7 @@ cluster with ``--trace`` (once per ``--comm`` strategy) and validates the trace 
 strategy taken, the measured and predicted step and COMM (the Allreduce time the step waits for), and their
 errors (predicted - measured) / measured; the step's error after the correction for the
 machine's drift since the calibration (docs/performance-model.md), and before it.
+``--keep DIR`` keeps the traces and the re-timed calibrations there (a new folder).
 """
 from __future__ import annotations
 
@@ -68,9 +70,15 @@ def main() -> None:
     parser.add_argument("--calibration", default=os.path.join(REPO, "calibration", "dev-2core.json"))
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--steps", type=int, default=6, help="training steps per run (the first is not traced)")
+    parser.add_argument("--keep", default=None, metavar="DIR", help="keep the traces and calibrations in DIR")
     args = parser.parse_args()
+    if args.keep is not None:
+        if os.path.exists(args.keep):
+            sys.exit(f"emulated_cluster: --keep {args.keep} exists; name a new folder")
+        os.makedirs(args.keep)
     rows = []
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = scratch if args.keep is None else os.path.abspath(args.keep)
         for rate in args.link_gbit:
             calibration = os.path.join(folder, f"calibration-{rate:g}.json")
             shutil.copy(args.calibration, calibration)

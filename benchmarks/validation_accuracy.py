@@ -2,7 +2,7 @@
 
     python benchmarks/validation_accuracy.py --calibration calibration/dev-2core.json [OTHER.json ...] \\
         [--runs 3] [--ranks 2 4 8] [--steps 8] [--min-seconds 1] [--configs vgg11:64 vgg11:128 resnet18:48] \\
-        [--no-overlap] [--matrix] [--plot FILE.png]
+        [--no-overlap] [--matrix] [--plot FILE.png] [--keep DIR]
 
 Each round trains every configuration (``model:global batch[:data set]``, on each of
 ``--ranks``; ``--matrix``: the zoo at two batch sizes) once under ``mpiexec -n RANKS``
@@ -26,7 +26,9 @@ Per configuration it prints:
   session.
 
 It ends with one line per configuration (the matrix), and with ``--plot`` draws the
-step error of every configuration beside the between-run difference.
+step error of every configuration beside the between-run difference. ``--keep DIR`` keeps
+the traces there (one folder per run) for ``python -m pydtnn_lite.trace summarize`` and
+``python -m pydtnn_lite.validate``; otherwise they are deleted at the end.
 """
 from __future__ import annotations
 
@@ -236,6 +238,7 @@ def main() -> None:
     parser.add_argument("--min-seconds", type=float, default=1.0,
                         help="trace more steps where --steps would take less than this (predicted)")
     parser.add_argument("--no-overlap", action="store_true", help="reduce gradients after backward")
+    parser.add_argument("--keep", default=None, metavar="DIR", help="keep the traces in DIR (a new folder)")
     args = parser.parse_args()
     if args.runs < 2:
         raise SystemExit("validation_accuracy: --runs must be at least 2 (the floor compares runs)")
@@ -245,11 +248,16 @@ def main() -> None:
     # Per calibration, per configuration: the runs' validations after and before the drift correction.
     validations = [{config: [] for config in configs} for _ in machines]
     raw = [{config: [] for config in configs} for _ in machines]
+    if args.keep is not None:
+        if os.path.exists(args.keep):
+            raise SystemExit(f"validation_accuracy: --keep {args.keep} exists; name a new folder")
+        os.makedirs(args.keep)
     with tempfile.TemporaryDirectory() as scratch:
+        traces = scratch if args.keep is None else args.keep
         for round_ in range(args.runs):
             for offset in range(len(configs)):
                 config = configs[(round_ + offset) % len(configs)]
-                trace = os.path.join(scratch, f"{config.model}-{config.batch}-{config.ranks}-{round_}")
+                trace = os.path.join(traces, f"{config.model}-{config.batch}-{config.ranks}-{round_}")
                 traced_run(config, steps[config], not args.no_overlap, trace)
                 loaded = load_trace(trace)
                 for index, machine in enumerate(machines):

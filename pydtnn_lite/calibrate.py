@@ -181,8 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "kernels would be timed sharing the cores and predicted sharing them twice; "
                             "calibrate --models with at most one rank per core")
         previous = Calibration.load(source) if source else None
-        if args.allreduce_only and previous is not None:
-            check_allreduce_ranks(previous, comm.size)
+        if args.allreduce_only:
+            check_allreduce_ranks(comm.size)
         backend = make_backend(args.device, args.dtype)
         check_writable_file(out, "--out")
         threads = set_blas_threads(args.blas_threads or default_blas_threads(comm))

@@ -74,16 +74,21 @@ def test_gradient_sync_needs_two_ranks():
                                                   "mpiexec -n 2 python benchmarks/gradient_sync.py"]
 
 
-def test_validation_accuracy_sets_the_model_against_the_runs_themselves():
+def test_validation_accuracy_sets_the_model_against_the_runs_themselves(tmp_path):
     calibration = os.path.join(REPO, "calibration", "dev-2core.json")
-    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "validation_accuracy.py"), "--calibration",
-                             calibration, "--configs", "lenet:16:digits", "--runs", "2", "--steps", "2",
-                             "--min-seconds", "0"], capture_output=True, text=True, timeout=300)
+    kept = tmp_path / "traces"
+    command = [sys.executable, os.path.join(BENCHMARKS, "validation_accuracy.py"), "--calibration", calibration,
+               "--configs", "lenet:16:digits", "--runs", "2", "--steps", "2", "--min-seconds", "0", "--keep", str(kept)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 ranks, 2 steps traced" in result.stdout
     for label in ("model, run 1", "model, run 2", "model, median", "between runs, median", "split-half, median",
                   "model / between runs"):
         assert result.stdout.count(label) == 1, result.stdout
+    assert sorted(os.listdir(kept)) == ["lenet-16-2-0", "lenet-16-2-1"]
+    assert (kept / "lenet-16-2-0" / "events.csv").is_file()
+    again = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert again.returncode != 0 and f"--keep {kept} exists" in again.stderr
     bad = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "validation_accuracy.py"), "--calibration",
                           calibration, "--configs", "lenet"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "model:batch[:dataset]" in bad.stderr

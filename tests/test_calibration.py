@@ -361,4 +361,4 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1 and "unknown model 'vgg12'" in unknown.stderr
     assert not (tmp_path / "never.json").exists()
     one_rank = calibrate_cli("--allreduce-only", str(out), "--out", str(remeasured))
-    assert one_rank.returncode == 2 and "under mpiexec -n 2 (this job has 1)" in one_rank.stderr
+    assert one_rank.returncode == 2 and "two ranks or more (this job has 1)" in one_rank.stderr

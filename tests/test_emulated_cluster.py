@@ -183,6 +183,7 @@ def test_allreduce_is_timed_between_and_inside_the_emulated_nodes(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     network = NetworkTimings.from_dict(json.loads(out.read_text()))
     assert (network.nodes, network.ranks_per_node, network.link_gbit) == (2, 2, 5.0)
+    assert network.ranks_per_host == 4  # the emulated nodes share this machine's cores
     assert [n for n, _ in network.inter_node] == sizes and [n for n, _ in network.intra_node] == sizes
     assert all(seconds > 0 for _, seconds in network.inter_node + network.intra_node)
     # Each node sends the 4 MiB at least once over its 5 Gbit/s link (tc lets a burst of 1 ms pass at once).

@@ -1,6 +1,7 @@
 """Two-level reductions predicted from Allreduce timed between and inside nodes, and --comm auto by that model."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,13 +10,14 @@ from pydtnn_lite.comm.strategy import Placement, spans_nodes_in_groups
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel, Link
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.channel import NO_TRANSFER_COST, TransferCost
-from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine
+from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine
 from pydtnn_lite.perfmodel.modelling.network import (
     NetworkTimings,
     TwoLevelAllreduce,
     model_choice,
     preferred_strategy,
 )
+from pydtnn_lite.perfmodel.modelling.placement import Placement as RankPlacement
 from pydtnn_lite.perfmodel.modelling.trace_validation import run_machines
 
 SIZES = (1 << 10, 1 << 16, 1 << 20, 1 << 22)
@@ -85,6 +87,10 @@ def test_the_timings_survive_the_calibration_file_and_older_files_read_without_t
     calibration.save(path)
     loaded = Calibration.load(path)
     assert loaded.network == timings()
+    recorded = dataclasses.replace(calibration, network=dataclasses.replace(timings(), ranks_per_host=4))
+    recorded.save(path)
+    assert Calibration.load(path).network.ranks_per_host == 4
+    calibration.save(path)
     assert CalibratedMachine(loaded, None).transfer_cost == TransferCost(1e-3 / (1 << 20), 3 << 20)
     with open(path, encoding="utf-8") as handle:
         data = json.load(handle)
@@ -97,6 +103,25 @@ def test_the_timings_survive_the_calibration_file_and_older_files_read_without_t
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(data, handle)
     assert Calibration.load(path).network is None
+
+
+def test_the_transfer_cost_is_scaled_from_the_sharing_it_was_measured_in_to_the_jobs():
+    """Measured with 4 ranks on the 2 cores (an emulated 2 x 2 cluster), the CPU per byte
+    already holds two ranks to a core: a job placed so keeps it, a job of a rank per core
+    pays half, whatever the placement of the calibration's kernels (a rank per core)."""
+    measured = TransferCost(2e-3 / (1 << 20), 3 << 20, 1e-3)
+    network = NetworkTimings(2, 2, 1.0, timings().inter_node, timings().intra_node, measured, ranks_per_host=4)
+    calibration = Calibration({"ranks": 2, "ranks_per_node": 2, "usable_cores": 2}, 1e11, 1e10, {},
+                              [(4, 1024.0, 1e-4)], allreduce_ranks=2, network=network)
+    machine = CalibratedMachine(calibration, None)
+    shared = adjusted_machine(machine, RankPlacement(4, 4, 2)).transfer_cost
+    assert (shared.cpu_per_byte, shared.post_seconds) == pytest.approx((measured.cpu_per_byte, 1e-3))
+    alone = adjusted_machine(machine, RankPlacement(2, 2, 2)).transfer_cost
+    assert (alone.cpu_per_byte, alone.post_seconds) == pytest.approx((measured.cpu_per_byte / 2, 0.5e-3))
+    assert alone.window_bytes == measured.window_bytes
+    unrecorded = dataclasses.replace(calibration, network=dataclasses.replace(network, ranks_per_host=None))
+    older = adjusted_machine(CalibratedMachine(unrecorded, None), RankPlacement(4, 4, 2)).transfer_cost
+    assert older.cpu_per_byte == pytest.approx(2 * measured.cpu_per_byte)  # as if measured a rank per core
 
 
 def test_a_hierarchical_trace_is_validated_with_the_two_level_model():

@@ -154,6 +154,17 @@ class MPICommunicator(Communicator):
         self._mpi.Allreduce(self.MPI.IN_PLACE, buffer, op=self.MPI.SUM)
         return buffer
 
+    def reduce_broadcast_bare(self, buffer: np.ndarray) -> np.ndarray:
+        """Sum the host ``buffer`` onto rank 0 with MPI's Reduce, then Bcast it back, as
+        :meth:`allreduce_bare` runs MPI alone: a two-level reduction's level inside a node
+        (:class:`~pydtnn_lite.comm.two_level.TwoLevelCommunicator`), timed by the calibration."""
+        if self.rank == 0:
+            self._mpi.Reduce(self.MPI.IN_PLACE, buffer, op=self.MPI.SUM, root=0)
+        else:
+            self._mpi.Reduce(buffer, None, op=self.MPI.SUM, root=0)
+        self._mpi.Bcast(buffer, root=0)
+        return buffer
+
     # ------------------------------------------------------------- bounded waits
     def complete(self, request: MPIRequest) -> None:
         """Wait for ``request``; past the timeout raise CollectiveTimeout naming the missing ranks."""

@@ -1,7 +1,7 @@
 """Check MPICommunicator's declared sub-communicator access on 3 ranks: ``mpiexec -n 3 python comm_split.py``.
 
-Rank 2 joins no sub-communicator of the first split; the Allreduce timing runs on the
-first 2 ranks, then on all 3.
+Rank 2 joins no sub-communicator of the first split, whose two ranks sum with Allreduce
+and with Reduce and Bcast; the Allreduce timing runs on the first 2 ranks, then on all 3.
 """
 import numpy as np
 
@@ -22,6 +22,8 @@ def main() -> None:
         assert (pair.rank, pair.size) == (1 - world.rank, 2)
         values = pair.allreduce_bare(np.full(4, world.rank + 1, dtype=np.float32))
         np.testing.assert_array_equal(values, np.full(4, 3, dtype=np.float32))  # ranks 0 and 1: 1 + 2
+        summed_at_root = pair.reduce_broadcast_bare(np.full(4, 10 * world.rank + 1, dtype=np.float32))
+        np.testing.assert_array_equal(summed_at_root, np.full(4, 12, dtype=np.float32))  # 1 + 11, on both
         assert pair.started == 0 and pair.blocked_seconds == 0.0  # bare: not counted
         pair.free()
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pydtnn_lite.comm.mpi import MPICommunicator
 
 KIB, MIB = 1 << 10, 1 << 20
+Reduction = Callable[[np.ndarray], np.ndarray]  # an in-place sum of a host buffer over a communicator's ranks
 
 
 def log_spaced_sizes(low: int, high: int, per_octave: int) -> tuple[int, ...]:
@@ -55,16 +56,17 @@ def rank_counts(size: int) -> list[int]:
 
 
 def call_seconds(comm: MPICommunicator, nbytes: int, budget: float, min_calls: int, max_calls: int,
-                 evict: Callable[[], None]) -> tuple[np.ndarray, np.ndarray]:
+                 evict: Callable[[], None], reduce: Reduction | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Seconds of in-place Allreduce calls of ``nbytes`` on ``comm`` (every rank of it calls
-    this): after one untimed warm-up, as many calls as fit in ``budget`` seconds, within
+    this), or of ``reduce`` in its place: after one untimed warm-up, as many calls as fit in ``budget`` seconds, within
     ``min_calls`` and ``max_calls``. Each call starts after ``evict()`` and a barrier and
     lasts until the slowest rank is done. Returned with the CPU seconds each call took on
     the calling threads (the mean over the ranks): where ranks time-share cores, what a
     reduction takes from the ranks that compute while it runs."""
+    reduce = reduce or comm.allreduce_bare
     buffer = np.zeros(max(nbytes // 4, 1), dtype=np.float32)  # zeros stay zeros: no overflow, no denormals
     started = time.perf_counter()
-    comm.allreduce_bare(buffer)  # warm-up (page faults, MPICH's buffers), and a guess of the time
+    reduce(buffer)  # warm-up (page faults, MPICH's buffers), and a guess of the time
     first = max(comm.allgather_object(time.perf_counter() - started))
     calls = int(np.clip(budget / max(first, 1e-9), min_calls, max_calls))
     seconds, cpu_seconds = np.empty(calls), np.empty(calls)
@@ -72,7 +74,7 @@ def call_seconds(comm: MPICommunicator, nbytes: int, budget: float, min_calls: i
         evict()
         comm.barrier()
         started, cpu_started = time.perf_counter(), time.thread_time()
-        comm.allreduce_bare(buffer)
+        reduce(buffer)
         seconds[call], cpu_seconds[call] = time.perf_counter() - started, time.thread_time() - cpu_started
     return (np.max(comm.allgather_object(seconds), axis=0), np.mean(comm.allgather_object(cpu_seconds), axis=0))
 
@@ -86,23 +88,26 @@ class AllreduceTiming:
     cpu_seconds: float
 
 
-def allreduce_timings(comm: MPICommunicator, sizes: Sequence[int], rounds: int = ROUNDS) -> list[AllreduceTiming]:
-    """The Allreduce of each of ``sizes`` bytes on ``comm`` (collective), in place, over the
-    calls of ``rounds`` passes over the sizes, each call on a buffer evicted from the cache."""
+def allreduce_timings(comm: MPICommunicator, sizes: Sequence[int], rounds: int = ROUNDS,
+                      reduce: Reduction | None = None) -> list[AllreduceTiming]:
+    """The Allreduce (or ``reduce``, :func:`call_seconds`) of each of ``sizes`` bytes on
+    ``comm`` (collective), in place, over the calls of ``rounds`` passes over the sizes,
+    each call on a buffer evicted from the cache."""
     evict = CacheEvictor(make_backend("cpu"))
     calls: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {n: [] for n in sizes}
     budget, min_calls, max_calls = SECONDS_PER_SIZE / rounds, max(1, MIN_CALLS // rounds), max(1, MAX_CALLS // rounds)
     for round_ in range(rounds):
         for nbytes in (sizes if round_ % 2 == 0 else sizes[::-1]):
-            calls[nbytes].append(call_seconds(comm, nbytes, budget, min_calls, max_calls, evict))
+            calls[nbytes].append(call_seconds(comm, nbytes, budget, min_calls, max_calls, evict, reduce))
     return [AllreduceTiming(float(np.median(np.concatenate([wall for wall, _ in calls[n]]))),
                             float(np.median(np.concatenate([cpu for _, cpu in calls[n]])))) for n in sizes]
 
 
-def time_allreduce(comm: MPICommunicator, sizes: Sequence[int], rounds: int = ROUNDS) -> list[float]:
-    """Median seconds of an in-place Allreduce of each of ``sizes`` bytes on ``comm``
-    (collective): the :func:`allreduce_timings`' seconds."""
-    return [timing.seconds for timing in allreduce_timings(comm, sizes, rounds)]
+def time_allreduce(comm: MPICommunicator, sizes: Sequence[int], rounds: int = ROUNDS,
+                   reduce: Reduction | None = None) -> list[float]:
+    """Median seconds of an in-place Allreduce (or ``reduce``) of each of ``sizes`` bytes on
+    ``comm`` (collective): the :func:`allreduce_timings`' seconds."""
+    return [timing.seconds for timing in allreduce_timings(comm, sizes, rounds, reduce)]
 
 
 def allreduce_samples(comm: MPICommunicator, sizes: Sequence[int]) -> list[tuple[int, float, float]]:

@@ -4,11 +4,14 @@ A job whose ranks sit on several nodes (named by :func:`pydtnn_lite.comm.nodes.n
 e.g. under launch/emulated-cluster.sh) sums a hierarchical reduction in two levels: inside
 each node, then among one rank per node. The calibration times both levels as the
 hierarchical strategy runs them: Allreduce among the lowest rank of every node (the
-leaders), and Allreduce among the ranks of each node, every node at once (where a node
-has more than one rank). The job-wide samples of :mod:`allreduce_timing` serve the flat
-reduction; with one rank per node they are the inter-node samples too, and are not timed twice.
-Beside them it measures what moving buckets over the network costs the computing ranks
-(:mod:`transfer_cost`).
+leaders), and a Reduce onto the node's lowest rank followed by a Bcast from it among the
+ranks of each node, every node at once (where a node has more than one rank). The two
+move twice what an Allreduce of two ranks does: on an emulated 2 x 2 cluster a 4 MiB
+Reduce and Bcast took 20 ms against 12 ms for the Allreduce, and steps timed against
+the Allreduce waited 50-55 ms a bucket where the model gave 44. The job-wide samples of
+:mod:`allreduce_timing` serve the flat reduction; with one rank per node they are the
+inter-node samples too, and are not timed twice. Beside them it measures what moving
+buckets over the network costs the computing ranks (:mod:`transfer_cost`).
 """
 from __future__ import annotations
 
@@ -40,7 +43,8 @@ def network_timings(comm: MPICommunicator, node: str, sizes: Sequence[int],
     transfer = measure_transfer(comm)
     if ranks_per_node == 1:
         inter_node = tuple((float(n), t) for p, n, t in job_samples if p == comm.size and n in sizes)
-        return NetworkTimings(len(nodes), 1, emulated_link_gbit(), inter_node, transfer=transfer)
+        return NetworkTimings(len(nodes), 1, emulated_link_gbit(), inter_node, transfer=transfer,
+                              ranks_per_host=comm.local_size)
     leaders = comm.split(0 if names.index(node) == comm.rank else None, comm.rank)
     inter: list[float] = []
     if leaders is not None:
@@ -49,11 +53,11 @@ def network_timings(comm: MPICommunicator, node: str, sizes: Sequence[int],
     wait_idly(comm)  # the other ranks wait without taking the leaders' cores
     local = comm.split(nodes.index(node), comm.rank)
     assert local is not None
-    intra = time_allreduce(local, sizes)
+    intra = time_allreduce(local, sizes, reduce=local.reduce_broadcast_bare)
     local.free()
     # Every node timed its own level at once; the step waits for the slowest.
     slowest = [max(column) for column in zip(*comm.allgather_object(intra), strict=True)]
     inter = comm.broadcast_object(inter, root=0)
     return NetworkTimings(len(nodes), ranks_per_node, emulated_link_gbit(),
                           tuple(zip(map(float, sizes), inter, strict=True)),
-                          tuple(zip(map(float, sizes), slowest, strict=True)), transfer)
+                          tuple(zip(map(float, sizes), slowest, strict=True)), transfer, comm.local_size)

@@ -2,11 +2,9 @@
 
 A calibration run on several nodes (launch/emulated-cluster.sh emulates them on one
 machine) records :class:`NetworkTimings`: Allreduce among one rank per node, over the
-network, and among the ranks of a node. The hierarchical strategy reduces to the node's
-leader, sums among the leaders and broadcasts back; a reduce followed by a broadcast
-moves what one Allreduce does (MPICH's tree Allreduce is exactly that), so its time is
-predicted as the intra-node Allreduce plus the inter-node one. The flat reduction is the
-job-wide Allreduce the calibration timed on all its ranks.
+network, and inside each node the reduce to its leader and the broadcast back. The
+hierarchical strategy runs exactly those, so its time is predicted as the two levels'
+sum. The flat reduction is the job-wide Allreduce the calibration timed on all its ranks.
 """
 from __future__ import annotations
 
@@ -23,11 +21,15 @@ from pydtnn_lite.perfmodel.modelling.channel import NO_TRANSFER_COST, TransferCo
 class NetworkTimings:
     """``nodes`` nodes of ``ranks_per_node`` ranks, joined by links of ``link_gbit`` Gbit/s
     (None when not emulated); ``inter_node`` holds (bytes, seconds) of Allreduce among one
-    rank per node, ``intra_node`` among the ranks of each node at once (empty with one rank
-    per node). ``transfer`` is what moving a bucket over the network costs a rank that
+    rank per node, ``intra_node`` of a Reduce then Bcast among the ranks of each node at
+    once (an Allreduce in files written before 2026-11-26, half the bytes moved; empty with
+    one rank per node). ``transfer`` is what moving a bucket over the network costs a rank that
     computes meanwhile: CPU per byte of the bucket, in the tests that move it and in the
     kernels the network stack interrupts, and the bucket bytes the link moves at most
-    between two tests (no cost and no limit in files written before they were measured)."""
+    between two tests (no cost and no limit in files written before they were measured).
+    ``ranks_per_host`` ranks shared the cores of the machine that measured it: all of them
+    on an emulated cluster, whose nodes are one machine's (None in files written before it
+    was recorded)."""
 
     nodes: int
     ranks_per_node: int
@@ -35,10 +37,16 @@ class NetworkTimings:
     inter_node: tuple[tuple[float, float], ...]
     intra_node: tuple[tuple[float, float], ...] = ()
     transfer: TransferCost = NO_TRANSFER_COST
+    ranks_per_host: int | None = None
 
     @property
     def ranks(self) -> int:
         return self.nodes * self.ranks_per_node
+
+    def time_sharing(self, cores: int) -> float:
+        """How many ranks shared each of the measuring machine's ``cores`` (1 where each had
+        a core of its own, or the file does not say)."""
+        return max(1.0, (self.ranks_per_host or 1) / cores)
 
     def to_dict(self) -> dict:
         return {"nodes": self.nodes, "ranks_per_node": self.ranks_per_node, "link_gbit": self.link_gbit,
@@ -46,7 +54,7 @@ class NetworkTimings:
                 "intra_node": [list(sample) for sample in self.intra_node],
                 "transfer_cpu_per_byte": self.transfer.cpu_per_byte,
                 "window_bytes": None if math.isinf(self.transfer.window_bytes) else self.transfer.window_bytes,
-                "post_seconds": self.transfer.post_seconds}
+                "post_seconds": self.transfer.post_seconds, "ranks_per_host": self.ranks_per_host}
 
     @classmethod
     def from_dict(cls, data: dict) -> NetworkTimings:
@@ -56,7 +64,8 @@ class NetworkTimings:
                    tuple((float(n), float(t)) for n, t in data["intra_node"]),
                    TransferCost(float(data.get("transfer_cpu_per_byte", 0.0)),
                                 math.inf if data.get("window_bytes") is None else float(data["window_bytes"]),
-                                float(data.get("post_seconds", 0.0))))
+                                float(data.get("post_seconds", 0.0))),
+                   None if data.get("ranks_per_host") is None else int(data["ranks_per_host"]))
 
 
 def _level(procs: int, samples: tuple[tuple[float, float], ...]) -> AllreduceTime | None:
