@@ -78,8 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--refit", metavar="FILE", default=None,
                         help="fit the kernel models again from the samples FILE holds; measure nothing")
     source.add_argument("--allreduce-only", metavar="FILE", default=None,
-                        help="time Allreduce again into FILE (under mpiexec with FILE's ranks); its kernel samples "
-                             "and models are kept")
+                        help="time Allreduce again into FILE (under mpiexec with 2 or more ranks, e.g. on an "
+                             "emulated cluster); its kernel samples and models are kept, with the placement they "
+                             "were measured in")
     return parser
 
 
