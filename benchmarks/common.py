@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
+import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import Communicator
@@ -87,3 +90,17 @@ def model_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2, help="BLAS threads")
     return parser
+
+
+@contextlib.contextmanager
+def output_folder(keep: str | None, program: str) -> Iterator[str]:
+    """Where a benchmark writes its traces: ``keep`` (``--keep DIR``), a new folder that
+    stays (refused with one line where it exists), or a scratch folder deleted at the end."""
+    if keep is None:
+        with tempfile.TemporaryDirectory() as scratch:
+            yield scratch
+        return
+    if os.path.exists(keep):
+        raise SystemExit(f"{program}: --keep {keep} exists; name a new folder")
+    os.makedirs(keep)
+    yield os.path.abspath(keep)

@@ -23,9 +23,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 from pydtnn_lite.textable import format_table
+
+from common import output_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(REPO, "launch", "emulated-cluster.sh")
@@ -72,13 +73,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6, help="training steps per run (the first is not traced)")
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep the traces and calibrations in DIR")
     args = parser.parse_args()
-    if args.keep is not None:
-        if os.path.exists(args.keep):
-            sys.exit(f"emulated_cluster: --keep {args.keep} exists; name a new folder")
-        os.makedirs(args.keep)
     rows = []
-    with tempfile.TemporaryDirectory() as scratch:
-        folder = scratch if args.keep is None else os.path.abspath(args.keep)
+    with output_folder(args.keep, "emulated_cluster") as folder:
         for rate in args.link_gbit:
             calibration = os.path.join(folder, f"calibration-{rate:g}.json")
             shutil.copy(args.calibration, calibration)

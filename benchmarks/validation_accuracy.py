@@ -39,7 +39,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 
 from pydtnn_lite.costs import COMPUTE_STAGES, Stage
@@ -51,6 +50,8 @@ from pydtnn_lite.perfmodel.modelling.validation import Validation, weighted_rela
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from pydtnn_lite.textable import format_table
 from pydtnn_lite.tracing import load_trace
+
+from common import output_folder
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 FIGURES = ("step error", "WRE FP", "WRE BP", "WRE WU", "COMM error")
@@ -248,12 +249,7 @@ def main() -> None:
     # Per calibration, per configuration: the runs' validations after and before the drift correction.
     validations = [{config: [] for config in configs} for _ in machines]
     raw = [{config: [] for config in configs} for _ in machines]
-    if args.keep is not None:
-        if os.path.exists(args.keep):
-            raise SystemExit(f"validation_accuracy: --keep {args.keep} exists; name a new folder")
-        os.makedirs(args.keep)
-    with tempfile.TemporaryDirectory() as scratch:
-        traces = scratch if args.keep is None else args.keep
+    with output_folder(args.keep, "validation_accuracy") as traces:
         for round_ in range(args.runs):
             for offset in range(len(configs)):
                 config = configs[(round_ + offset) % len(configs)]
