@@ -132,7 +132,8 @@ def _network(calibration: Calibration) -> str:
     if network is None:
         return "one node: no Allreduce between nodes timed"
     link = f" over links of {network.link_gbit:g} Gbit/s (emulated)" if network.link_gbit else ""
-    intra = f" and among the {network.ranks_per_node} ranks of each node" if network.intra_node else ""
+    intra = (f", Reduce and Bcast among the {network.ranks_per_node} ranks of each node"
+             if network.intra_node else "")
     cost = network.transfer
     window = "" if math.isinf(cost.window_bytes) else f", at most {cost.window_bytes / MIB:.1f} MiB between two calls"
     moving = (f"; a bucket moving beside backward costs {cost.cpu_per_byte * MIB * 1e3:.2f} ms of CPU per MiB, "
