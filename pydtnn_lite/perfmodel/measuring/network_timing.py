@@ -31,9 +31,10 @@ if TYPE_CHECKING:
 def network_timings(comm: MPICommunicator, node: str, sizes: Sequence[int],
                     job_samples: Sequence[tuple[int, float, float]]) -> NetworkTimings | None:
     """The inter-node Allreduce and the intra-node Reduce and Bcast of ``sizes`` bytes on the
-    nodes of ``comm``'s ranks (``node`` is this rank's node name; ``job_samples`` the (ranks, bytes, seconds)
-    already timed on the job's ranks); None when every rank is on one node or the nodes
-    hold different numbers of ranks. Collective; every rank gets the result."""
+    nodes of ``comm``'s ranks (``node`` is this rank's node name; ``job_samples`` the
+    (ranks, bytes, seconds) already timed on the job's ranks); None when every rank is on
+    one node or the nodes hold different numbers of ranks. Collective; every rank gets the
+    result."""
     names = comm.allgather_object(node)
     nodes = list(dict.fromkeys(names))
     per_node = {name: names.count(name) for name in nodes}

@@ -161,8 +161,9 @@ class AdjustedMachine:
         long (2026-11-26)."""
         cost = self.base.transfer_cost
         network = self.base.calibration.network
-        measured = network.time_sharing(self.placement.cores_per_node) if network is not None else 1.0
-        share = kernel_scale(OUTSIDE_KERNELS, self.placement, self.base.calibration.placement) / measured
+        calibrated = self.base.calibration.placement
+        measured = network.time_sharing(calibrated.cores_per_node) if network is not None else 1.0
+        share = kernel_scale(OUTSIDE_KERNELS, self.placement, calibrated) / measured
         return replace(cost, cpu_per_byte=cost.cpu_per_byte * share, post_seconds=cost.post_seconds * share)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceTime, InterpolatedAllreduce, fit_allreduce
 from pydtnn_lite.perfmodel.modelling.channel import NO_TRANSFER_COST, TransferCost
+from pydtnn_lite.perfmodel.modelling.placement import Placement
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class NetworkTimings:
     def time_sharing(self, cores: int) -> float:
         """How many ranks shared each of the measuring machine's ``cores`` (1 where each had
         a core of its own, or the file does not say)."""
-        return max(1.0, (self.ranks_per_host or 1) / cores)
+        return Placement(self.ranks, self.ranks_per_host or 1, cores).time_sharing
 
     def to_dict(self) -> dict:
         return {"nodes": self.nodes, "ranks_per_node": self.ranks_per_node, "link_gbit": self.link_gbit,
