@@ -14,7 +14,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from pydtnn_lite.perfmodel.measuring.straggler_waits import REPEATS, SEGMENTS
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
+from pydtnn_lite.runtime import usable_cores
 
 from mpi import REPO, TRAIN_SMALL, assert_same_weights, train_small
 
@@ -193,3 +195,8 @@ def test_allreduce_is_timed_between_and_inside_the_emulated_nodes(tmp_path):
     assert 0 < network.transfer.post_seconds < 20e-3  # posting a 4 MiB bucket: MPICH starts sending in the call
     # Between two MPI calls the link moves a bounded window of bytes: more than nothing, less than the buckets.
     assert 0 < network.transfer.window_bytes < 6 * (4 << 20)
+    # Four ranks on fewer cores time-share them: their waits for the slowest, after stretches of 50-800 ms of work.
+    assert bool(network.straggler_waits) == (usable_cores() < 4)
+    works = [work for work, _ in network.straggler_waits]
+    assert len(works) in (0, len(SEGMENTS) * REPEATS)
+    assert all(SEGMENTS[0] / 2 < work < 4 * SEGMENTS[-1] and 0 <= wait < work for work, wait in network.straggler_waits)

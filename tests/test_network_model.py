@@ -18,6 +18,7 @@ from pydtnn_lite.perfmodel.modelling.network import (
     preferred_strategy,
 )
 from pydtnn_lite.perfmodel.modelling.placement import Placement as RankPlacement
+from pydtnn_lite.perfmodel.modelling.synchronization import SyncWaitModel
 from pydtnn_lite.perfmodel.modelling.trace_validation import run_machines
 
 SIZES = (1 << 10, 1 << 16, 1 << 20, 1 << 22)
@@ -122,6 +123,31 @@ def test_the_transfer_cost_is_scaled_from_the_sharing_it_was_measured_in_to_the_
     unrecorded = dataclasses.replace(calibration, network=dataclasses.replace(network, ranks_per_host=None))
     older = adjusted_machine(CalibratedMachine(unrecorded, None), RankPlacement(4, 4, 2)).transfer_cost
     assert older.cpu_per_byte == pytest.approx(2 * measured.cpu_per_byte)  # as if measured a rank per core
+
+
+def test_time_shared_ranks_wait_for_the_slowest_as_the_network_calibration_measured_them():
+    """Waits measured with 4 ranks on the 2 cores (wait = 0.03 * work ** 0.5 on 4 ranks)
+    predict a time-shared job's, scaled to its ranks; a job of a rank per core keeps the
+    calibration's own model, as do files without them."""
+    waits = tuple((work, 0.03 * work ** 0.5) for work in (0.05, 0.2, 0.8))
+    network = dataclasses.replace(timings(), ranks_per_host=4, straggler_waits=waits)
+    assert NetworkTimings.from_dict(json.loads(json.dumps(network.to_dict()))) == network
+    calibration = Calibration({"ranks": 2, "ranks_per_node": 2, "usable_cores": 2}, 1e11, 1e10, {},
+                              [(4, 1024.0, 1e-4)], allreduce_ranks=2, network=network,
+                              sync_wait=SyncWaitModel(0.01, 1.0, 2))
+    machine = CalibratedMachine(calibration, None)
+    shared = adjusted_machine(machine, RankPlacement(4, 4, 2))
+    assert shared.sync_wait_seconds(0.5, 4) == pytest.approx(0.03 * 0.5 ** 0.5)
+    assert shared.sync_wait_seconds(0.5, 8) == pytest.approx(0.03 * 0.5 ** 0.5 * 1.4236 / 1.0294, rel=1e-3)
+    assert shared.sync_wait_seconds(0.5, 1) == 0.0
+    alone = adjusted_machine(machine, RankPlacement(2, 2, 2))
+    assert alone.sync_wait_seconds(0.5, 2) == pytest.approx(0.005)  # the calibration's 2 ranks' own wandering
+    older = dataclasses.replace(calibration, network=dataclasses.replace(network, straggler_waits=()))
+    assert adjusted_machine(CalibratedMachine(older, None), RankPlacement(4, 4, 2)).sync_wait_seconds(0.5, 4) == \
+        pytest.approx(0.005 * 1.0294 / 0.5642, rel=1e-3)
+    written_before = network.to_dict()
+    del written_before["straggler_waits"]
+    assert NetworkTimings.from_dict(written_before).straggler_waits == ()
 
 
 def test_a_hierarchical_trace_is_validated_with_the_two_level_model():

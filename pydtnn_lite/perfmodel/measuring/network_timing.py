@@ -11,7 +11,8 @@ Reduce and Bcast took 20 ms against 12 ms for the Allreduce, and steps timed aga
 the Allreduce waited 50-55 ms a bucket where the model gave 44. The job-wide samples of
 :mod:`allreduce_timing` serve the flat reduction; with one rank per node they are the
 inter-node samples too, and are not timed twice. Beside them it measures what moving
-buckets over the network costs the computing ranks (:mod:`transfer_cost`).
+buckets over the network costs the computing ranks (:mod:`transfer_cost`) and, where the
+job's ranks time-share the cores, how long they wait for the slowest (:mod:`straggler_waits`).
 """
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ from typing import TYPE_CHECKING
 from pydtnn_lite.comm.nodes import emulated_link_gbit
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import time_allreduce
 from pydtnn_lite.perfmodel.measuring.machine_state import wait_idly
+from pydtnn_lite.perfmodel.measuring.straggler_waits import time_straggler_waits
 from pydtnn_lite.perfmodel.measuring.transfer_cost import measure_transfer
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
+from pydtnn_lite.runtime import usable_cores
 
 if TYPE_CHECKING:
     from pydtnn_lite.comm.mpi import MPICommunicator
@@ -42,10 +45,11 @@ def network_timings(comm: MPICommunicator, node: str, sizes: Sequence[int],
         return None
     ranks_per_node = per_node[node]
     transfer = measure_transfer(comm)
+    waits = tuple(time_straggler_waits(comm)) if comm.local_size > usable_cores() else ()
     if ranks_per_node == 1:
         inter_node = tuple((float(n), t) for p, n, t in job_samples if p == comm.size and n in sizes)
         return NetworkTimings(len(nodes), 1, emulated_link_gbit(), inter_node, transfer=transfer,
-                              ranks_per_host=comm.local_size)
+                              ranks_per_host=comm.local_size, straggler_waits=waits)
     leaders = comm.split(0 if names.index(node) == comm.rank else None, comm.rank)
     inter: list[float] = []
     if leaders is not None:
@@ -61,4 +65,4 @@ def network_timings(comm: MPICommunicator, node: str, sizes: Sequence[int],
     inter = comm.broadcast_object(inter, root=0)
     return NetworkTimings(len(nodes), ranks_per_node, emulated_link_gbit(),
                           tuple(zip(map(float, sizes), inter, strict=True)),
-                          tuple(zip(map(float, sizes), slowest, strict=True)), transfer, comm.local_size)
+                          tuple(zip(map(float, sizes), slowest, strict=True)), transfer, comm.local_size, waits)

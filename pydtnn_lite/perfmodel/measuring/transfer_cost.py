@@ -44,7 +44,8 @@ LONG_KERNEL_SECONDS = 0.05  # twice a VGG11 backward's longest kernels here: ~6 
 WINDOW_ROUNDS = 3
 
 
-def _kernel() -> Callable[[], object]:
+def gemm_kernel() -> Callable[[], object]:
+    """A backward kernel's stand-in: a GEMM of :data:`GEMM_SIZE`, a few milliseconds."""
     matrix = np.random.default_rng(0).standard_normal((GEMM_SIZE, GEMM_SIZE)).astype(np.float32)
     return lambda: matrix @ matrix
 
@@ -95,7 +96,7 @@ def measure_transfer(comm: MPICommunicator, rounds: int = ROUNDS) -> TransferCos
     rank computing beside it and the seconds of posting one alone (the medians over ``rounds``),
     and the bucket bytes the link moves between two tests (the median over
     :data:`WINDOW_ROUNDS`), each averaged over the ranks (every rank gets them). Collective."""
-    kernel = _kernel()
+    kernel = gemm_kernel()
     kernel()
     buckets = [np.ones(BUCKET_BYTES // 4, dtype=np.float32) for _ in range(BUCKETS)]
     cpu = statistics.median(transfer_round(comm, kernel, buckets) for _ in range(rounds))

@@ -127,13 +127,19 @@ class AdjustedMachine:
         return cpu.seconds(nbytes, procs) * ranks_per_core * self.drift.communication
 
     def sync_wait_seconds(self, segment: float, procs: int) -> float:
-        """The ranks' independent wandering, as the calibration fitted it less what its
-        cores' imbalance explained, plus what a rank on a core of the mean speed waits for
-        the slowest over ``segment`` where the cores stay apart in speed: by the run's probe,
-        or without one by the calibration's, none where the ranks time-share the cores (the
-        OS moves each over all of them)."""
+        """Where the job's ranks time-share the cores, the wait its network's calibration
+        measured with the ranks sharing them (``NetworkTimings.straggler_waits``), where it
+        has one. Otherwise the ranks' independent wandering, as the calibration fitted it
+        less what its cores' imbalance explained, plus what a rank on a core of the mean
+        speed waits for the slowest over ``segment`` where the cores stay apart in speed: by
+        the run's probe, or without one by the calibration's, none where the ranks
+        time-share the cores (the OS moves each over all of them)."""
         if procs <= 1:
             return 0.0
+        network = self.base.calibration.network
+        shared = network.straggler_wait if network is not None and self.placement.oversubscribed else None
+        if shared is not None:
+            return shared.seconds(segment, procs)
         state = self.base.calibration.machine_state
         then = state.imbalance if state is not None else 0.0
         now = self.drift.imbalance

@@ -8,6 +8,7 @@ sum. The flat reduction is the job-wide Allreduce the calibration timed on all i
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceTime, InterpolatedAllreduce, fit_allreduce
 from pydtnn_lite.perfmodel.modelling.channel import NO_TRANSFER_COST, TransferCost
 from pydtnn_lite.perfmodel.modelling.placement import Placement
+from pydtnn_lite.perfmodel.modelling.synchronization import SyncWaitModel, fit_sync_wait
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,9 @@ class NetworkTimings:
     between two tests (no cost and no limit in files written before they were measured).
     ``ranks_per_host`` ranks shared the cores of the machine that measured it: all of them
     on an emulated cluster, whose nodes are one machine's (None in files written before it
-    was recorded)."""
+    was recorded). Where they time-shared the cores, ``straggler_waits`` holds (seconds of
+    work, mean seconds waited for the slowest rank) after stretches of work on all the
+    ranks at once (empty otherwise, and in files written before they were measured)."""
 
     nodes: int
     ranks_per_node: int
@@ -39,6 +43,7 @@ class NetworkTimings:
     intra_node: tuple[tuple[float, float], ...] = ()
     transfer: TransferCost = NO_TRANSFER_COST
     ranks_per_host: int | None = None
+    straggler_waits: tuple[tuple[float, float], ...] = ()
 
     @property
     def ranks(self) -> int:
@@ -49,13 +54,19 @@ class NetworkTimings:
         a core of its own, or the file does not say)."""
         return Placement(self.ranks, self.ranks_per_host or 1, cores).time_sharing
 
+    @functools.cached_property
+    def straggler_wait(self) -> SyncWaitModel | None:
+        """The wait for the slowest rank fitted on ``straggler_waits`` (None without them)."""
+        return fit_sync_wait(self.straggler_waits, self.ranks) if self.straggler_waits else None
+
     def to_dict(self) -> dict:
         return {"nodes": self.nodes, "ranks_per_node": self.ranks_per_node, "link_gbit": self.link_gbit,
                 "inter_node": [list(sample) for sample in self.inter_node],
                 "intra_node": [list(sample) for sample in self.intra_node],
                 "transfer_cpu_per_byte": self.transfer.cpu_per_byte,
                 "window_bytes": None if math.isinf(self.transfer.window_bytes) else self.transfer.window_bytes,
-                "post_seconds": self.transfer.post_seconds, "ranks_per_host": self.ranks_per_host}
+                "post_seconds": self.transfer.post_seconds, "ranks_per_host": self.ranks_per_host,
+                "straggler_waits": [list(sample) for sample in self.straggler_waits]}
 
     @classmethod
     def from_dict(cls, data: dict) -> NetworkTimings:
@@ -66,7 +77,8 @@ class NetworkTimings:
                    TransferCost(float(data.get("transfer_cpu_per_byte", 0.0)),
                                 math.inf if data.get("window_bytes") is None else float(data["window_bytes"]),
                                 float(data.get("post_seconds", 0.0))),
-                   None if data.get("ranks_per_host") is None else int(data["ranks_per_host"]))
+                   None if data.get("ranks_per_host") is None else int(data["ranks_per_host"]),
+                   tuple((float(work), float(wait)) for work, wait in data.get("straggler_waits", [])))
 
 
 def _level(procs: int, samples: tuple[tuple[float, float], ...]) -> AllreduceTime | None:
