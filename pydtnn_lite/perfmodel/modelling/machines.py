@@ -160,17 +160,20 @@ class AdjustedMachine:
     def transfer_cost(self) -> TransferCost:
         """The network's transfer cost, its CPU time placed as the job's ranks are. It was
         measured under the network's own calibration run, not at the calibration's machine
-        state (no drift since that state), over stretches of milliseconds that the ranks then
-        sharing a core shared (unlike a kernel probe's short calls): it is scaled from that
-        sharing to the job's. A 2 x 2 emulated cluster on 2 cores measured 2.5 ms of CPU per
-        MiB, sharing included; scaled again as if unshared, VGG11's backward came out 38 %
-        long (2026-11-26)."""
+        state (no drift since that state). The CPU per byte was measured over stretches of
+        milliseconds that the ranks then sharing a core shared (unlike a kernel probe's
+        short calls): it is scaled from that sharing to the job's. A 2 x 2 emulated cluster
+        on 2 cores measured 2.5 ms of CPU per MiB, sharing included; scaled again as if
+        unshared, VGG11's backward came out 38 % long (2026-11-26). A post is a call of a
+        millisecond, timed as the median of rounds: as a kernel probe's calls, it holds no
+        sharing, which the job's adds (there, one post in four or five lost the core
+        mid-call for 4-8 ms: 1.4-1.6 ms on average for a median of 0.7)."""
         cost = self.base.transfer_cost
         network = self.base.calibration.network
         calibrated = self.base.calibration.placement
         measured = network.time_sharing(calibrated.cores_per_node) if network is not None else 1.0
-        share = kernel_scale(OUTSIDE_KERNELS, self.placement, calibrated) / measured
-        return replace(cost, cpu_per_byte=cost.cpu_per_byte * share, post_seconds=cost.post_seconds * share)
+        share = kernel_scale(OUTSIDE_KERNELS, self.placement, calibrated)
+        return replace(cost, cpu_per_byte=cost.cpu_per_byte * share / measured, post_seconds=cost.post_seconds * share)
 
 
 OUTSIDE_KERNELS = "outside_kernels"  # the interpreter's time between kernels: scaled as a memory-bound kernel
