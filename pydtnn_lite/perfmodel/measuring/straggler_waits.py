@@ -7,7 +7,7 @@ changes with every stretch. Under an emulated cluster of 2 nodes x 2 ranks on 2 
 the ranks of a training step waited 11-28 ms a step for the slowest, where the
 calibration's ranks explain none. So a job placed as it will run (``calibrate
 --allreduce-only`` under the emulator) also times these waits: every rank runs the same
-number of one-thread GEMMs, stretches of :data:`SEGMENTS` seconds, and meets the others
+number of GEMMs on its BLAS threads, stretches of :data:`SEGMENTS` seconds, and meets the others
 as the trainer waits for a collective, polling without spinning on a core. A sample is
 the stretch's mean seconds over the ranks and their mean wait beyond the slowest rank's
 own, which is the meeting's latency, not a wait for anyone (about 2.5 ms between the
