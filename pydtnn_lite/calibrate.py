@@ -138,7 +138,10 @@ def _network(calibration: Calibration) -> str:
     window = "" if math.isinf(cost.window_bytes) else f", at most {cost.window_bytes / MIB:.1f} MiB between two calls"
     moving = (f"; a bucket moving beside backward costs {cost.cpu_per_byte * MIB * 1e3:.2f} ms of CPU per MiB, "
               f"posting one {cost.post_seconds * 1e3:.2f} ms{window}") if cost.cpu_per_byte else ""
-    return f"{network.nodes} nodes{link}: Allreduce timed among one rank per node{intra}{moving}"
+    shared = network.straggler_wait
+    waits = (f"; its {network.ranks} ranks, sharing the cores, wait for the slowest "
+             f"{shared.coefficient * 1e3:.3g} ms x (seconds of work) ^ {shared.exponent:.2f}") if shared else ""
+    return f"{network.nodes} nodes{link}: Allreduce timed among one rank per node{intra}{moving}{waits}"
 
 
 def report(calibration: Calibration) -> str:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from pydtnn_lite.calibrate import report
 from pydtnn_lite.comm.strategy import Placement, spans_nodes_in_groups
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel, Link
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
@@ -149,6 +150,9 @@ def test_time_shared_ranks_wait_for_the_slowest_as_the_network_calibration_measu
     written_before = network.to_dict()
     del written_before["straggler_waits"]
     assert NetworkTimings.from_dict(written_before).straggler_waits == ()
+    # calibrate's report gives the fitted wait, and nothing where none was timed.
+    assert "4 ranks, sharing the cores, wait for the slowest 30 ms x (seconds of work) ^ 0.50" in report(calibration)
+    assert "wait for the slowest 30 ms" not in report(older)
 
 
 def test_a_hierarchical_trace_is_validated_with_the_two_level_model():
