@@ -1,4 +1,4 @@
-"""File-based data sets: tiny CIFAR-10, MNIST and .npz shard files written here, read back."""
+"""File-based data sets: tiny CIFAR-10, MNIST and .npz shard files written here, read back; the bundled digits."""
 from __future__ import annotations
 
 import gzip
@@ -15,6 +15,7 @@ from pydtnn_lite.data import (
     MnistDataset,
     NpzShardDataset,
     cifar,
+    digits,
     mnist,
     npz_shards,
     open_dataset,
@@ -284,3 +285,25 @@ def test_npz_errors_name_the_file(tmp_path):
     np.savez(tmp_path / "train-00002.npz", x=x[:2], y=y[:2], classes=np.array(3))
     with pytest.raises(DataError, match=r"train-00000\.npz has label 3 but classes is 3"):
         NpzShardDataset(tmp_path, "train")
+
+
+# ------------------------------------------------------------------------ digits
+def test_digits_are_scikit_learn_s_split_and_standardised_by_the_training_pixels():
+    from sklearn.datasets import load_digits
+
+    bundled = load_digits()
+    order = np.random.default_rng(0).permutation(len(bundled.target))
+    train, test = open_dataset("digits", "train"), open_dataset("digits", "test")
+    assert (len(train), len(test)) == (1437, 360)
+    pixels = bundled.images.astype(np.float32)[..., None]
+    mean, std = pixels[order[:1437]].mean(), pixels[order[:1437]].std()
+    for split, rows in ((train, order[:1437]), (test, order[1437:])):
+        images, labels = split.load(np.arange(len(split)))
+        np.testing.assert_array_equal(labels, bundled.target[rows])
+        np.testing.assert_allclose(images, (pixels[rows] - mean) / std, rtol=1e-6)
+
+
+def test_digits_without_scikit_learn_ask_for_it(monkeypatch):
+    monkeypatch.setattr(digits.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(DataError, match=r"pip install scikit-learn"):
+        open_dataset("digits")

@@ -1,12 +1,33 @@
 """scikit-learn's bundled handwritten digits (8x8, 10 classes): real data that needs no download."""
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import numpy as np
 
 from pydtnn_lite.data.base import DataError, Dataset
 
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0
+MISSING = ("the digits data set needs scikit-learn's bundled digits.csv.gz: pip install scikit-learn "
+           "(or the package's 'test' extra)")
+
+
+def read_bundled_digits() -> tuple[np.ndarray, np.ndarray]:
+    """The 1,797 images (8, 8) and labels of the file scikit-learn's ``load_digits`` reads.
+
+    Found without importing scikit-learn, whose import (SciPy included) takes about 2 s:
+    that would be most of the start of a small job on every rank.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    paths = [os.path.join(folder, "datasets", "data", "digits.csv.gz") for folder in folders]
+    found = [path for path in paths if os.path.isfile(path)]
+    if not found:
+        raise DataError(MISSING)
+    rows = np.loadtxt(found[0], delimiter=",")  # 64 pixels (0-16) and the label per row
+    return rows[:, :-1].reshape(-1, 8, 8), rows[:, -1].astype(np.int64)
 
 
 class DigitsDataset(Dataset):
@@ -17,20 +38,15 @@ class DigitsDataset(Dataset):
     num_classes = 10
 
     def __init__(self, split: str = "train") -> None:
-        try:
-            from sklearn.datasets import load_digits
-        except ImportError:
-            raise DataError("the digits data set needs scikit-learn: pip install scikit-learn "
-                            "(or the package's 'test' extra)") from None
-        digits = load_digits()
-        order = np.random.default_rng(SPLIT_SEED).permutation(len(digits.target))
+        pixels, labels = read_bundled_digits()
+        order = np.random.default_rng(SPLIT_SEED).permutation(len(labels))
         cut = int(len(order) * (1 - TEST_FRACTION))
         chosen = order[:cut] if split == "train" else order[cut:]
-        images = digits.images.astype(np.float32)[..., None]
+        images = pixels.astype(np.float32)[..., None]
         # Statistics of the training split normalise both splits.
         train = images[order[:cut]]
         self.images = (images[chosen] - train.mean()) / train.std()
-        self.labels = digits.target[chosen].astype(np.int64)
+        self.labels = labels[chosen]
 
     def __len__(self) -> int:
         return len(self.labels)
