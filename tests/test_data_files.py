@@ -4,6 +4,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import sys
 import zipfile
 
 import numpy as np
@@ -303,7 +304,17 @@ def test_digits_are_scikit_learn_s_split_and_standardised_by_the_training_pixels
         np.testing.assert_allclose(images, (pixels[rows] - mean) / std, rtol=1e-6)
 
 
+def test_digits_come_from_scikit_learn_where_its_file_is_not_found(monkeypatch):
+    from_file = open_dataset("digits").load(np.arange(50))
+    monkeypatch.setattr(digits, "bundled_digits_file", lambda: None)
+    from_import = open_dataset("digits").load(np.arange(50))
+    for read, imported in zip(from_file, from_import, strict=True):
+        np.testing.assert_array_equal(read, imported)
+
+
 def test_digits_without_scikit_learn_ask_for_it(monkeypatch):
-    monkeypatch.setattr(digits.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(digits, "bundled_digits_file", lambda: None)
+    for name in ("sklearn", "sklearn.datasets"):
+        monkeypatch.setitem(sys.modules, name, None)  # the import fails, imported before or not
     with pytest.raises(DataError, match=r"pip install scikit-learn"):
         open_dataset("digits")
