@@ -8,11 +8,14 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
+from pydtnn_lite import kernels
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.data import open_dataset
 from pydtnn_lite.models import create_model
+from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule
 from pydtnn_lite.runtime import keep_freed_memory
 from pydtnn_lite.training import Trainer, TrainerSettings, build_trainer
@@ -71,12 +74,48 @@ def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) ->
     return statistics.median(interleave([lambda: {"call": timed(call)}], repeats, warmup)["call"])
 
 
+def kernel_timed_step(name: str, trainer: Trainer, batch: Any,
+                      replace: Callable[[str, Callable], Callable | None]) -> Callable[[], Timings]:
+    """A variant for :func:`interleave`: one ``trainer`` step on ``batch``, timed as ``name``,
+    and the part of it inside the kernel entries for which ``replace(entry, kernel)`` gives a
+    function, as ``'{name} kernels'``: that function runs in the kernel's place, timed; the
+    other entries run as they are."""
+    inside = 0.0
+
+    def timing(function: Callable) -> Callable:
+        def timed_kernel(*args: Any, **kwargs: Any) -> Any:
+            nonlocal inside
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                inside += time.perf_counter() - started
+        return timed_kernel
+
+    def instrumented(entry: str, kernel: Callable) -> Callable:
+        replacement = replace(entry, kernel)
+        return kernel if replacement is None else timing(replacement)
+
+    def run() -> Timings:
+        nonlocal inside
+        inside = 0.0
+        restore = kernels.instrument(instrumented)
+        try:
+            step = timed(lambda: trainer.train_step(batch))
+        finally:
+            restore()
+        return {name: step, f"{name} kernels": inside}
+    return run
+
+
 def make_trainer(model: str, dataset: str, global_batch: int, comm: Communicator, bucket_mb: float = 4.0,
-                 overlap: bool = True, device: str = "cpu", optimizer: str = "sgd") -> Trainer:
-    """A trainer as the command line builds it (SGD or Adam, weights seeded 0), on ``comm``'s ranks."""
+                 overlap: bool = True, device: str = "cpu", optimizer: str = "sgd",
+                 arrange: Callable[[Network], Network] = lambda network: network) -> Trainer:
+    """A trainer as the command line builds it (SGD or Adam, weights seeded 0), on ``comm``'s ranks;
+    ``arrange`` may rearrange the unbuilt network first."""
     keep_freed_memory()
     data = open_dataset(dataset)
-    network = create_model(model, data.input_shape, data.num_classes).build(make_backend(device), seed=0)
+    network = arrange(create_model(model, data.input_shape, data.num_classes)).build(make_backend(device), seed=0)
     update = Adam(network) if optimizer == "adam" else SGD(network)
     return build_trainer(network, data, TrainerSettings(global_batch), comm=comm, optimizer=update,
                          schedule=LearningRateSchedule(0.001), bucket_mb=bucket_mb, overlap=overlap)

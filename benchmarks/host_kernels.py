@@ -11,18 +11,15 @@ kernels, and the speed-up.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
-from pydtnn_lite import kernels
 from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.kernels import conv, elementwise, normalization, pooling, update
 from pydtnn_lite.runtime import set_blas_threads
 
-from common import interleave, make_trainer, model_parser, timed
+from common import interleave, kernel_timed_step, make_trainer, model_parser
 
 NUMPY_VERSIONS = {
     "im2col": conv.im2col, "col2im": conv.col2im, "relu": elementwise.relu, "relu_grad": elementwise.relu_grad,
@@ -48,28 +45,10 @@ def main() -> None:
     trainer = make_trainer(args.model, args.dataset, args.batch_size, SerialCommunicator(),
                            optimizer=args.optimizer)
     batch = trainer.load_step(0, 0)
-    inside = [0.0]
-
-    def timing(kernel: Callable) -> Callable:
-        def timed_kernel(*call_args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return kernel(*call_args, **kwargs)
-            finally:
-                inside[0] += time.perf_counter() - started
-        return timed_kernel
 
     def variant(name: str, pick: Callable[[str, Callable], Callable]) -> Callable[[], dict[str, float]]:
-        def run() -> dict[str, float]:
-            restore = kernels.instrument(lambda entry, kernel: timing(pick(entry, kernel))
-                                         if entry in NUMPY_VERSIONS else kernel)
-            inside[0] = 0.0
-            try:
-                step = timed(lambda: trainer.train_step(batch))
-            finally:
-                restore()
-            return {name: step, f"{name} kernels": inside[0]}
-        return run
+        return kernel_timed_step(name, trainer, batch,
+                                 lambda entry, kernel: pick(entry, kernel) if entry in NUMPY_VERSIONS else None)
 
     samples = interleave([variant("numba", lambda entry, kernel: kernel),
                           variant("numpy", lambda entry, kernel: NUMPY_VERSIONS[entry])],

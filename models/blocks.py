@@ -1,7 +1,7 @@
 """Building blocks shared by the model definitions."""
 from __future__ import annotations
 
-from pydtnn_lite.layers import BatchNorm, Conv2D
+from pydtnn_lite.layers import BatchNorm, Conv2D, MaxPool2D, ReLU
 from pydtnn_lite.network import Network
 
 IMAGENET_MIN_SIDE = 64
@@ -24,3 +24,29 @@ def bn_relu_conv(net: Network, source: int, filters: int, kernel: int, padding: 
     """Pre-activation order (DenseNet): BatchNorm with the ReLU fused in + Conv; returns the last index."""
     index = net.add(BatchNorm(activation="relu"), source)
     return net.add(Conv2D(filters, kernel, padding=padding, use_bias=False), index)
+
+
+def pool_then_relu(net: Network, pool: MaxPool2D) -> int:
+    """A convolution's ReLU and the max pool after it, the pool first; returns the last index.
+
+    The maximum of rectified values is the rectified maximum, and the gradient reaches the
+    same input element (or none), bit for bit: the ReLU then passes over the pool's output,
+    a quarter of its input for a 2x2/2 pool. On VGG11's five pooled layers at batch 64 the
+    four kernels take 31 ms a step instead of 48 (docs/performance.md).
+    """
+    net.add(pool)
+    return net.add(ReLU())
+
+
+def relu_before_pools(network: Network) -> Network:
+    """An unbuilt copy of ``network`` with each pool - ReLU pair of :func:`pool_then_relu`
+    in the textbook order, ReLU first: what it replaces, for the tests and
+    ``benchmarks/pool_relu_order.py``. For a chain of layers (no shortcuts)."""
+    layers = list(network.layers)
+    for index in range(len(layers) - 1):
+        if isinstance(layers[index], MaxPool2D) and isinstance(layers[index + 1], ReLU):
+            layers[index], layers[index + 1] = layers[index + 1], layers[index]
+    textbook = Network(network.name, network.input_shape, network.num_classes)
+    for layer in layers:
+        textbook.add(layer)
+    return textbook

@@ -2,16 +2,17 @@
 from __future__ import annotations
 
 from pydtnn_lite.layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU
+from pydtnn_lite.models.blocks import pool_then_relu
 from pydtnn_lite.network import Network
 
 
 def lenet(input_shape: tuple, num_classes: int) -> Network:
-    """conv5(6)-pool-conv5(16)-pool-120-84-classes, ReLU activations."""
+    """conv5(6)-pool-conv5(16)-pool-120-84-classes, ReLU activations (a pool's before it:
+    :func:`pool_then_relu`)."""
     net = Network("lenet", input_shape, num_classes)
     for filters in (6, 16):
         net.add(Conv2D(filters, 5, padding=2))
-        net.add(ReLU())
-        net.add(MaxPool2D(2))
+        pool_then_relu(net, MaxPool2D(2))
     net.add(Flatten())
     for units in (120, 84):
         net.add(Dense(units))

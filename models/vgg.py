@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pydtnn_lite.layers import Conv2D, Dense, Dropout, Flatten, MaxPool2D, ReLU
-from pydtnn_lite.models.blocks import is_imagenet_sized
+from pydtnn_lite.models.blocks import is_imagenet_sized, pool_then_relu
 from pydtnn_lite.network import Network
 
 POOL = "M"
@@ -14,14 +14,17 @@ CONFIGS = {
 
 
 def _vgg(name: str, input_shape: tuple, num_classes: int) -> Network:
-    """3x3 conv + ReLU stacks and 2x2 max pools; CIFAR head 512 -> classes, ImageNet head 4096-4096."""
+    """3x3 conv + ReLU stacks and 2x2 max pools (the ReLU before a pool runs after it:
+    :func:`pool_then_relu`); CIFAR head 512 -> classes, ImageNet head 4096-4096."""
     net = Network(name, input_shape, num_classes)
-    for item in CONFIGS[name]:
+    config = CONFIGS[name]
+    for index, item in enumerate(config):
         if item == POOL:
-            net.add(MaxPool2D(2))
+            pool_then_relu(net, MaxPool2D(2))
         else:
             net.add(Conv2D(item, 3, padding=1))
-            net.add(ReLU())
+            if config[index + 1] != POOL:
+                net.add(ReLU())
     net.add(Flatten())
     if is_imagenet_sized(input_shape):
         for _ in range(2):

@@ -157,6 +157,16 @@ def test_host_kernels_benchmark_times_both_kernel_sets():
     assert "1 threads, adam" in result.stdout
 
 
+def test_pool_relu_order_benchmark_times_both_orders():
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "pool_relu_order.py"), "--model", "lenet",
+                             "--dataset", "digits", "--batch-size", "8", "--steps", "1", "--threads", "1"],
+                            capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for order in ("relu first", "pool first"):
+        assert re.search(rf"{order}: step [\d.]+ ms, of which ReLU and max pooling [\d.]+ ms", result.stdout)
+    assert re.search(r"pool first against relu first: step [\d.]+x, ReLU and max pooling [\d.]+x", result.stdout)
+
+
 def test_allreduce_benchmark_times_between_the_samples():
     mib = 1 << 20
     # The geometric middles of neighbouring samples (whole KiB), and the earlier 1.5 .. 96 MiB within range.

@@ -9,7 +9,9 @@ import pytest
 from pydtnn_lite.backend import BackendError, gpu_available, make_backend
 from pydtnn_lite.comm.gradients import plan_buckets
 from pydtnn_lite.data import EpochSampler, open_dataset, partition
+from pydtnn_lite.layers import MaxPool2D, StepContext
 from pydtnn_lite.models import create_model, model_names
+from pydtnn_lite.models.blocks import relu_before_pools
 from pydtnn_lite.optim import SGD, LearningRateSchedule
 from pydtnn_lite.training import TrainerSettings, build_trainer
 
@@ -90,6 +92,26 @@ def test_every_model_has_the_parameters_of_its_reference_architecture():
     assert sorted(expected) == sorted(model_names())
     for name in model_names():
         assert create_model(name, (32, 32, 3), 10).build(make_backend()).param_count == expected[name], name
+
+
+@pytest.mark.parametrize("name,shape", [("vgg11", (32, 32, 3)), ("alexnet", (32, 32, 3)), ("lenet", (8, 8, 1))])
+def test_pooling_before_the_relu_changes_nothing_bit_for_bit(name, shape):
+    """The zoo runs a ReLU that precedes a max pool after it (a quarter of the values to pass
+    over): logits and every gradient equal those of conv - ReLU - pool exactly, ties and
+    windows of negative values included (AlexNet's windows overlap)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, *shape))
+    x[0, : shape[0] // 2] = -1.0  # whole windows of equal, negative inputs
+    grad_logits = rng.standard_normal((3, 10))
+    results = []
+    for network in (create_model(name, shape, 10), relu_before_pools(create_model(name, shape, 10))):
+        built = network.build(make_backend("cpu", "float64"), seed=1)
+        logits = built.forward(x, StepContext(training=False, global_batch=3))
+        built.backward(grad_logits.copy())
+        results.append((logits, built.flat_grads.copy()))
+    assert [type(layer) for layer in create_model(name, shape, 10).layers].count(MaxPool2D) >= 2
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
 
 
 def test_without_a_gpu_auto_means_cpu_and_gpu_fails_clearly():
