@@ -59,10 +59,11 @@ def call_seconds(comm: MPICommunicator, nbytes: int, budget: float, min_calls: i
                  evict: Callable[[], None], reduce: Reduction | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Seconds of in-place Allreduce calls of ``nbytes`` on ``comm`` (every rank of it calls
     this), or of ``reduce`` in its place: after one untimed warm-up, as many calls as fit
-    in ``budget`` seconds, within ``min_calls`` and ``max_calls``. Each call starts after ``evict()`` and a barrier and
-    lasts until the slowest rank is done. Returned with the CPU seconds each call took on
-    the calling threads (the mean over the ranks): where ranks time-share cores, what a
-    reduction takes from the ranks that compute while it runs."""
+    in ``budget`` seconds, within ``min_calls`` and ``max_calls``. Each call starts after
+    ``evict()`` and a barrier and lasts until the slowest rank is done. Returned with the
+    CPU seconds each call took on the calling threads (the mean over the ranks): where
+    ranks time-share cores, what a reduction takes from the ranks that compute while it
+    runs."""
     reduce = reduce or comm.allreduce_bare
     buffer = np.zeros(max(nbytes // 4, 1), dtype=np.float32)  # zeros stay zeros: no overflow, no denormals
     started = time.perf_counter()
