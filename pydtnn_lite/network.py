@@ -250,15 +250,17 @@ class Network:
                 has_grad.add(source)
         return out
 
-    def flops_per_sample(self, stage: str = Stage.FP) -> float:
-        """FLOPs of one sample through the given stage."""
-        return sum(cost.flops for _, cost in self.costs(1) if cost.stage == stage)
+    def flops_per_sample(self, stage: Stage = Stage.FP) -> float:
+        """FLOPs of one sample through the given stage, counted as the textbook computation
+        counts them (:meth:`Layer.direct_flops`): a Winograd convolution's as its patch matrix's."""
+        accumulation = sum(cost.flops for _, cost in self._accumulation_costs(1) if cost.stage == stage)
+        return sum(layer.direct_flops(1, stage) for layer in self.layers) + accumulation
 
     def summary(self) -> str:
         """A table of layers, output shapes, parameters and forward FLOPs per sample."""
         rows = []
         for layer, sources in zip(self.layers, self.inputs, strict=True):
-            fp = sum(c.flops for c in layer.costs(1) if c.stage == Stage.FP) / 1e6
+            fp = layer.direct_flops(1, Stage.FP) / 1e6
             src = ",".join("in" if s == self.INPUT else str(s) for s in sources)
             rows.append((layer.index, layer.name, src, layer.output_shape, f"{layer.param_count:,}", f"{fp:.2f}",
                          layer.describe()))

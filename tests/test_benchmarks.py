@@ -168,6 +168,16 @@ def test_pool_relu_order_benchmark_times_both_orders():
     assert re.search(r"pool first against relu first: step [\d.]+x, ReLU and max pooling [\d.]+x", result.stdout)
 
 
+def test_conv_forms_benchmark_times_winograd_against_the_patch_matrix():
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "conv_forms.py"), "--model", "vgg11",
+                             "--batch-size", "2", "--steps", "1", "--threads", "1"],
+                            capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for form in ("patch matrix", "winograd"):
+        assert re.search(rf"{form}: step [\d.]+ ms, of which convolution kernels [\d.]+ ms", result.stdout)
+    assert re.search(r"winograd against patch matrix: step [\d.]+x, convolution kernels [\d.]+x", result.stdout)
+
+
 def test_allreduce_benchmark_times_between_the_samples():
     mib = 1 << 20
     # The geometric middles of neighbouring samples (whole KiB), and the earlier 1.5 .. 96 MiB within range.

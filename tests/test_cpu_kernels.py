@@ -7,7 +7,7 @@ import pytest
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import make_backend
-from pydtnn_lite.kernels import conv, cpu, elementwise, normalization, pooling, update
+from pydtnn_lite.kernels import conv, cpu, elementwise, normalization, pooling, update, winograd, winograd_cpu
 from pydtnn_lite.layers import Dense
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Adam
@@ -32,6 +32,41 @@ def test_im2col_and_col2im_match_numpy(dtype, shape, kernel, stride, padding):
     np.testing.assert_allclose(cpu.col2im(grad_cols, shape, kernel, kernel, stride, padding),
                                conv.col2im(grad_cols, shape, kernel, kernel, stride, padding),
                                rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,padding", [((2, 8, 8, 3), 1), ((3, 7, 6, 5), 1), ((2, 9, 7, 4), 0), ((1, 6, 5, 2), 2)])
+def test_winograd_transforms_match_numpy(dtype, shape, padding):
+    """Whole and partial tiles (outputs of 8x8, 7x6, 7x5 and 8x7 pixels), with 0-2 pixels of padding."""
+    n, h, w, c = shape
+    out_h, out_w = h + 2 * padding - 2, w + 2 * padding - 2
+    tiles_h, tiles_w = winograd.tile_counts(out_h, out_w)
+    x = normal(shape, dtype)
+    tiles = winograd_cpu.input_tiles(x, padding, tiles_h, tiles_w)
+    np.testing.assert_allclose(tiles, winograd.input_tiles(x, padding, tiles_h, tiles_w),
+                               rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    np.testing.assert_allclose(winograd_cpu.input_tiles_grad(tiles, shape, padding),
+                               winograd.input_tiles_grad(tiles, shape, padding),
+                               rtol=TOLERANCE[dtype], atol=100 * TOLERANCE[dtype])
+    products = normal(tiles.shape[:2] + (3,), dtype, seed=1)
+    out_shape = (n, out_h, out_w, 3)
+    np.testing.assert_allclose(winograd_cpu.output_tiles(products, out_shape),
+                               winograd.output_tiles(products, out_shape), rtol=TOLERANCE[dtype],
+                               atol=10 * TOLERANCE[dtype])
+    grad_out = normal(out_shape, dtype, seed=2)
+    np.testing.assert_allclose(winograd_cpu.output_tiles_grad(grad_out), winograd.output_tiles_grad(grad_out),
+                               rtol=TOLERANCE[dtype], atol=10 * TOLERANCE[dtype])
+
+
+def test_winograd_transforms_are_each_others_adjoints():
+    """<input_tiles(x), v> = <x, input_tiles_grad(v)> and likewise for the output transform:
+    what makes the backward pass the gradient of the forward one."""
+    x, tiles_grad = normal((2, 7, 6, 3), np.float64), normal((8, 36, 3), np.float64, seed=1)
+    assert np.vdot(winograd_cpu.input_tiles(x, 1, 2, 2), tiles_grad) == pytest.approx(
+        np.vdot(x, winograd_cpu.input_tiles_grad(tiles_grad, x.shape, 1)), rel=1e-12)
+    products, grad_out = normal((8, 36, 3), np.float64, seed=2), normal((2, 7, 6, 3), np.float64, seed=3)
+    assert np.vdot(winograd_cpu.output_tiles(products, grad_out.shape), grad_out) == pytest.approx(
+        np.vdot(products, winograd_cpu.output_tiles_grad(grad_out)), rel=1e-12)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -20,6 +20,7 @@ from pydtnn_lite.layers import (
     SoftmaxCrossEntropy,
     StepContext,
 )
+from pydtnn_lite.layers import conv as conv_module
 from pydtnn_lite.models import create_model
 
 from helpers import (
@@ -67,7 +68,16 @@ def test_conv2d_in_its_transposed_form(padding, kernel):
     """Fewer filters than input channels at stride 1: the transposed convolution of the turned kernel."""
     conv = Conv2D(2, kernel, padding=padding)
     check_layer(conv, [(7, 6, 5)])
-    assert conv.transposed_form
+    assert conv.form == "transposed"
+
+
+@pytest.mark.parametrize("padding,shape", [(1, (7, 6, 3)), (0, (8, 9, 2)), (2, (5, 6, 3))])
+def test_conv2d_in_its_winograd_form(padding, shape, monkeypatch):
+    """Whole and partial 4x4 tiles; the channel threshold lowered so that a small layer takes the form."""
+    monkeypatch.setattr(conv_module, "WINOGRAD_MIN_CHANNELS", 1)
+    conv = Conv2D(4, 3, padding=padding)
+    check_layer(conv, [shape])
+    assert conv.form == "winograd"
 
 
 def test_conv2d_without_bias():

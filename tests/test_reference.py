@@ -8,6 +8,7 @@ from pydtnn_lite import kernels
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.kernels.normalization import shifted_sums
 from pydtnn_lite.layers import AvgPool2D, BatchNorm, Conv2D, Dense, MaxPool2D, SoftmaxCrossEntropy, StepContext
+from pydtnn_lite.layers import conv as conv_module
 
 from helpers import FLOAT64
 
@@ -61,11 +62,47 @@ def test_conv_in_its_transposed_form_matches_direct_convolution(kernel, pad):
     """Fewer filters than channels at stride 1: computed as a transposed convolution."""
     rng = np.random.default_rng(3)
     conv = build(Conv2D(2, kernel, padding=pad), (7, 6, 5))
-    assert conv.transposed_form
+    assert conv.form == "transposed"
     conv.params["bias"][...] = rng.normal(size=2)
     x = rng.normal(size=(2, 7, 6, 5))
     expected = naive_conv(x, conv.params["weight"], conv.params["bias"], 1, pad)
     np.testing.assert_allclose(conv.forward(x, ctx=CTX), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("pad", [0, 1, 2])
+def test_conv_in_its_winograd_form_matches_direct_convolution(pad, monkeypatch):
+    monkeypatch.setattr(conv_module, "WINOGRAD_MIN_CHANNELS", 1)
+    rng = np.random.default_rng(4)
+    conv = build(Conv2D(4, 3, padding=pad), (9, 7, 3))
+    assert conv.form == "winograd"
+    conv.params["bias"][...] = rng.normal(size=4)
+    x = rng.normal(size=(2, 9, 7, 3))
+    expected = naive_conv(x, conv.params["weight"], conv.params["bias"], 1, pad)
+    np.testing.assert_allclose(conv.forward(x, ctx=CTX), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_winograd_in_float32_stays_near_the_direct_convolution():
+    """A ResNet-sized layer: the transforms cost float32 about 1e-5 of the output's scale."""
+    rng = np.random.default_rng(5)
+    conv = Conv2D(64, 3, padding=1)
+    conv.build([(8, 8, 64)], make_backend("cpu", "float32"), rng)
+    assert conv.form == "winograd"
+    x = rng.normal(size=(2, 8, 8, 64)).astype(np.float32)
+    expected = naive_conv(x.astype(np.float64), conv.params["weight"].astype(np.float64),
+                          conv.params["bias"].astype(np.float64), 1, 1)
+    assert np.abs(conv.forward(x, ctx=CTX) - expected).max() <= 1e-4 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("input_shape,filters,winograd,form", [
+    ((32, 32, 64), 64, True, "winograd"),  # ResNet's first blocks
+    ((4, 4, 512), 512, True, "winograd"),  # one whole tile
+    ((2, 2, 512), 512, True, "direct"),  # VGG's last maps: a partial tile only
+    ((32, 32, 32), 32, True, "direct"),  # too few channels for the transforms to pay
+    ((32, 32, 128), 32, True, "transposed"),  # DenseNet's bottlenecked 3x3
+    ((32, 32, 64), 64, False, "direct"),
+])
+def test_the_layer_chooses_its_form_by_its_shape(input_shape, filters, winograd, form):
+    assert build(Conv2D(filters, 3, padding=1, winograd=winograd), input_shape).form == form
 
 
 @pytest.mark.parametrize("size,stride,pad", [(2, 2, 0), (3, 2, 1), (3, 1, 0)])

@@ -103,6 +103,13 @@ class Layer:
         """FLOPs and bytes of the FP and BP kernels for a batch of ``batch`` samples."""
         return []
 
+    def direct_flops(self, batch: int, stage: Stage) -> float:
+        """The FLOPs of ``stage`` for ``batch`` samples as the textbook computation counts
+        them: the convention of published model sizes. A layer whose kernels do less work
+        for the same result (a Winograd convolution) counts the textbook's; :meth:`costs`
+        holds what its kernels do."""
+        return sum(cost.flops for cost in self.costs(batch) if cost.stage == stage)
+
     @property
     def param_count(self) -> int:
         return sum(int(np.prod(p.shape)) for p in self.params.values())

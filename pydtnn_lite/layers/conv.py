@@ -1,4 +1,5 @@
-"""2-D convolution as im2col followed by one GEMM over the whole batch (narrow stride-1 layers: its transposed form)."""
+"""2-D convolution as im2col followed by one GEMM over the whole batch; 3x3 stride-1 layers
+by Winograd's F(4x4, 3x3), narrow stride-1 layers in the transposed form."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -7,11 +8,23 @@ from typing import Any
 import numpy as np
 
 from pydtnn_lite import kernels
-from pydtnn_lite.backend import Backend
+from pydtnn_lite.backend import Backend, array_module
 from pydtnn_lite.costs import KernelCost, Stage
 from pydtnn_lite.initializers import get_initializer
 from pydtnn_lite.kernels.conv import output_size
+from pydtnn_lite.kernels.winograd import (
+    FILTER_TRANSFORM,
+    INPUT_TRANSFORM_FLOPS,
+    OUTPUT_TRANSFORM_FLOPS,
+    POINTS,
+    TILE,
+    tile_counts,
+)
 from pydtnn_lite.layers.base import Layer, Shape, StepContext, gemm_layer_costs
+
+# Below 64 channels the tile transforms' passes over memory cost more than the products save
+# (a 32x32 map of 16 channels: 1.09x the patch matrix's time; of 64: 0.84x).
+WINOGRAD_MIN_CHANNELS = 64
 
 
 class Conv2D(Layer):
@@ -21,23 +34,35 @@ class Conv2D(Layer):
     Backward: ``dW = cols^T @ dy``, ``db = sum(dy)``, ``dx = col2im(dy @ W^T)``; the last
     two kernels are skipped when no earlier layer needs the input gradient.
 
-    With stride 1, a window wider than one pixel and fewer filters than input channels
-    (DenseNet's 3x3 convolutions: 128 channels in, 32 out), the layer runs in its
-    *transposed form*, whose every matrix is KH*KW*C_out wide instead of KH*KW*C_in: a
-    stride-1 convolution is the transposed convolution of its kernel turned half a turn
-    in the window, channel axes swapped (``W'``, a (KH*KW*C_out, C_in) matrix), with
-    padding ``KH-1-pad``. So
-    ``y = col2im(x @ W'^T)``, ``G = im2col(dy)``, ``dW' = x^T @ G``, ``dx = G @ W'``,
-    all with padding ``KH-1-pad``; the layer keeps ``x`` for the backward instead of a
-    patch matrix KH*KW times its size. On DenseNet121's first block the forward runs 2x
-    faster and the backward 1.5x (docs/performance.md).
+    Two other forms do the same work with less (``form``, set at build; otherwise
+    ``"direct"``):
+
+    - *Transposed* (``"transposed"``): stride 1, a window wider than one pixel and fewer
+      filters than input channels (DenseNet's 3x3 convolutions: 128 channels in, 32 out).
+      A stride-1 convolution is the transposed convolution of its kernel turned half a
+      turn in the window, channel axes swapped (``W'``, a (KH*KW*C_out, C_in) matrix),
+      with padding ``KH-1-pad``. So ``y = col2im(x @ W'^T)``, ``G = im2col(dy)``,
+      ``dW' = x^T @ G``, ``dx = G @ W'``, all with padding ``KH-1-pad``: every matrix is
+      KH*KW*C_out wide instead of KH*KW*C_in, and the layer keeps ``x`` for the backward
+      instead of a patch matrix KH*KW times its size.
+    - *Winograd* (``"winograd"``): otherwise a 3x3 stride-1 layer with at least
+      :data:`WINOGRAD_MIN_CHANNELS` input channels and an output of one whole 4x4 tile or
+      more (ResNet's and VGG's 3x3 convolutions but the first). Winograd's minimal
+      filtering F(4x4, 3x3) computes each 4x4 output tile from the 6x6 input block around
+      it with 36 products per (tile, channel, filter) where the patch matrix takes 144:
+      36 GEMMs of (tiles, C) by (C, K) between transforms of the tiles
+      (:mod:`~pydtnn_lite.kernels.winograd`). The backward pass runs the transforms'
+      adjoints, so the gradients are those of the same computation; the layer keeps the
+      transformed input tiles (2.25x the input) instead of a patch matrix (9x).
+      ``winograd=False`` keeps such a layer on the patch matrix.
     """
 
     kind = "conv"
 
     def __init__(self, filters: int, kernel_size: int, stride: int = 1, padding: int = 0,
-                 use_bias: bool = True, init: str = "he") -> None:
+                 use_bias: bool = True, init: str = "he", winograd: bool = True) -> None:
         super().__init__()
+        self.winograd = winograd  # False: the patch matrix (or the transposed form) even where Winograd applies
         self.filters, self.kernel_size, self.stride, self.padding = filters, kernel_size, stride, padding
         self.use_bias = use_bias
         self.initializer = get_initializer(init)
@@ -53,7 +78,14 @@ class Conv2D(Layer):
             self.initializer(rng, shape, fan_in=k * k * channels, fan_out=k * k * self.filters))
         if self.use_bias:
             self.params["bias"] = backend.xp.zeros(self.filters, dtype=backend.dtype)
-        self.transposed_form = self.stride == 1 and k > 1 and self.filters < channels
+        if self.stride == 1 and k > 1 and self.filters < channels:
+            self.form = "transposed"
+        elif (self.winograd and k == 3 and self.stride == 1 and channels >= WINOGRAD_MIN_CHANNELS
+              and min(ho, wo) >= TILE):
+            self.form = "winograd"
+            self.filter_transform = backend.asarray(FILTER_TRANSFORM)
+        else:
+            self.form = "direct"
         return (ho, wo, self.filters)
 
     def _weight_matrix(self, array: Any) -> Any:
@@ -72,7 +104,9 @@ class Conv2D(Layer):
         k = self.kernel_size
         self.x_shape = x.shape
         out_shape = (x.shape[0],) + self.output_shape
-        if self.transposed_form:
+        if self.form == "winograd":
+            out = self._winograd_forward(x, out_shape)
+        elif self.form == "transposed":
             self.x = x
             spread = kernels.gemm(x.reshape(-1, x.shape[-1]), self._turned_weight_matrix(), trans_b=True)
             out = kernels.col2im(spread, out_shape, k, k, 1, self._turned_padding())
@@ -84,8 +118,10 @@ class Conv2D(Layer):
         return out.reshape(out_shape)
 
     def backward(self, grad_out: Any) -> Any:
-        grad_in = self._transposed_backward(grad_out) if self.transposed_form else self._backward(grad_out)
-        self.cols = self.x = None
+        backward = {"winograd": self._winograd_backward, "transposed": self._transposed_backward,
+                    "direct": self._backward}[self.form]
+        grad_in = backward(grad_out)
+        self.cols = self.x = self.tiles = self.tile_filters = None
         return grad_in
 
     def _bias_grad(self, grad_rows: Any) -> None:
@@ -114,14 +150,49 @@ class Conv2D(Layer):
             return None
         return kernels.gemm(grad_patches, self._turned_weight_matrix()).reshape(self.x_shape)
 
+    def _winograd_forward(self, x: Any, out_shape: tuple) -> Any:
+        tiles = kernels.winograd_input(x, self.padding, *tile_counts(*out_shape[1:3]))
+        tile_filters = kernels.gemm(self.filter_transform, self.params["weight"].reshape(9, -1))
+        tile_filters = tile_filters.reshape(POINTS, x.shape[-1], self.filters)
+        products = array_module(x).empty(tiles.shape[:2] + (self.filters,), dtype=x.dtype)
+        for point in range(POINTS):
+            kernels.gemm(tiles[:, point], tile_filters[point], out=products[:, point])
+        self.tiles, self.tile_filters = tiles, tile_filters
+        return kernels.winograd_output(products, out_shape)
+
+    def _winograd_backward(self, grad_out: Any) -> Any:
+        xp = array_module(grad_out)
+        product_grads = kernels.winograd_output_grad(grad_out)
+        filter_grads = xp.empty_like(self.tile_filters)
+        for point in range(POINTS):
+            kernels.gemm(self.tiles[:, point], product_grads[:, point], trans_a=True, out=filter_grads[point])
+        kernels.gemm(self.filter_transform, filter_grads.reshape(POINTS, -1), trans_a=True,
+                     out=self.grads["weight"].reshape(9, -1))
+        self._bias_grad(grad_out.reshape(-1, self.filters))
+        if not self.needs_input_grad:
+            return None
+        tile_grads = xp.empty_like(self.tiles)
+        for point in range(POINTS):
+            kernels.gemm(product_grads[:, point], self.tile_filters[point], trans_b=True, out=tile_grads[:, point])
+        return kernels.winograd_input_grad(tile_grads, self.x_shape, self.padding)
+
     def gemm_dims(self, batch: int) -> tuple[int, int, int]:
         """(M, N, K) of the forward GEMM: output pixels, filters, patch length."""
         ho, wo, _ = self.output_shape
         return batch * ho * wo, self.filters, self.kernel_size ** 2 * self.input_shapes[0][2]
 
     def costs(self, batch: int) -> list[KernelCost]:
-        if self.transposed_form:
+        if self.form == "winograd":
+            return self._winograd_costs(batch)
+        if self.form == "transposed":
             return self._transposed_costs(batch)
+        return self._direct_costs(batch)
+
+    def direct_flops(self, batch: int, stage: Stage) -> float:
+        """The FLOPs of ``stage`` as the patch matrix computes the convolution, whatever the form."""
+        return sum(cost.flops for cost in self._direct_costs(batch) if cost.stage == stage)
+
+    def _direct_costs(self, batch: int) -> list[KernelCost]:
         m, n, k = self.gemm_dims(batch)
         s = self.itemsize
         x_bytes = self.elements(batch, self.input_shapes[0]) * s
@@ -156,6 +227,44 @@ class Conv2D(Layer):
             out.append(KernelCost(Stage.BP, "bias_grad", m * n, (m * n + n) * s, (m, n)))
         if self.needs_input_grad:
             out.append(KernelCost(Stage.BP, "gemm", 2.0 * rows * q * channels, gemm_bytes, (rows, channels, q, 0, 0)))
+        return out
+
+    def _winograd_costs(self, batch: int) -> list[KernelCost]:
+        """The Winograd form's kernels, with ``T`` tiles of the batch: the tile transforms,
+        the filters' transform and its adjoint (one GEMM each, (36, 9) by (9, C*K)), and the
+        36 GEMMs of each product (``point_gemms``)."""
+        h, w, channels = self.input_shapes[0]
+        out_h, out_w, filters = self.output_shape
+        tiles_h, tiles_w = tile_counts(out_h, out_w)
+        tiles, s = batch * tiles_h * tiles_w, self.itemsize
+        x_bytes, y_bytes = batch * h * w * channels * s, batch * out_h * out_w * filters * s
+        padded_bytes = batch * (4 * tiles_h + 2) * (4 * tiles_w + 2) * channels * s
+        tiles_in, tiles_out = tiles * POINTS * channels * s, tiles * POINTS * filters * s
+        weights = channels * filters
+        filter_bytes = (POINTS * 9 + 9 * weights + POINTS * weights) * s
+
+        def point_gemms(stage: Stage, dims: tuple) -> list[KernelCost]:
+            return [KernelCost(stage, "gemm", 2.0 * tiles * weights, (tiles * (channels + filters) + weights) * s,
+                               dims)] * POINTS
+
+        out = [KernelCost(Stage.FP, "winograd_input", INPUT_TRANSFORM_FLOPS * tiles * channels,
+                          x_bytes + 2 * padded_bytes + tiles_in, (tiles, channels)),
+               KernelCost(Stage.FP, "gemm", 2.0 * POINTS * 9 * weights, filter_bytes, (POINTS, weights, 9, 0, 0)),
+               *point_gemms(Stage.FP, (tiles, filters, channels, 0, 0)),
+               KernelCost(Stage.FP, "winograd_output", OUTPUT_TRANSFORM_FLOPS * tiles * filters,
+                          tiles_out + y_bytes, (tiles, filters))]
+        if self.use_bias:
+            m = batch * out_h * out_w
+            out.append(KernelCost(Stage.FP, "bias_add", m * filters, 2 * m * filters * s, (m, filters)))
+            out.append(KernelCost(Stage.BP, "bias_grad", m * filters, (m * filters + filters) * s, (m, filters)))
+        out += [KernelCost(Stage.BP, "winograd_output_grad", OUTPUT_TRANSFORM_FLOPS * tiles * filters,
+                           y_bytes + tiles_out, (tiles, filters)),
+                *point_gemms(Stage.BP, (channels, filters, tiles, 1, 0)),
+                KernelCost(Stage.BP, "gemm", 2.0 * POINTS * 9 * weights, filter_bytes, (9, weights, POINTS, 1, 0))]
+        if self.needs_input_grad:
+            out += [*point_gemms(Stage.BP, (tiles, channels, filters, 0, 1)),
+                    KernelCost(Stage.BP, "winograd_input_grad", INPUT_TRANSFORM_FLOPS * tiles * channels,
+                               tiles_in + 2 * padded_bytes + x_bytes, (tiles, channels))]
         return out
 
     def describe(self) -> str:

@@ -1,0 +1,65 @@
+"""Training step time with Winograd's F(4x4, 3x3) against the patch matrix for the 3x3 stride-1 convolutions.
+
+    python benchmarks/conv_forms.py [--model resnet18] [--batch-size 64] [--threads 2] [--steps 8]
+
+Two trainers of the same network and weights, one as the layers choose their form (the
+Winograd form for 3x3 stride-1 convolutions of 16 channels and filters or more), one with
+Winograd turned off (``Conv2D(winograd=False)``: the patch matrix, or the transposed form
+for fewer filters than channels); their steps on one fixed batch alternate, so a shared
+machine's load hits both alike. Prints each median step time, the time inside the
+convolutions' kernels (products, patch copies, tile transforms), and the ratios.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from pydtnn_lite.comm import SerialCommunicator
+from pydtnn_lite.layers import Conv2D
+from pydtnn_lite.network import Network
+from pydtnn_lite.runtime import set_blas_threads
+from pydtnn_lite.training import Trainer
+
+from common import interleave, kernel_timed_step, make_trainer, model_parser
+
+CONVOLUTION_KERNELS = ("gemm", "im2col", "col2im", "winograd_input", "winograd_output", "winograd_output_grad",
+                       "winograd_input_grad")
+
+
+def without_winograd(network: Network) -> Network:
+    """``network`` (unbuilt) with every convolution's Winograd form turned off."""
+    for layer in network.layers:
+        if isinstance(layer, Conv2D):
+            layer.winograd = False
+    return network
+
+
+def main() -> None:
+    parser = model_parser(__doc__)
+    parser.set_defaults(model="resnet18")
+    parser.add_argument("--steps", type=int, default=8)
+    args = parser.parse_args()
+    set_blas_threads(args.threads)
+
+    def variant(name: str, trainer: Trainer) -> Callable[[], dict[str, float]]:
+        return kernel_timed_step(name, trainer, trainer.load_step(0, 0),
+                                 lambda entry, kernel: kernel if entry in CONVOLUTION_KERNELS else None)
+
+    def trainer(arrange: Callable[[Network], Network] = lambda network: network) -> Trainer:
+        return make_trainer(args.model, args.dataset, args.batch_size, SerialCommunicator(), arrange=arrange)
+
+    samples = interleave([variant("winograd", trainer()), variant("patch matrix", trainer(without_winograd))],
+                         rounds=args.steps, warmup=2)
+    median = {name: float(np.median(values)) for name, values in samples.items()}
+    print(f"{args.model} on {args.dataset}, batch {args.batch_size}, {args.threads} threads "
+          f"(medians of {args.steps} steps each, interleaved)")
+    for name in ("patch matrix", "winograd"):
+        print(f"{name}: step {median[name] * 1e3:.1f} ms, of which convolution kernels "
+              f"{median[name + ' kernels'] * 1e3:.1f} ms")
+    print(f"winograd against patch matrix: step {median['winograd'] / median['patch matrix']:.3f}x, "
+          f"convolution kernels {median['winograd kernels'] / median['patch matrix kernels']:.3f}x")
+
+
+if __name__ == "__main__":
+    main()
