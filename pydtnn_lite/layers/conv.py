@@ -63,6 +63,8 @@ class Conv2D(Layer):
                  use_bias: bool = True, init: str = "he", winograd: bool = True) -> None:
         super().__init__()
         self.winograd = winograd  # False: the patch matrix (or the transposed form) even where Winograd applies
+        self.tiles: Any = None  # the Winograd form's transformed input tiles, kept for the backward
+        self.tile_filters: Any = None  # and its transformed filters
         self.filters, self.kernel_size, self.stride, self.padding = filters, kernel_size, stride, padding
         self.use_bias = use_bias
         self.initializer = get_initializer(init)
