@@ -16,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from pydtnn_lite.kernels import winograd
 from pydtnn_lite.kernels.cpu import ParallelLoop
 from pydtnn_lite.kernels.winograd import POINTS, SPAN, TILE, tile_counts
 
@@ -81,21 +80,30 @@ def _tile_origin(t, tiles_h, tiles_w):  # pragma: no cover (compiled)
 
 
 @ParallelLoop
-def _input_tiles(padded, tiles_h, tiles_w, tiles):  # pragma: no cover (compiled)
-    n, _, _, c = padded.shape
+def _input_tiles(x, tiles_h, tiles_w, padding, tiles):  # pragma: no cover (compiled)
+    # Block pixels in the padding read as zeros: a block row wholly outside transforms to
+    # zeros, one partly outside is copied into a zeroed row first.
+    n, h, w, c = x.shape
     for t in prange(n * tiles_h * tiles_w):
         image, y0, x0 = _tile_origin(t, tiles_h, tiles_w)
-        across = np.empty((SPAN, SPAN, c), dtype=padded.dtype)  # [block row, transformed column]
-        for i in range(SPAN):
-            _b_t(padded[image, y0 + i, x0:x0 + SPAN], across[i])
+        y0, x0 = y0 - padding, x0 - padding
+        across = np.zeros((SPAN, SPAN, c), dtype=x.dtype)  # [block row, transformed column]
+        inside = max(0, -x0), min(SPAN, w - x0)
+        edge = np.zeros((SPAN, c), dtype=x.dtype)
+        for i in range(max(0, -y0), min(SPAN, h - y0)):
+            if inside == (0, SPAN):
+                _b_t(x[image, y0 + i, x0:x0 + SPAN], across[i])
+                continue
+            edge[inside[0]:inside[1]] = x[image, y0 + i, x0 + inside[0]:x0 + inside[1]]
+            _b_t(edge, across[i])
         for b in range(SPAN):
             _b_t(across[:, b], tiles[t, b::SPAN])
 
 
 def input_tiles(x: np.ndarray, padding: int, tiles_h: int, tiles_w: int) -> np.ndarray:
-    """:func:`~pydtnn_lite.kernels.winograd.input_tiles`."""
+    """:func:`~pydtnn_lite.kernels.winograd.input_tiles`, the padding never materialised."""
     tiles = np.empty((x.shape[0] * tiles_h * tiles_w, POINTS, x.shape[3]), dtype=x.dtype)
-    _input_tiles(winograd.padded_input(x, padding, tiles_h, tiles_w), tiles_h, tiles_w, tiles)
+    _input_tiles(np.ascontiguousarray(x), tiles_h, tiles_w, padding, tiles)
     return tiles
 
 
@@ -151,35 +159,35 @@ def output_tiles_grad(grad_out: np.ndarray) -> np.ndarray:
 
 
 @ParallelLoop
-def _input_tiles_grad(tile_grads, tiles_h, tiles_w, parity, padded):  # pragma: no cover (compiled)
+def _input_tiles_grad(tile_grads, tiles_h, tiles_w, padding, parity, grad):  # pragma: no cover (compiled)
     # A task is one row of tiles, added left to right; rows of one parity never overlap
     # (a block is 6 rows high, its neighbour below starts 4 rows down), so no two threads
-    # add to one element.
-    n, _, _, c = padded.shape
+    # add to one element. Block pixels in the padding are dropped.
+    n, h, w, c = grad.shape
     rows_of_parity = (tiles_h - parity + 1) // 2
     for task in prange(n * rows_of_parity):
         image, tile_row = task // rows_of_parity, 2 * (task % rows_of_parity) + parity
-        y0 = tile_row * TILE
-        down = np.empty((SPAN, SPAN, c), dtype=padded.dtype)  # [block row, transformed column]
-        row = np.empty((SPAN, c), dtype=padded.dtype)
+        y0 = tile_row * TILE - padding
+        down = np.empty((SPAN, SPAN, c), dtype=grad.dtype)  # [block row, transformed column]
+        row = np.empty((SPAN, c), dtype=grad.dtype)
         for tile_col in range(tiles_w):
-            x0 = tile_col * TILE
+            x0 = tile_col * TILE - padding
             t = (image * tiles_h + tile_row) * tiles_w + tile_col
             for b in range(SPAN):
                 _b(tile_grads[t, b::SPAN], down[:, b])
-            for i in range(SPAN):
+            for i in range(max(0, -y0), min(SPAN, h - y0)):
                 _b(down[i], row)
-                target = padded[image, y0 + i]
-                for j in range(SPAN):
+                target = grad[image, y0 + i]
+                for j in range(max(0, -x0), min(SPAN, w - x0)):
                     for ch in range(c):
                         target[x0 + j, ch] += row[j, ch]
 
 
 def input_tiles_grad(tile_grads: np.ndarray, x_shape: tuple, padding: int) -> np.ndarray:
-    """:func:`~pydtnn_lite.kernels.winograd.input_tiles_grad`."""
-    n, h, w, c = x_shape
+    """:func:`~pydtnn_lite.kernels.winograd.input_tiles_grad`, the padding never materialised."""
+    _, h, w, _ = x_shape
     tiles_h, tiles_w = tile_counts(h + 2 * padding - 2, w + 2 * padding - 2)
-    padded = np.zeros((n, TILE * tiles_h + 2, TILE * tiles_w + 2, c), dtype=tile_grads.dtype)
+    grad = np.zeros(x_shape, dtype=tile_grads.dtype)
     for parity in (0, 1):
-        _input_tiles_grad(tile_grads, tiles_h, tiles_w, parity, padded)
-    return np.ascontiguousarray(padded[:, padding:padding + h, padding:padding + w])
+        _input_tiles_grad(tile_grads, tiles_h, tiles_w, padding, parity, grad)
+    return grad
