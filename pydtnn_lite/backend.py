@@ -46,6 +46,13 @@ class Backend:
     def on_gpu(self) -> bool:
         return False
 
+    @property
+    def winograd(self) -> bool:
+        """Whether 3x3 convolutions may take the Winograd form (``layers.Conv2D``): on the
+        host its tile transforms are compiled loops; on a GPU they would be einsums that
+        have never been timed against cuBLAS on the patch matrix, so it keeps the latter."""
+        return not self.on_gpu
+
     def asarray(self, data: Any) -> Any:
         """Copy host data to this backend's device, in its dtype."""
         return self.xp.asarray(data, dtype=self.dtype)

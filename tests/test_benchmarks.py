@@ -96,7 +96,7 @@ def test_validation_accuracy_sets_the_model_against_the_runs_themselves(tmp_path
 
 def test_validation_runs_of_small_models_trace_a_second_of_steps():
     machine = calibrated_machine(os.path.join(REPO, "calibration", "dev-2core.json"))
-    assert steps_to_trace(Config.parse("vgg11:64", 2), machine, 4, 1.0) == 4  # 4 steps take over a second
+    assert steps_to_trace(Config.parse("vgg16:64", 2), machine, 4, 1.0) == 4  # 4 steps take over a second
     lenet = steps_to_trace(Config.parse("lenet:64", 2), machine, 4, 1.0)
     assert lenet > 20 and steps_to_trace(Config.parse("lenet:64", 2), machine, 4, 2.0) in (2 * lenet - 1, 2 * lenet)
 

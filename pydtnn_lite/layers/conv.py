@@ -27,6 +27,17 @@ from pydtnn_lite.layers.base import Layer, Shape, StepContext, gemm_layer_costs
 WINOGRAD_MIN_CHANNELS = 64
 
 
+def convolution_form(channels: int, filters: int, kernel: int, stride: int, out_size: tuple[int, int],
+                     winograd: bool = True) -> str:
+    """The form a :class:`Conv2D` of these sizes computes in: ``"transposed"``, ``"winograd"``
+    (only where ``winograd``) or ``"direct"`` (see the class)."""
+    if stride == 1 and kernel > 1 and filters < channels:
+        return "transposed"
+    if winograd and kernel == 3 and stride == 1 and channels >= WINOGRAD_MIN_CHANNELS and min(out_size) >= TILE:
+        return "winograd"
+    return "direct"
+
+
 class Conv2D(Layer):
     """NHWC convolution; weight shape (KH, KW, C_in, C_out), bias (C_out,).
 
@@ -54,7 +65,8 @@ class Conv2D(Layer):
       (:mod:`~pydtnn_lite.kernels.winograd`). The backward pass runs the transforms'
       adjoints, so the gradients are those of the same computation; the layer keeps the
       transformed input tiles (2.25x the input) instead of a patch matrix (9x).
-      ``winograd=False`` keeps such a layer on the patch matrix.
+      ``winograd=False`` keeps such a layer on the patch matrix, as a GPU backend does
+      every layer (``Backend.winograd``).
     """
 
     kind = "conv"
@@ -80,14 +92,10 @@ class Conv2D(Layer):
             self.initializer(rng, shape, fan_in=k * k * channels, fan_out=k * k * self.filters))
         if self.use_bias:
             self.params["bias"] = backend.xp.zeros(self.filters, dtype=backend.dtype)
-        if self.stride == 1 and k > 1 and self.filters < channels:
-            self.form = "transposed"
-        elif (self.winograd and k == 3 and self.stride == 1 and channels >= WINOGRAD_MIN_CHANNELS
-              and min(ho, wo) >= TILE):
-            self.form = "winograd"
+        self.form = convolution_form(channels, self.filters, k, self.stride, (ho, wo),
+                                     self.winograd and backend.winograd)
+        if self.form == "winograd":
             self.filter_transform = backend.asarray(FILTER_TRANSFORM)
-        else:
-            self.form = "direct"
         return (ho, wo, self.filters)
 
     def _weight_matrix(self, array: Any) -> Any:
@@ -240,7 +248,6 @@ class Conv2D(Layer):
         tiles_h, tiles_w = tile_counts(out_h, out_w)
         tiles, s = batch * tiles_h * tiles_w, self.itemsize
         x_bytes, y_bytes = batch * h * w * channels * s, batch * out_h * out_w * filters * s
-        padded_bytes = batch * (4 * tiles_h + 2) * (4 * tiles_w + 2) * channels * s
         tiles_in, tiles_out = tiles * POINTS * channels * s, tiles * POINTS * filters * s
         weights = channels * filters
         filter_bytes = (POINTS * 9 + 9 * weights + POINTS * weights) * s
@@ -250,7 +257,7 @@ class Conv2D(Layer):
                                dims)] * POINTS
 
         out = [KernelCost(Stage.FP, "winograd_input", INPUT_TRANSFORM_FLOPS * tiles * channels,
-                          x_bytes + 2 * padded_bytes + tiles_in, (tiles, channels)),
+                          x_bytes + tiles_in, (tiles, channels)),
                KernelCost(Stage.FP, "gemm", 2.0 * POINTS * 9 * weights, filter_bytes, (POINTS, weights, 9, 0, 0)),
                *point_gemms(Stage.FP, (tiles, filters, channels, 0, 0)),
                KernelCost(Stage.FP, "winograd_output", OUTPUT_TRANSFORM_FLOPS * tiles * filters,
@@ -266,7 +273,7 @@ class Conv2D(Layer):
         if self.needs_input_grad:
             out += [*point_gemms(Stage.BP, (tiles, channels, filters, 0, 1)),
                     KernelCost(Stage.BP, "winograd_input_grad", INPUT_TRANSFORM_FLOPS * tiles * channels,
-                               tiles_in + 2 * padded_bytes + x_bytes, (tiles, channels))]
+                               tiles_in + 3 * x_bytes, (tiles, channels))]  # the gradient zeroed, then added to
         return out
 
     def describe(self) -> str:

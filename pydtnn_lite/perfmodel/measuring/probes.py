@@ -33,6 +33,7 @@ from pydtnn_lite.layers import (
     MaxPool2D,
     ReLU,
 )
+from pydtnn_lite.layers.conv import convolution_form
 from pydtnn_lite.models import create_model
 from pydtnn_lite.network import Network
 
@@ -159,6 +160,23 @@ def _candidates(family: str, batch_sizes: Sequence[int]) -> Iterator[Probe]:
             yield Probe("merge", batch, (size, channels))
 
 
+def _conv_form(probe: Probe) -> str:
+    size, c_in, filters, kernel, stride, padding = probe.shape
+    out = output_size(size, kernel, stride, padding)
+    return convolution_form(c_in, filters, kernel, stride, (out, out))
+
+
+def _missing_forms(chosen: list[Probe], candidates: list[Probe]) -> list[Probe]:
+    """The cheapest candidate of each convolution form that no ``chosen`` probe computes in:
+    each form runs kernels of its own (the Winograd form's tile transforms), which every
+    calibration must sample, however few probes it draws."""
+    drawn = {_conv_form(probe) for probe in chosen}
+    cheapest: dict[str, Probe] = {}
+    for probe in sorted(candidates, key=Probe.step_flops):
+        cheapest.setdefault(_conv_form(probe), probe)
+    return [probe for form, probe in sorted(cheapest.items()) if form not in drawn]
+
+
 @dataclass(frozen=True)
 class GridSize:
     """How much of the grid to run: probes per family, and the largest training step
@@ -187,6 +205,8 @@ def calibration_grid(batch_sizes: Sequence[int], size: GridSize, seed: int = 0) 
                       if p.step_flops() <= size.max_step_flops and p.activations() <= size.max_activations]
         picks = rng.choice(len(candidates), size=min(count, len(candidates)), replace=False)
         chosen = [candidates[i] for i in sorted(picks)]
+        if family == "conv":
+            chosen += _missing_forms(chosen, candidates)
         if family == "dense":
             chosen = [Probe(p.family, p.batch, p.shape, "adam" if i % 2 else "sgd") for i, p in enumerate(chosen)]
         grid += chosen
