@@ -115,9 +115,18 @@ def test_fallback_fits_a_handful_of_samples():
     assert math.isnan(single.held_out_error) and single.predict((64,), 64, 768) > 0
 
 
-def test_grid_respects_its_limits_and_samples_both_optimizers():
+def test_grid_respects_its_limits_and_samples_both_optimizers_and_every_convolution_form():
     grid = calibration_grid((8, 16), QUICK, seed=0)
-    assert Counter(p.family for p in grid) == Counter(QUICK.points)
+    drawn = Counter(p.family for p in grid)
+    # The draw, and for conv the cheapest probe of each form the draw missed.
+    assert {family: drawn[family] for family in ("dense", "pool", "merge")} == {
+        family: QUICK.points[family] for family in ("dense", "pool", "merge")}
+    assert QUICK.points["conv"] <= drawn["conv"] <= QUICK.points["conv"] + 2
+    forms = set()
+    for probe in (p for p in grid if p.family == "conv"):
+        conv = probe.network().build(make_backend(), seed=0).layers[1]
+        forms.add(conv.form)
+    assert forms == {"direct", "transposed", "winograd"}
     assert all(p.step_flops() <= QUICK.max_step_flops and p.activations() <= QUICK.max_activations for p in grid)
     assert {p.optimizer for p in grid if p.family == "dense"} == {"sgd", "adam"}
     assert calibration_grid((8, 16), QUICK, seed=0) == grid
@@ -315,7 +324,7 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert [(p, n) for p, n, _ in calibration.allreduce_samples] == [(2, float(n)) for n in QUICK_SIZES]
     assert all(seconds > 0 for _, _, seconds in calibration.allreduce_samples)
     # One (work, wait) sample per probe, the waits at the ranks' barrier fitted as a power law.
-    assert len(calibration.sync_samples) == sum(QUICK.points.values()) + 1  # and the MLP's
+    assert len(calibration.sync_samples) == len(calibration_grid((4, 8), QUICK)) + 1  # and the MLP's
     # The job's network sampled whole: each of its calls predicted as measured (the median of
     # its samples where its layers repeat sizes); but its updates by the model fitted on the
     # grid's, and the first, which follows the step's other work, with the time such calls
