@@ -178,6 +178,15 @@ def test_conv_forms_benchmark_times_winograd_against_the_patch_matrix():
     assert re.search(r"winograd against patch matrix: step [\d.]+x, convolution kernels [\d.]+x", result.stdout)
 
 
+def test_conv_forms_benchmark_times_single_layers_in_both_forms():
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "conv_forms.py"), "--layers", "8:4:4",
+                             "8:8:4", "--batch-size", "2", "--steps", "1", "--threads", "1"],
+                            capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"8:4:4: winograd [\d.]+ ms, direct [\d.]+ ms, [\d.]+x", result.stdout), result.stdout
+    assert re.search(r"8:8:4: transposed [\d.]+ ms, transposed [\d.]+ ms, [\d.]+x", result.stdout), result.stdout
+
+
 def test_allreduce_benchmark_times_between_the_samples():
     mib = 1 << 20
     # The geometric middles of neighbouring samples (whole KiB), and the earlier 1.5 .. 96 MiB within range.
