@@ -145,6 +145,9 @@ def test_against_pytorch_runs_graph_models():
                             capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "x PyTorch's throughput" in result.stdout
+    # Its 3x3 blocks run by Winograd: fewer FLOPs executed than the textbook counts.
+    assert re.search(r"pydtnn_lite's kernels execute [\d.]+ of the [\d.]+ GFLOP \(Winograd convolutions\)",
+                     result.stdout), result.stdout
 
 
 def test_host_kernels_benchmark_times_both_kernel_sets():
