@@ -30,7 +30,7 @@ from pydtnn_lite.comm.nodes import node_name
 from pydtnn_lite.comm.strategy import STRATEGIES, Placement, connect
 from pydtnn_lite.data import Dataset, check_test_matches_train, dataset_names, open_dataset, partition
 from pydtnn_lite.errors import TrainingError, UserError
-from pydtnn_lite.interruption import end_interrupted
+from pydtnn_lite.interruption import end_interrupted, interrupt_outside_compilers
 from pydtnn_lite.logs import LOGGER, setup_logging
 from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
@@ -495,6 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     comm = make_communicator(timeout=args.collective_timeout)
     setup_logging(args.log_level, comm.rank, comm.size)
     stop = SignalStop(comm)
+    interrupt_outside_compilers()
     install_job_abort(comm, PROGRAM)
     keep_freed_memory()
     np.seterr(over="ignore", invalid="ignore")  # overflow as training diverges: the trainer reports it in one line

@@ -25,7 +25,9 @@ from pydtnn_lite.perfmodel.measuring.probes import QUICK, Probe, calibration_gri
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.regression import (
+    MIN_SECONDS,
     KernelSample,
+    LogLinearModel,
     MLPEnsemble,
     MLPRegressor,
     fit_kernel_model,
@@ -113,6 +115,12 @@ def test_fallback_fits_a_handful_of_samples():
     assert model_from_dict(model.to_dict()).predict((3000,), 3000, 36000) == model.predict((3000,), 3000, 36000)
     single = fit_kernel_model(samples[:1])  # nothing to hold out
     assert math.isnan(single.held_out_error) and single.predict((64,), 64, 768) > 0
+
+
+def test_a_power_law_far_beyond_its_samples_predicts_a_positive_time():
+    """Fitted on a tiny grid, col2im's law once gave 0.0 s for a call far larger than its samples."""
+    law = LogLinearModel([-50.0, -100.0, 0.0, 0.0])  # exp(-50 - 100 log(1 + n)): underflows to 0
+    assert law.predict((16384,), 0, 8 << 20) == MIN_SECONDS
 
 
 def test_grid_respects_its_limits_and_samples_both_optimizers_and_every_convolution_form():

@@ -36,7 +36,7 @@ from pydtnn_lite.layers import Dense, MeanSquaredError, ReLU, StepContext
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Adam
 
-MIN_SECONDS = 1e-9  # a timer reading of 0 would have no logarithm
+MIN_SECONDS = 1e-9  # a timer reading of 0 would have no logarithm; no prediction is shorter either
 HELD_OUT = 0.2  # the paper's split: 80 % to train, 20 % to test (and, inside training, to validate)
 STORED_WEIGHTS = np.dtype("<f2")  # little-endian float16: how a calibration file keeps MLP weights
 MLP_MIN_SAMPLES = 30  # below this an MLP's 20 % validation set is too small to stop it in time
@@ -228,7 +228,8 @@ class LogLinearModel(KernelModel):
 
     def predict_features(self, x: np.ndarray) -> np.ndarray:
         _check_inputs(x, len(self.weights) - 1)
-        return np.exp(self.weights[0] + x @ self.weights[1:])
+        # A power law fitted on few samples, far outside them, can underflow to 0 s.
+        return np.maximum(np.exp(self.weights[0] + x @ self.weights[1:]), MIN_SECONDS)
 
     def _parameters(self) -> dict:
         return {"weights": self.weights.tolist()}
@@ -333,7 +334,8 @@ class MLPRegressor(KernelModel):
     def predict_features(self, x: np.ndarray) -> np.ndarray:
         _check_inputs(x, len(self.x_mean))
         inputs = ((x - self.x_mean) / self.x_scale).astype(np.float32)
-        return np.exp(self._forward(inputs)[:, 0].astype(np.float64) * self.y_scale + self.y_mean)
+        return np.maximum(np.exp(self._forward(inputs)[:, 0].astype(np.float64) * self.y_scale + self.y_mean),
+                          MIN_SECONDS)
 
     def _parameters(self) -> dict:
         hidden = [layer.units for layer in self.network.layers if isinstance(layer, Dense)][:-1]
