@@ -35,6 +35,13 @@ class StepContext:
     sum_across_ranks: Callable[[Any], Any] = field(default=_identity)
 
 
+def bias_costs(rows: int, channels: int, itemsize: int) -> tuple[KernelCost, KernelCost]:
+    """The forward ``bias_add`` and backward ``bias_grad`` of a per-channel bias over ``rows``."""
+    elements = rows * channels
+    return (KernelCost(Stage.FP, "bias_add", elements, 2 * elements * itemsize, (rows, channels)),
+            KernelCost(Stage.BP, "bias_grad", elements, (elements + channels) * itemsize, (rows, channels)))
+
+
 def gemm_layer_costs(m: int, n: int, k: int, itemsize: int, use_bias: bool,
                      needs_input_grad: bool) -> tuple[list[KernelCost], list[KernelCost]]:
     """(FP, BP) costs of a layer computed as ``(m x k) @ (k x n)`` plus a bias: the forward
@@ -48,8 +55,9 @@ def gemm_layer_costs(m: int, n: int, k: int, itemsize: int, use_bias: bool,
     forward = [KernelCost(Stage.FP, "gemm", 2.0 * m * n * k, gemm_bytes, (m, n, k, 0, 0))]
     backward = [KernelCost(Stage.BP, "gemm", 2.0 * m * n * k, gemm_bytes, (k, n, m, 1, 0))]
     if use_bias:
-        forward.append(KernelCost(Stage.FP, "bias_add", m * n, 2 * m * n * itemsize, (m, n)))
-        backward.append(KernelCost(Stage.BP, "bias_grad", m * n, (m * n + n) * itemsize, (m, n)))
+        bias_add, bias_grad = bias_costs(m, n, itemsize)
+        forward.append(bias_add)
+        backward.append(bias_grad)
     if needs_input_grad:
         backward.append(KernelCost(Stage.BP, "gemm", 2.0 * m * n * k, gemm_bytes, (m, k, n, 0, 1)))
     return forward, backward

@@ -20,7 +20,7 @@ from pydtnn_lite.kernels.winograd import (
     TILE,
     tile_counts,
 )
-from pydtnn_lite.layers.base import Layer, Shape, StepContext, gemm_layer_costs
+from pydtnn_lite.layers.base import Layer, Shape, StepContext, bias_costs, gemm_layer_costs
 
 # Below 64 channels the products the transforms save barely pay for their passes over memory
 # (``benchmarks/conv_forms.py --layers``: 16 channels 0.97-1.01x the patch matrix's time,
@@ -228,14 +228,13 @@ class Conv2D(Layer):
         x_bytes, y_bytes, wide_bytes = rows * channels * s, m * n * s, rows * q * s
         patches = (rows, q, n, self.kernel_size, 1, self._turned_padding())
         gemm_bytes = wide_bytes + x_bytes + q * channels * s
+        bias = bias_costs(m, n, s) if self.use_bias else ()
         out = [KernelCost(Stage.FP, "gemm", 2.0 * rows * q * channels, gemm_bytes, (rows, q, channels, 0, 1)),
-               KernelCost(Stage.FP, "col2im", rows * q, wide_bytes + 2 * y_bytes, patches)]
-        if self.use_bias:
-            out.append(KernelCost(Stage.FP, "bias_add", m * n, 2 * m * n * s, (m, n)))
-        out += [KernelCost(Stage.BP, "im2col", 0, y_bytes + wide_bytes, patches),
-                KernelCost(Stage.BP, "gemm", 2.0 * rows * q * channels, gemm_bytes, (channels, q, rows, 1, 0))]
-        if self.use_bias:
-            out.append(KernelCost(Stage.BP, "bias_grad", m * n, (m * n + n) * s, (m, n)))
+               KernelCost(Stage.FP, "col2im", rows * q, wide_bytes + 2 * y_bytes, patches),
+               *bias[:1],
+               KernelCost(Stage.BP, "im2col", 0, y_bytes + wide_bytes, patches),
+               KernelCost(Stage.BP, "gemm", 2.0 * rows * q * channels, gemm_bytes, (channels, q, rows, 1, 0)),
+               *bias[1:]]
         if self.needs_input_grad:
             out.append(KernelCost(Stage.BP, "gemm", 2.0 * rows * q * channels, gemm_bytes, (rows, channels, q, 0, 0)))
         return out
@@ -244,11 +243,11 @@ class Conv2D(Layer):
         """The Winograd form's kernels, with ``T`` tiles of the batch: the tile transforms,
         the filters' transform and its adjoint (one GEMM each, (36, 9) by (9, C*K)), and the
         36 GEMMs of each product (``point_gemms``)."""
-        h, w, channels = self.input_shapes[0]
+        channels = self.input_shapes[0][2]
         out_h, out_w, filters = self.output_shape
         tiles_h, tiles_w = tile_counts(out_h, out_w)
         tiles, s = batch * tiles_h * tiles_w, self.itemsize
-        x_bytes, y_bytes = batch * h * w * channels * s, batch * out_h * out_w * filters * s
+        x_bytes, y_bytes = self.elements(batch, self.input_shapes[0]) * s, self.elements(batch) * s
         tiles_in, tiles_out = tiles * POINTS * channels * s, tiles * POINTS * filters * s
         weights = channels * filters
         filter_bytes = (POINTS * 9 + 9 * weights + POINTS * weights) * s
@@ -264,9 +263,7 @@ class Conv2D(Layer):
                KernelCost(Stage.FP, "winograd_output", OUTPUT_TRANSFORM_FLOPS * tiles * filters,
                           tiles_out + y_bytes, (tiles, filters))]
         if self.use_bias:
-            m = batch * out_h * out_w
-            out.append(KernelCost(Stage.FP, "bias_add", m * filters, 2 * m * filters * s, (m, filters)))
-            out.append(KernelCost(Stage.BP, "bias_grad", m * filters, (m * filters + filters) * s, (m, filters)))
+            out += bias_costs(batch * out_h * out_w, filters, s)
         out += [KernelCost(Stage.BP, "winograd_output_grad", OUTPUT_TRANSFORM_FLOPS * tiles * filters,
                            y_bytes + tiles_out, (tiles, filters)),
                 *point_gemms(Stage.BP, (channels, filters, tiles, 1, 0)),
