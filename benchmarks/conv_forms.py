@@ -25,7 +25,7 @@ from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.layers import Conv2D, StepContext
 from pydtnn_lite.layers import conv as conv_module
 from pydtnn_lite.network import Network
-from pydtnn_lite.runtime import set_blas_threads
+from pydtnn_lite.runtime import keep_freed_memory, set_blas_threads
 from pydtnn_lite.training import Trainer
 
 from common import interleave, kernel_timed_step, make_trainer, model_parser, timed
@@ -61,6 +61,7 @@ def layer_pass(shape: str, batch: int, winograd: bool) -> tuple[str, Callable[[]
 
 def compare_layers(shapes: list[str], batch: int, steps: int) -> None:
     conv_module.WINOGRAD_MIN_CHANNELS = 1  # every shape may take the form: its threshold is what is measured
+    keep_freed_memory()  # as training does: large temporaries reused, not faulted in afresh each pass
     forms, variants = {}, []
     for shape in shapes:
         for winograd in (True, False):

@@ -22,9 +22,9 @@ from pydtnn_lite.kernels.winograd import (
 )
 from pydtnn_lite.layers.base import Layer, Shape, StepContext, bias_costs, gemm_layer_costs
 
-# Below 64 channels the products the transforms save barely pay for their passes over memory
-# (``benchmarks/conv_forms.py --layers``: 16 channels 0.97-1.01x the patch matrix's time,
-# 32 channels 0.72-1.05x, 64 channels 0.42x; docs/performance.md).
+# Below 64 channels the products the transforms save do not pay for their passes over memory
+# (``benchmarks/conv_forms.py --layers``: 16 channels 1.19-1.33x the patch matrix's time,
+# 32 channels 0.94-1.09x, 64 channels 0.67x; docs/performance.md).
 WINOGRAD_MIN_CHANNELS = 64
 
 
