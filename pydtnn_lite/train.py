@@ -470,7 +470,7 @@ def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str, watch:
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "ranks_per_node": max(comm.allgather_object(comm.local_size)),
             "cores_per_node": usable_cores(), "machine_state": state.to_dict(),
             "core_probes": [asdict(instant) for instant in watch.instants], "strategy": comm.name,
-            "kernel_probes": watch.probed.to_dict(),
+            "kernel_probes": [run.to_dict() for run in watch.kernel_runs],
             "nodes": len(set(comm.allgather_object(node_name())))}
     if config.validate:
         meta["calibration"] = os.path.abspath(config.validate)
@@ -530,8 +530,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The machine's state over the traced steps: a validation corrects for its drift since
             # calibrating. Probed over MPI, as the calibration's (a two-level communicator's requests
             # complete only when waited for, which the probe's idle wait never does).
-            probed = probe_kernels(world, config.dataset, on_host=job.network.backend.device == "cpu")
-            job.watch = StateWatch(world, lambda: len(tracer.steps), probed)
+            on_host = job.network.backend.device == "cpu"
+            job.watch = StateWatch(world, lambda: len(tracer.steps),
+                                   lambda: probe_kernels(world, config.dataset, on_host=on_host))
             tracer.attach()
         train(job, comm)
         if tracer is not None and job.watch is not None and config.trace:

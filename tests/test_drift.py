@@ -18,7 +18,6 @@ from pydtnn_lite.perfmodel.modelling.drift import (
     ProbedWork,
     beyond_noise,
     drift_between,
-    gemm_rest_ratio,
     kernel_ratios,
     like_for_like,
     probe_moves,
@@ -34,6 +33,7 @@ from pydtnn_lite.perfmodel.modelling.outside_kernels import AffineCost, fit_affi
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample, RateModel
 from pydtnn_lite.perfmodel.modelling.synchronization import SyncWaitModel, expected_maximum
+from pydtnn_lite.perfmodel.modelling.trace_validation import kernel_probe_of
 from pydtnn_lite.runtime import usable_cores
 
 THEN = MachineState(gemm_flops=90e9, copy_bytes_per_second=20e9, allreduce_ranks=2, allreduce_bytes=1 << 20,
@@ -65,18 +65,12 @@ def test_a_gemm_moves_with_the_peak_only_for_the_share_of_its_time_spent_at_the_
     assert Drift(compute=1.5, memory=0.8).scale("gemm", flops=6e9, seconds=0.1) == pytest.approx(1.5)
 
 
-def test_a_gemm_off_its_peak_moves_by_the_kernel_probe_s_products():
-    """Two probed GEMMs predicted at 1 ms: one all at the 90 GFLOP/s peak (9e7 FLOP), one
-    with a quarter of its time there (2.25e7 FLOP). With the peak's part moving 1.2x, the
-    first took 1.2 ms, the second 0.25 x 1.2 + 0.75 x 1.6 = 1.5 ms: the part off the peak
-    moved 1.6x, which the fit recovers and a GEMM's scale then uses instead of the copy rates."""
-    calls = [KernelSample((64, 64, 64, 0, 0), 9e7, 1e5, 1.2e-3), KernelSample((8, 64, 64, 0, 0), 2.25e7, 1e5, 1.5e-3)]
-    assert gemm_rest_ratio(calls, [1e-3, 1e-3], 90e9, at_peak_ratio=1.2) == pytest.approx(1.6)
-    # A ratio known within 10 % keeps 1.6 / 1.1 of its move.
-    assert gemm_rest_ratio(calls, [1e-3, 1e-3], 90e9, 1.2, noise=0.1) == pytest.approx(1.6 / 1.1)
-    assert gemm_rest_ratio(calls[:1], [1e-3], 90e9, 1.2) is None  # nothing off the peak
+def test_a_gemm_off_its_peak_moves_as_the_kernel_probe_s_products():
+    """A GEMM predicted at 1 ms with a quarter of its time at the 90 GFLOP/s peak (2.25e7
+    FLOP): the part at the peak moves as the every-core probe's GEMM (1.2x), the rest as
+    the kernel probe's products did (1.6x), where the copy rates would move it 0.8x."""
     drift = dataclasses.replace(drift_between(THEN, MachineState(75e9, 25e9)), gemm_rest=1.6)  # GEMM x1.2
-    assert drift.scale("gemm", flops=2.25e7, seconds=1e-3) == pytest.approx(1.5)
+    assert drift.scale("gemm", flops=2.25e7, seconds=1e-3) == pytest.approx(0.25 * 1.2 + 0.75 * 1.6)
     assert drift.scale("im2col") == pytest.approx(0.8)  # other kernels keep the copy rates
     assert "GEMM off its peak x1.600" in drift.describe()
 
@@ -212,6 +206,36 @@ def test_a_run_is_probed_between_its_traced_steps_only():
     assert state.probes == probed + 1 and state.cores == usable_cores()  # and once more as it ends
 
 
+def test_a_run_runs_the_kernel_probe_as_it_starts_and_as_it_ends():
+    seconds = iter([1e-5, 2e-5])
+    watch = StateWatch(SerialCommunicator(), lambda: 0,
+                       lambda: ProbedWork({"relu": [KernelSample((1000,), 0.0, 8e3, next(seconds))]}))
+    assert len(watch.kernel_runs) == 1
+    watch.state()
+    assert len(watch.kernel_runs) == 2
+    assert ProbedWork.mean(watch.kernel_runs).calls["relu"][0].seconds == pytest.approx(1.5e-5)
+    assert StateWatch(SerialCommunicator(), lambda: 0).kernel_runs == []  # not asked to probe kernels
+
+
+def test_the_runs_of_a_kernel_probe_are_averaged_piece_by_piece():
+    def run(scale: float) -> ProbedWork:
+        return ProbedWork({"relu": [KernelSample((1000,), 0.0, 8e3, scale * 1e-5),
+                                    KernelSample((9000,), 0.0, 7.2e4, scale * 9e-5)]},
+                          outside=[(20.0, scale * 1e-4)], data={"digits": [(16.0, scale * 1e-3)]})
+    mean = ProbedWork.mean([run(1.0), run(3.0)])
+    assert [call.seconds for call in mean.calls["relu"]] == pytest.approx([2e-5, 1.8e-4])
+    assert mean.calls["relu"][1].dims == (9000,) and mean.outside == [(20.0, pytest.approx(2e-4))]
+    assert mean.data == {"digits": [(16.0, pytest.approx(2e-3))]} and mean.runs == 2
+    # A run of other work (another version's probe) is left out; no runs, no probe.
+    other = ProbedWork({"relu": [KernelSample((500,), 0.0, 4e3, 1e-5)]})
+    assert ProbedWork.mean([run(1.0), other, run(3.0)]) == mean
+    assert ProbedWork.mean([]) == ProbedWork()
+    # A trace's meta keeps the runs; older traces kept the one run, as a record of its own.
+    assert kernel_probe_of({"kernel_probes": [run(1.0).to_dict(), run(3.0).to_dict()]}) == mean
+    assert kernel_probe_of({"kernel_probes": run(1.0).to_dict()}) == run(1.0)
+    assert kernel_probe_of({}) is None
+
+
 def test_only_the_move_beyond_the_probes_noise_is_corrected():
     assert beyond_noise(1.1, 0.12) == 1.0  # a 10 % move within a +-12 % probe: noise
     assert beyond_noise(1.5) == pytest.approx(1.5)  # probes without a spread: all of it
@@ -273,10 +297,14 @@ def test_like_for_like_takes_each_piece_s_median_over_the_calibration_s_probes()
     work = [((1000,), 1.5), ((9000,), 2.5)]
     references = [[((1000,), 1.0), ((9000,), 3.0)], [((1000,), 2.0), ((9000,), 2.0)], [((1000,), 3.0), ((9000,), 5.0)]]
     medians, noise = like_for_like(work, references)
-    # Totals 4, 4 and 8: the standard error of their median, 1.2533 sigma / sqrt(3), sigma
-    # the standard deviation of their logarithms.
+    # Totals 4, 4 and 8, spread sigma (the standard deviation of their logarithms): one run
+    # now is known within sigma, their median within 1.2533 sigma / sqrt(3).
+    sigma = statistics.stdev([math.log(4), math.log(4), math.log(8)])
     assert medians == [2.0, 3.0]
-    assert noise == pytest.approx(1.2533 * statistics.stdev([math.log(4), math.log(4), math.log(8)]) / math.sqrt(3))
+    assert noise == pytest.approx(sigma * math.sqrt(1 + 1.2533 ** 2 / 3), rel=1e-4)
+    # The mean of two runs now: sigma / sqrt(2) of its own.
+    assert like_for_like(work, references, runs=2)[1] == pytest.approx(sigma * math.sqrt(1 / 2 + 1.2533 ** 2 / 3),
+                                                                        rel=1e-4)
     assert like_for_like(work, references[:1]) == ([1.0, 3.0], 0.0)
     assert like_for_like(work, [*references, [((1000,), 1.0)]]) is None  # a reference of other work
     assert like_for_like(work, []) is None
@@ -284,8 +312,8 @@ def test_like_for_like_takes_each_piece_s_median_over_the_calibration_s_probes()
 
 def test_each_kind_of_work_moves_as_the_probe_s_whole_and_apart_beyond_its_spread():
     """The calibration probed twice, the second time 1.5x slower throughout (the machine's
-    wander): shares 1/4, 1/4, 1/2 both times, totals 4 and 6 (median 5, known within
-    1.2533 ln(1.5) / 2, 25 %). Now the probe's work took 5, as a whole unmoved, and ReLU
+    wander): shares 1/4, 1/4, 1/2 both times, totals 4 and 6 (median 5; a run against it
+    is known within 38 %). Now the probe's work took 5, as a whole unmoved, and ReLU
     took 2/5 of it: 1.6x its share, while the add and the time outside the kernels fell
     to 0.8x theirs."""
     now = {"relu": [((1000,), 2.0)], "add": [((500,), 1.0)], "outside": [(20.0, 2.0)]}
@@ -293,10 +321,12 @@ def test_each_kind_of_work_moves_as_the_probe_s_whole_and_apart_beyond_its_sprea
     slower = {kind: [(name, 1.5 * seconds) for name, seconds in pieces] for kind, pieces in calm.items()}
     moves = probe_moves(now, [calm, slower])
     assert moves == {"relu": pytest.approx(1.6), "add": pytest.approx(0.8), "outside": pytest.approx(0.8)}
-    # Twice as slow as a whole, shares unmoved: every kind 2x, less the median's standard error.
+    # Twice as slow as a whole, shares unmoved: every kind 2x, less the noise of a run
+    # against the median of two totals of spread ln(1.5) / sqrt(2).
     doubled = {kind: [(name, 2.5 * seconds) for name, seconds in pieces] for kind, pieces in calm.items()}
-    noise = 1.2533 * math.log(1.5) / math.sqrt(2) / math.sqrt(2)
-    assert probe_moves(doubled, [calm, slower]) == {kind: pytest.approx(2.0 / (1 + noise)) for kind in calm}
+    noise = math.log(1.5) / math.sqrt(2) * math.sqrt(1 + 1.2533 ** 2 / 2)
+    assert probe_moves(doubled, [calm, slower]) == {kind: pytest.approx(2.0 / (1 + noise), rel=1e-4)
+                                                    for kind in calm}
     # References whose ReLU took 1/4 and 2/5 of their work: a share within that spread moved as the whole.
     assert probe_moves(now, [calm, now])["relu"] == probe_moves(now, [calm, now])["add"]
     # A kind some reference timed at other sizes is left out; without references, everything.
@@ -320,12 +350,15 @@ def test_the_kernel_probe_is_set_against_the_calibration_s_own_runs_of_it():
     assert probed_ratios(own, probed) == {"relu": pytest.approx(1.0), "sgd_update": pytest.approx(1.0),
                                           OUTSIDE_KERNELS: pytest.approx(1.0)}
     assert Calibration.from_dict(own.to_dict()).kernel_probes == own.kernel_probes
-    # A product a quarter of whose 1 ms ran at the 90 GFLOP/s peak in the calibration's probes,
-    # 1.5 ms now with the peak's part 1.2x slower: the rest moved (1.5 - 0.3) / 0.75 = 1.6x.
-    then = KernelSample((64, 64, 64, 0, 0), 2.25e7, 1e5, 1e-3)
-    gemm_then = dataclasses.replace(own, machine_state=THEN, kernel_probes=[ProbedWork({"gemm": [then]})] * 2)
-    now_gemm = ProbedWork({"gemm": [dataclasses.replace(then, seconds=1.5e-3)]})
-    assert probed_gemm_rest(gemm_then, now_gemm, at_peak_ratio=1.2) == pytest.approx(1.6)
+    # Products of 1 ms and 3 ms in the calibration's probes (both runs alike: no noise) took
+    # 1.5 ms and 4.5 ms now: they moved 1.5x as a whole, at the peak and off it alike.
+    products = [KernelSample((64, 64, 64, 0, 0), 2.25e7, 1e5, 1e-3),
+                KernelSample((8, 512, 512, 0, 0), 2.7e8, 1e6, 3e-3)]
+    gemm_then = dataclasses.replace(own, kernel_probes=[ProbedWork({"gemm": products})] * 2)
+    now_gemm = ProbedWork({"gemm": [dataclasses.replace(call, seconds=1.5 * call.seconds)
+                                    for call in products]})
+    assert probed_gemm_rest(gemm_then, now_gemm) == pytest.approx(1.5)
+    assert probed_gemm_rest(gemm_then, ProbedWork({"relu": probed.calls["relu"]})) is None  # no product timed
 
 
 def test_a_call_beyond_the_largest_sampled_batch_takes_time_in_proportion():

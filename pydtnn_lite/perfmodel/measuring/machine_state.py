@@ -160,8 +160,9 @@ def probe_machine_state(comm: Communicator) -> MachineState:
 
 class StateWatch:
     """The machine's state over a run: the full probe as it starts and ends, and the core
-    probe between its traced steps, about every :data:`WATCH_INTERVAL` seconds; with what
-    the kernel probe measured as the run started (``probed``: ``kernel_probe.py``).
+    probe between its traced steps, about every :data:`WATCH_INTERVAL` seconds; and where
+    it is given ``probe_kernels`` (``kernel_probe.py``, collective), what that measured as
+    the run started and as it ended (``kernel_runs``).
 
     ``traced_steps()`` counts the steps traced so far. Every rank must call
     :meth:`after_step` after the same steps (a probe is collective): the interval in steps
@@ -170,9 +171,9 @@ class StateWatch:
     """
 
     def __init__(self, comm: Communicator, traced_steps: Callable[[], int],
-                 probed: ProbedWork | None = None) -> None:
-        self.comm, self.traced_steps = comm, traced_steps
-        self.probed = probed or ProbedWork()
+                 probe_kernels: Callable[[], ProbedWork] | None = None) -> None:
+        self.comm, self.traced_steps, self.probe_kernels = comm, traced_steps, probe_kernels
+        self.kernel_runs = [probe_kernels()] if probe_kernels is not None else []
         self.instants = [probe_cores(comm)]
         self.allreduce = [allreduce_probe(comm)] if comm.size > 1 else []
         self.every: int | None = None
@@ -193,8 +194,10 @@ class StateWatch:
         self.last = time.perf_counter()
 
     def state(self) -> MachineState:
-        """The run's state, after a last full probe (collective)."""
+        """The run's state, after a last full probe and kernel probe (collective)."""
         self.instants.append(probe_cores(self.comm))
         if self.comm.size > 1:
             self.allreduce.append(allreduce_probe(self.comm))
+        if self.probe_kernels is not None:
+            self.kernel_runs.append(self.probe_kernels())
         return MachineState.over(self.instants, self.allreduce)

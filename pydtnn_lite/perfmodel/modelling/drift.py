@@ -7,10 +7,9 @@ predicted time is scaled by the ratio of the rate that bounds it, then to now:
 
 - GEMM, by the GEMM rates for the part of its calibrated time that ran at the
   calibration probe's GEMM rate, and for the rest (packing, the edges of skinny products,
-  memory traffic) by the ratio that the run's kernel probe's GEMMs ask for
-  (:func:`gemm_rest_ratio`), or the copy rates where it timed none: processors differ
-  most in their peak rates, and a product that stayed below the peak on the
-  calibration's machine moves less than the peak does;
+  memory traffic) as the run's kernel probe's products moved as a whole, or by the copy
+  rates where it timed none: processors differ most in their peak rates, and a product
+  that stayed below the peak on the calibration's machine moves less than the peak does;
 - every other compute kernel by its own ratio where the run's kernel probe
   (``measuring/kernel_probe.py``) timed it: against the calibration's own runs of the
   probe, as the probe's work as a whole moved and by its share of that work where the
@@ -36,14 +35,17 @@ A probe is itself a measurement on a machine that moves: each records how far it
 figures spread. A ratio is corrected only by the part of its move that lies beyond the
 two probes' combined spread (a soft threshold on its logarithm), so noise within a probe's
 repeatability leaves a prediction as it is, and a machine that really moved, to another
-day's clock or another processor, is still corrected for most of the move.
+day's clock or another processor, is still corrected for most of the move. The kernel
+probe runs as a traced run starts and again as it ends (a probe of a second caught
+a slow spell that the steps did not have: LeNet's correction then overshot by a
+third, 2026-11-26), and the run's figure is their mean.
 """
 from __future__ import annotations
 
 import math
 import statistics
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
@@ -193,7 +195,7 @@ class Drift:
     peak_flops: float = 0.0
     kernels: Mapping[str, float] = field(default_factory=dict)
     imbalance: float | None = None  # the run's probe's (:meth:`CoreRates.imbalance`); None: not probed
-    gemm_rest: float | None = None  # GEMM off its peak, the kernel probe's (:func:`gemm_rest_ratio`); None: memory
+    gemm_rest: float | None = None  # GEMM off its peak: as the kernel probe's products moved; None: memory
 
     def scale(self, kernel: str, communication: bool = False, flops: float = 0.0, seconds: float = 0.0) -> float:
         """The factor for a kernel's predicted time (``communication``: a collective). A
@@ -241,6 +243,7 @@ class ProbedWork:
     calls: Mapping[str, Sequence[KernelSample]] = field(default_factory=dict)
     outside: Sequence[tuple[float, float]] = ()
     data: Mapping[str, Sequence[tuple[float, float]]] = field(default_factory=dict)
+    runs: int = 1  # runs of the probe whose seconds these are the mean of
 
     def to_dict(self) -> dict:
         return {"calls": {name: sample_columns(list(calls)) for name, calls in sorted(self.calls.items())},
@@ -253,6 +256,32 @@ class ProbedWork:
                    [(float(calls), float(seconds)) for calls, seconds in record.get("outside", [])],
                    {name: [(float(n), float(seconds)) for n, seconds in samples]
                     for name, samples in record.get("data", {}).items()})
+
+    @classmethod
+    def mean(cls, runs: Sequence[ProbedWork]) -> ProbedWork:
+        """The runs of the probe that timed the same work as the first (every run of one
+        job does), each piece's seconds their mean; an empty probe without any."""
+        if not runs:
+            return cls()
+        alike = [run for run in runs if _same_work(run, runs[0])]
+
+        def mean_seconds(pieces: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[float, float]]:
+            return [(piece[0][0], statistics.fmean(seconds for _, seconds in piece))
+                    for piece in zip(*pieces, strict=True)]
+        calls = {kernel: [replace(samples[0], seconds=statistics.fmean(s.seconds for s in samples))
+                          for samples in zip(*(run.calls[kernel] for run in alike), strict=True)]
+                 for kernel in runs[0].calls}
+        return cls(calls, mean_seconds([run.outside for run in alike]),
+                   {name: mean_seconds([run.data[name] for run in alike]) for name in runs[0].data}, len(alike))
+
+
+def _same_work(run: ProbedWork, first: ProbedWork) -> bool:
+    """Whether ``run`` timed the calls, steps and batches that ``first`` did."""
+    return ({kernel: [call.dims for call in calls] for kernel, calls in run.calls.items()}
+            == {kernel: [call.dims for call in calls] for kernel, calls in first.calls.items()}
+            and [calls for calls, _ in run.outside] == [calls for calls, _ in first.outside]
+            and {name: [n for n, _ in samples] for name, samples in run.data.items()}
+            == {name: [n for n, _ in samples] for name, samples in first.data.items()})
 
 
 def work_ratio(seconds: Sequence[tuple[float, float]], noise: float = 0.0) -> float | None:
@@ -269,31 +298,6 @@ def peak_share(flops: float, seconds: float, peak_flops: float) -> float:
     """The share of a GEMM's ``seconds`` that its ``flops`` take at ``peak_flops`` (at most
     all of it; all of it where either is unknown)."""
     return min(1.0, flops / (peak_flops * seconds)) if peak_flops > 0 and seconds > 0 else 1.0
-
-
-def gemm_rest_ratio(calls: Sequence[KernelSample], before: Sequence[float], peak_flops: float,
-                    at_peak_ratio: float, noise: float = 0.0) -> float | None:
-    """GEMM's time now over then off its peak, fitted to the kernel probe's GEMM ``calls``
-    (seconds measured now) and ``before``, the seconds of the same calls at the calibration,
-    given ``at_peak_ratio`` for the share of each call's time that ran at ``peak_flops``
-    (:func:`peak_share`): least squares of ``now - then share at_peak_ratio = then (1 -
-    share) R``. Absolute seconds weigh each call by its time, as a step does. The part of
-    the move that ``noise`` (relative, of the ratio) explains is taken off
-    (:func:`beyond_noise`). None without a call off the peak, or where the fit is not positive.
-
-    The copy rates that stand in otherwise can stay still while skinny products move: on
-    2026-11-26 this machine's copy probe ran 1.2x slower than at the calibration while the
-    kernel probe's GEMMs ran 1.3x slower off the peak, and LeNet's products, far off it, 1.4x.
-    """
-    then = np.asarray(before, dtype=float)
-    now = np.array([call.seconds for call in calls])
-    share = np.array([peak_share(call.flops, seconds, peak_flops) for call, seconds in zip(calls, then, strict=True)])
-    off_peak = then * (1.0 - share)
-    weight = float(off_peak @ off_peak)
-    if weight <= 0:
-        return None
-    ratio = float(off_peak @ (now - then * share * at_peak_ratio)) / weight
-    return beyond_noise(ratio, noise) if ratio > 0 else None
 
 
 def kernel_ratios(calls: Mapping[str, Sequence[KernelSample]], before: Mapping[str, Sequence[float]],
@@ -323,10 +327,13 @@ def log_spread(values: Sequence[float]) -> float:
     return statistics.stdev(math.log(value) for value in values) if len(values) > 1 else 0.0
 
 
-def median_noise(values: Sequence[float]) -> float:
-    """The relative standard error of the median of positive ``values``: 1.2533 times their
-    spread (:func:`log_spread`) over the square root of their number."""
-    return 1.2533 * log_spread(values) / math.sqrt(len(values)) if values else 0.0
+def ratio_noise(values: Sequence[float], runs: int = 1) -> float:
+    """The relative noise of a figure measured anew, the mean of ``runs`` measurements, over
+    the median of positive ``values``, earlier measurements of the same: their spread
+    (:func:`log_spread`), of the new figure over the square root of ``runs``, of the median
+    1.2533 times it over the square root of their number, combined in quadrature. (The new
+    figure's own share was left out until 2026-11-26: it is the larger.)"""
+    return log_spread(values) * math.sqrt(1.0 / runs + math.pi / 2 / len(values)) if values else 0.0
 
 
 def _timed_alike(work: Pieces, references: Sequence[Pieces]) -> bool:
@@ -336,29 +343,30 @@ def _timed_alike(work: Pieces, references: Sequence[Pieces]) -> bool:
     return bool(references) and all([name for name, _ in reference] == names for reference in references)
 
 
-def like_for_like(now: Pieces, references: Sequence[Pieces]) -> tuple[list[float], float] | None:
-    """The seconds of the pieces of work ``now`` in ``references``, the calibration's own
-    runs of the probe: each piece's median over them, and the noise of a ratio of totals to
-    those medians, the standard error of the references' median total
-    (:func:`median_noise`). None where a reference did other work, or there is none."""
+def like_for_like(now: Pieces, references: Sequence[Pieces], runs: int = 1) -> tuple[list[float], float] | None:
+    """The seconds of the pieces of work ``now`` (the mean of ``runs`` runs of the probe) in
+    ``references``, the calibration's own runs of the probe: each piece's median over
+    them, and the noise of a ratio of totals to those medians (:func:`ratio_noise` of the
+    references' totals). None where a reference did other work, or there is none."""
     if not _timed_alike(now, references):
         return None
     medians = [float(np.median([seconds for _, seconds in piece])) for piece in zip(*references, strict=True)]
-    return medians, median_noise([sum(seconds for _, seconds in reference) for reference in references])
+    return medians, ratio_noise([sum(seconds for _, seconds in reference) for reference in references], runs)
 
 
-def probe_moves(now: Mapping[str, Pieces], references: Sequence[Mapping[str, Pieces]]) -> dict[str, float]:
+def probe_moves(now: Mapping[str, Pieces], references: Sequence[Mapping[str, Pieces]],
+                runs: int = 1) -> dict[str, float]:
     """How far each kind of work moved since the calibration, from a run's probe ``now`` and
     the calibration's own runs of it, ``references``, each as pieces of work by kind (a
     kernel's calls named by their sizes, the steps' time outside the kernels named by their
     calls). Only kinds that every reference timed alike count.
 
-    Each moves as the probe's work as a whole (its total now over the references' median
-    total, its steadiest figure, beyond that median's standard error), times its share of
-    that total now over its median share then, where the share moved beyond its spread
-    between the references (for the run's one probe and for their median): a change of
-    processor moves kinds apart, the machine's wander moves them all alike
-    (:func:`beyond_noise` each)."""
+    Each moves as the probe's work as a whole (its total now, the mean of ``runs`` runs of
+    the probe, over the references' median total, its steadiest figure), times its share
+    of that total now over its median share then: each beyond its noise, the references'
+    spread of the same figure for the run's probe and for their median (:func:`ratio_noise`,
+    :func:`beyond_noise`). A change of processor moves kinds apart, the machine's wander
+    moves them all alike."""
     kinds = [kind for kind, pieces in now.items()
              if _timed_alike(pieces, [reference.get(kind, []) for reference in references])]
 
@@ -369,13 +377,13 @@ def probe_moves(now: Mapping[str, Pieces], references: Sequence[Mapping[str, Pie
     if not kinds or min(min(t.values()) for t in [now_totals, *reference_totals]) <= 0:
         return {}
     wholes = [sum(t.values()) for t in reference_totals]
-    whole = beyond_noise(sum(now_totals.values()) / statistics.median(wholes), median_noise(wholes))
+    whole = beyond_noise(sum(now_totals.values()) / statistics.median(wholes), ratio_noise(wholes, runs))
     shares = [{kind: total / sum(t.values()) for kind, total in t.items()} for t in reference_totals]
     moves = {}
     for kind in kinds:
         then = [share[kind] for share in shares]
-        noise = log_spread(then) * math.sqrt(1.0 + 1.0 / len(then))
-        moves[kind] = whole * beyond_noise(now_totals[kind] / sum(now_totals.values()) / statistics.median(then), noise)
+        share_now = now_totals[kind] / sum(now_totals.values())
+        moves[kind] = whole * beyond_noise(share_now / statistics.median(then), ratio_noise(then, runs))
     return moves
 
 

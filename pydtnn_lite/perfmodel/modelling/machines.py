@@ -24,7 +24,6 @@ from pydtnn_lite.perfmodel.modelling.drift import (
     Pieces,
     ProbedWork,
     drift_between,
-    gemm_rest_ratio,
     kernel_ratios,
     like_for_like,
     probe_moves,
@@ -192,7 +191,7 @@ def adjusted_machine(machine: CalibratedMachine, placement: Placement | None = N
         model = machine.allreduce_seconds if machine.allreduce is not None else None
         drift = drift_between(calibration.machine_state, now, model)
         drift = replace(drift, kernels=probed_ratios(calibration, probed),
-                        gemm_rest=probed_gemm_rest(calibration, probed, drift.compute))
+                        gemm_rest=probed_gemm_rest(calibration, probed))
     return AdjustedMachine(machine, placement or calibration.placement, drift)
 
 
@@ -252,24 +251,32 @@ def _pieces(calls: Sequence[KernelSample]) -> Pieces:
     return [(call.dims, call.seconds) for call in calls]
 
 
-def probed_gemm_rest(calibration: Calibration, probed: ProbedWork | None, at_peak_ratio: float) -> float | None:
-    """The kernel probe's ratio for GEMM off its peak against ``calibration``, the part at
-    the peak moving by ``at_peak_ratio``
-    (:func:`~pydtnn_lite.perfmodel.modelling.drift.gemm_rest_ratio`): against the median of
-    the calibration's own runs of the probe where they timed the same products
-    (:func:`~pydtnn_lite.perfmodel.modelling.drift.like_for_like`), beyond the standard
-    error of their median; otherwise against its GEMM model's predictions, beyond the
-    model's held-out error. None where it timed no GEMM, the calibration has no probe's peak, or
-    the two ran otherwise (:func:`probed_ratios`)."""
-    state = calibration.machine_state
-    if probed is None or not _probe_comparable(calibration, probed) or state is None or not probed.calls.get(GEMM):
+def probed_gemm_rest(calibration: Calibration, probed: ProbedWork | None) -> float | None:
+    """How the kernel probe's products moved against ``calibration``, the ratio for the
+    part of a GEMM's time off its peak: their total time now over then
+    (:func:`~pydtnn_lite.perfmodel.modelling.drift.work_ratio`), against the median of the
+    calibration's own runs of the probe where they timed the same products
+    (:func:`~pydtnn_lite.perfmodel.modelling.drift.like_for_like`), beyond that ratio's
+    noise; otherwise against its GEMM model's predictions, beyond the model's held-out
+    error. None where it timed no GEMM, or the two ran otherwise (:func:`probed_ratios`).
+
+    The copy rates that stand in otherwise can stay still while skinny products move: on
+    2026-11-26 this machine's copy probe ran 1.2x slower than at the calibration while the
+    kernel probe's products ran 1.3x slower, and LeNet's, far off the peak, 1.4x. The
+    probe's products moved alike at and off the peak (32 runs that day: the two parts'
+    ratios within 3 % of each other), where the every-core probe's GEMM often moved less;
+    splitting the probe's move at the peak, with the peak's part moving as the every-core
+    probe's, put the gap between the two probes on the rest, which is a small share of
+    the probe's time, and so multiplied their noise (LeNet's correction overshot by a
+    third)."""
+    if probed is None or not _probe_comparable(calibration, probed) or not probed.calls.get(GEMM):
         return None
     calls = probed.calls[GEMM]
-    own = like_for_like(_pieces(calls),
-                        [_pieces(reference.calls.get(GEMM, [])) for reference in calibration.kernel_probes])
+    own = like_for_like(_pieces(calls), [_pieces(reference.calls.get(GEMM, []))
+                                         for reference in calibration.kernel_probes], probed.runs)
     before, noise = own if own is not None else ([_calibrated_seconds(calibration, GEMM, call) for call in calls],
                                                  _model_noise(calibration, GEMM, len(calls)))
-    return gemm_rest_ratio(calls, before, state.gemm_flops, at_peak_ratio, noise)
+    return work_ratio([(call.seconds, then) for call, then in zip(calls, before, strict=True)], noise)
 
 
 def probed_ratios(calibration: Calibration, probed: ProbedWork | None) -> dict[str, float]:
@@ -288,7 +295,7 @@ def probed_ratios(calibration: Calibration, probed: ProbedWork | None) -> dict[s
     if probed is None or not _probe_comparable(calibration, probed):
         return {}
     references = [_kinds_of_work(reference) for reference in calibration.kernel_probes]
-    ratios = probe_moves(_kinds_of_work(probed), references) or _modelled_ratios(calibration, probed)
+    ratios = probe_moves(_kinds_of_work(probed), references, probed.runs) or _modelled_ratios(calibration, probed)
     loading = work_ratio([(seconds, calibration.data_load_seconds(name, int(samples)))
                           for name, samples_seconds in probed.data.items() for samples, seconds in samples_seconds])
     return ratios if loading is None else {**ratios, DATA_LOAD: loading}

@@ -46,6 +46,15 @@ def job_placement(meta: dict) -> Placement | None:
                      int(meta.get("blas_threads", 1)))
 
 
+def kernel_probe_of(meta: dict) -> ProbedWork | None:
+    """The traced run's kernel probe, the mean of its runs (as it started and ended; traces
+    written before 2026-11-26 evening kept one run); None where it was not probed."""
+    runs = meta.get("kernel_probes")
+    if not runs:
+        return None
+    return ProbedWork.mean([ProbedWork.from_dict(run) for run in (runs if isinstance(runs, list) else [runs])])
+
+
 def run_machines(machine: Machine, meta: dict) -> tuple[Machine, Machine]:
     """(raw, corrected): a calibrated ``machine`` placed as the traced job was, before and after
     the correction for the drift its machine-state probe measured; other machines as they are.
@@ -54,7 +63,7 @@ def run_machines(machine: Machine, meta: dict) -> tuple[Machine, Machine]:
         return machine, machine
     placement = job_placement(meta)
     state = MachineState.from_dict(meta["machine_state"]) if meta.get("machine_state") else None
-    probed = ProbedWork.from_dict(meta["kernel_probes"]) if meta.get("kernel_probes") else None
+    probed = kernel_probe_of(meta)
     raw, corrected = adjusted_machine(machine, placement), adjusted_machine(machine, placement, state, probed)
     network = machine.calibration.network
     if meta.get("strategy") == "hierarchical" and network is not None:  # the drift stays the flat model's
