@@ -26,6 +26,14 @@ from common import interleave  # noqa: E402
 GRADIENT_SYNC = os.path.join(BENCHMARKS, "gradient_sync.py")
 
 
+def run_script(script: str, *args: str, timeout: int = 300) -> str:
+    """The standard output of ``python benchmarks/SCRIPT ARGS`` on one process, which must succeed."""
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *args], capture_output=True, text=True,
+                            timeout=timeout, cwd=BENCHMARKS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
 def test_interleave_rotates_the_order_and_drops_the_warmup():
     calls = []
 
@@ -49,13 +57,11 @@ def test_a_slow_spell_lasts_from_its_first_slow_instant_to_the_next_fast_one():
 
 
 def test_cold_start_times_every_condition_against_back_to_back():
-    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "cold_start.py"), "--rounds", "2",
-                             "--busy-ms", "1"], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
+    stdout = run_script("cold_start.py", "--rounds", "2", "--busy-ms", "1", timeout=120)
     timed = re.findall(r"^ +(back to back|after GEMMs|after a busy wait|after sleep) +[\d.]+ us +([\d.]+)x",
-                       result.stdout, re.MULTILINE)
+                       stdout, re.MULTILINE)
     conditions = ["back to back", "after GEMMs", "after a busy wait", "after sleep"]
-    assert [condition for condition, _ in timed] == conditions * 2, result.stdout  # the Numba and NumPy updates
+    assert [condition for condition, _ in timed] == conditions * 2, stdout  # the Numba and NumPy updates
     assert [ratio for condition, ratio in timed if condition == "back to back"] == ["1.0", "1.0"]
 
 
@@ -126,68 +132,54 @@ def test_heterogeneous_benchmark_verdict():
 
 def test_against_pytorch_prints_the_throughput_ratio():
     pytest.importorskip("torch")
-    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "against_pytorch.py"), "--model", "lenet",
-                             "--dataset", "digits", "--batch-size", "8", "--steps", "1", "--threads", "1"],
-                            capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "x PyTorch's throughput" in result.stdout
+    stdout = run_script("against_pytorch.py", "--model", "lenet", "--dataset", "digits", "--batch-size", "8",
+                        "--steps", "1", "--threads", "1")
+    assert "x PyTorch's throughput" in stdout
     assert re.search(r"float32 GEMM peak [\d.]+ GFLOP/s \(the fastest of \d+ products between the steps\); "
                      r"step [\d.]+ GFLOP: pydtnn_lite [\d.]+ GFLOP/s \([\d.]+% of the peak\), "
-                     r"PyTorch [\d.]+ GFLOP/s \([\d.]+%\)", result.stdout), result.stdout
+                     r"PyTorch [\d.]+ GFLOP/s \([\d.]+%\)", stdout), stdout
 
 
 def test_against_pytorch_runs_graph_models():
     """The residual adds and dense concatenations translate too (a model PyTorch could not run
     would fail the step)."""
     pytest.importorskip("torch")
-    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "against_pytorch.py"), "--model", "resnet18",
-                             "--dataset", "synthetic", "--batch-size", "4", "--steps", "1", "--threads", "1"],
-                            capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "x PyTorch's throughput" in result.stdout
+    stdout = run_script("against_pytorch.py", "--model", "resnet18", "--dataset", "synthetic", "--batch-size", "4",
+                        "--steps", "1", "--threads", "1")
+    assert "x PyTorch's throughput" in stdout
     # Its 3x3 blocks run by Winograd: fewer FLOPs executed than the textbook counts.
     assert re.search(r"pydtnn_lite's kernels execute [\d.]+ of the [\d.]+ GFLOP \(Winograd convolutions\)",
-                     result.stdout), result.stdout
+                     stdout), stdout
 
 
 def test_host_kernels_benchmark_times_both_kernel_sets():
-    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "host_kernels.py"), "--model", "resnet18",
-                             "--dataset", "digits", "--batch-size", "4", "--steps", "1", "--threads", "1",
-                             "--optimizer", "adam"],
-                            capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"numpy  kernels: step [\d.]+ ms, of which the replaced kernels [\d.]+ ms", result.stdout)
-    assert re.search(r"speed-up: step [\d.]+x, replaced kernels [\d.]+x", result.stdout)
-    assert "1 threads, adam" in result.stdout
+    stdout = run_script("host_kernels.py", "--model", "resnet18", "--dataset", "digits", "--batch-size", "4",
+                        "--steps", "1", "--threads", "1", "--optimizer", "adam")
+    assert re.search(r"numpy  kernels: step [\d.]+ ms, of which the replaced kernels [\d.]+ ms", stdout)
+    assert re.search(r"speed-up: step [\d.]+x, replaced kernels [\d.]+x", stdout)
+    assert "1 threads, adam" in stdout
 
 
 def test_pool_relu_order_benchmark_times_both_orders():
-    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "pool_relu_order.py"), "--model", "lenet",
-                             "--dataset", "digits", "--batch-size", "8", "--steps", "1", "--threads", "1"],
-                            capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
-    assert result.returncode == 0, result.stderr[-3000:]
+    stdout = run_script("pool_relu_order.py", "--model", "lenet", "--dataset", "digits", "--batch-size", "8",
+                        "--steps", "1", "--threads", "1")
     for order in ("relu first", "pool first"):
-        assert re.search(rf"{order}: step [\d.]+ ms, of which ReLU and max pooling [\d.]+ ms", result.stdout)
-    assert re.search(r"pool first against relu first: step [\d.]+x, ReLU and max pooling [\d.]+x", result.stdout)
+        assert re.search(rf"{order}: step [\d.]+ ms, of which ReLU and max pooling [\d.]+ ms", stdout)
+    assert re.search(r"pool first against relu first: step [\d.]+x, ReLU and max pooling [\d.]+x", stdout)
 
 
 def test_conv_forms_benchmark_times_winograd_against_the_patch_matrix():
-    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "conv_forms.py"), "--model", "vgg11",
-                             "--batch-size", "2", "--steps", "1", "--threads", "1"],
-                            capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
-    assert result.returncode == 0, result.stderr[-3000:]
+    stdout = run_script("conv_forms.py", "--model", "vgg11", "--batch-size", "2", "--steps", "1", "--threads", "1")
     for form in ("patch matrix", "winograd"):
-        assert re.search(rf"{form}: step [\d.]+ ms, of which convolution kernels [\d.]+ ms", result.stdout)
-    assert re.search(r"winograd against patch matrix: step [\d.]+x, convolution kernels [\d.]+x", result.stdout)
+        assert re.search(rf"{form}: step [\d.]+ ms, of which convolution kernels [\d.]+ ms", stdout)
+    assert re.search(r"winograd against patch matrix: step [\d.]+x, convolution kernels [\d.]+x", stdout)
 
 
 def test_conv_forms_benchmark_times_single_layers_in_both_forms():
-    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "conv_forms.py"), "--layers", "8:4:4",
-                             "8:8:4", "--batch-size", "2", "--steps", "1", "--threads", "1"],
-                            capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"8:4:4: winograd [\d.]+ ms, direct [\d.]+ ms, [\d.]+x", result.stdout), result.stdout
-    assert re.search(r"8:8:4: transposed [\d.]+ ms, transposed [\d.]+ ms, [\d.]+x", result.stdout), result.stdout
+    stdout = run_script("conv_forms.py", "--layers", "8:4:4", "8:8:4", "--batch-size", "2", "--steps", "1",
+                        "--threads", "1")
+    assert re.search(r"8:4:4: winograd [\d.]+ ms, direct [\d.]+ ms, [\d.]+x", stdout), stdout
+    assert re.search(r"8:8:4: transposed [\d.]+ ms, transposed [\d.]+ ms, [\d.]+x", stdout), stdout
 
 
 def test_allreduce_benchmark_times_between_the_samples():
@@ -228,19 +220,15 @@ def test_gpu_checks_refuses_an_unknown_stage_before_running_any(tmp_path):
 
 
 def test_the_synthetic_data_benchmark_sets_the_loader_against_per_sample_generators():
-    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "synthetic_data.py"), "--batch-size", "4",
-                             "--rounds", "1"], capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
-    assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.splitlines()
+    stdout = run_script("synthetic_data.py", "--batch-size", "4", "--rounds", "1")
+    lines = stdout.splitlines()
     assert len(lines) == 4 and all("x the generators' speed" in line for line in lines)
     assert "generator per sample" in lines[1] and "(1.00x" in lines[1]
 
 
 def test_the_prefetch_benchmark_reads_a_cifar10_binary_set_both_ways():
-    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "prefetch.py"), "--model", "lenet",
-                             "--batch-size", "16", "--steps", "3", "--rounds", "1", "--records-per-file", "64",
-                             "--threads", "1"], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "320 CIFAR-10 binary records" in result.stdout
+    stdout = run_script("prefetch.py", "--model", "lenet", "--batch-size", "16", "--steps", "3", "--rounds", "1",
+                        "--records-per-file", "64", "--threads", "1")
+    assert "320 CIFAR-10 binary records" in stdout
     for label in ("in the step (--prefetch 0): step", "read ahead (--prefetch 2): step"):
-        assert result.stdout.count(label) == 1, result.stdout
+        assert stdout.count(label) == 1, stdout
