@@ -131,6 +131,21 @@ def model_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def print_step_comparison(args: argparse.Namespace, samples: Mapping[str, Sequence[float]], baseline: str,
+                          variant: str, kernels_label: str) -> None:
+    """The medians of two interleaved variants' steps (``samples`` by variant name, and by
+    name + " kernels" the kernels they differ in): each variant's step and kernels, then
+    ``variant`` over ``baseline``."""
+    median = {name: statistics.median(values) for name, values in samples.items()}
+    print(f"{args.model} on {args.dataset}, batch {args.batch_size}, {args.threads} threads "
+          f"(medians of {args.steps} steps each, interleaved)")
+    for name in (baseline, variant):
+        print(f"{name}: step {median[name] * 1e3:.1f} ms, of which {kernels_label} "
+              f"{median[name + ' kernels'] * 1e3:.1f} ms")
+    print(f"{variant} against {baseline}: step {median[variant] / median[baseline]:.3f}x, "
+          f"{kernels_label} {median[variant + ' kernels'] / median[baseline + ' kernels']:.3f}x")
+
+
 @contextlib.contextmanager
 def output_folder(keep: str | None, program: str) -> Iterator[str]:
     """Where a benchmark writes its traces: ``keep`` (``--keep DIR``), a new folder that

@@ -28,7 +28,7 @@ from pydtnn_lite.network import Network
 from pydtnn_lite.runtime import keep_freed_memory, set_blas_threads
 from pydtnn_lite.training import Trainer
 
-from common import interleave, kernel_timed_step, make_trainer, model_parser, timed
+from common import interleave, kernel_timed_step, make_trainer, model_parser, print_step_comparison, timed
 
 CONVOLUTION_KERNELS = ("gemm", "im2col", "col2im", "winograd_input", "winograd_output", "winograd_output_grad",
                        "winograd_input_grad")
@@ -96,14 +96,7 @@ def main() -> None:
 
     samples = interleave([variant("winograd", trainer()), variant("patch matrix", trainer(without_winograd))],
                          rounds=args.steps, warmup=2)
-    median = {name: float(np.median(values)) for name, values in samples.items()}
-    print(f"{args.model} on {args.dataset}, batch {args.batch_size}, {args.threads} threads "
-          f"(medians of {args.steps} steps each, interleaved)")
-    for name in ("patch matrix", "winograd"):
-        print(f"{name}: step {median[name] * 1e3:.1f} ms, of which convolution kernels "
-              f"{median[name + ' kernels'] * 1e3:.1f} ms")
-    print(f"winograd against patch matrix: step {median['winograd'] / median['patch matrix']:.3f}x, "
-          f"convolution kernels {median['winograd kernels'] / median['patch matrix kernels']:.3f}x")
+    print_step_comparison(args, samples, "patch matrix", "winograd", "convolution kernels")
 
 
 if __name__ == "__main__":

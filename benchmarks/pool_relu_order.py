@@ -12,14 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.models.blocks import relu_before_pools
 from pydtnn_lite.runtime import set_blas_threads
 from pydtnn_lite.training import Trainer
 
-from common import interleave, kernel_timed_step, make_trainer, model_parser
+from common import interleave, kernel_timed_step, make_trainer, model_parser, print_step_comparison
 
 MOVED_KERNELS = ("relu", "relu_grad", "maxpool", "maxpool_grad")
 
@@ -39,14 +37,7 @@ def main() -> None:
 
     samples = interleave([variant("pool first", trainer()), variant("relu first", trainer(relu_before_pools))],
                          rounds=args.steps, warmup=2)
-    median = {name: float(np.median(values)) for name, values in samples.items()}
-    print(f"{args.model} on {args.dataset}, batch {args.batch_size}, {args.threads} threads "
-          f"(medians of {args.steps} steps each, interleaved)")
-    for name in ("relu first", "pool first"):
-        print(f"{name}: step {median[name] * 1e3:.1f} ms, of which ReLU and max pooling "
-              f"{median[name + ' kernels'] * 1e3:.1f} ms")
-    print(f"pool first against relu first: step {median['pool first'] / median['relu first']:.3f}x, "
-          f"ReLU and max pooling {median['pool first kernels'] / median['relu first kernels']:.3f}x")
+    print_step_comparison(args, samples, "relu first", "pool first", "ReLU and max pooling")
 
 
 if __name__ == "__main__":
