@@ -3,6 +3,7 @@
     python benchmarks/validation_accuracy.py --calibration calibration/dev-2core.json [OTHER.json ...] \\
         [--runs 3] [--ranks 2 4 8] [--steps 8] [--min-seconds 1] [--configs vgg11:64 vgg11:128 resnet18:48] \\
         [--no-overlap] [--matrix] [--plot FILE.png] [--keep DIR]
+    python benchmarks/validation_accuracy.py --calibration NEWER.json [...] --traces DIR
 
 Each round trains every configuration (``model:global batch[:data set]``, on each of
 ``--ranks``; ``--matrix``: the zoo at two batch sizes) once under ``mpiexec -n RANKS``
@@ -28,18 +29,25 @@ Per configuration it prints:
 It ends with one line per configuration (the matrix), and with ``--plot`` draws the
 step error of every configuration beside the between-run difference. ``--keep DIR`` keeps
 the traces there (one folder per run) for ``python -m pydtnn_lite.trace summarize`` and
-``python -m pydtnn_lite.validate``; otherwise they are deleted at the end.
+``python -m pydtnn_lite.validate``; otherwise they are deleted at the end. ``--traces DIR``
+trains nothing: it validates the runs kept in DIR against the calibrations given, which
+is how runs of one day are set against a calibration of another. Each calibration's
+header says how many hours before (or after) the runs it was measured.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import os
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from pydtnn_lite.costs import COMPUTE_STAGES, Stage
 from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, calibrated_machine
@@ -77,6 +85,11 @@ class Config:
         if len(parts) not in (2, 3) or not parts[1].isdigit():
             raise SystemExit(f"validation_accuracy: --configs takes model:batch[:dataset], got {text!r}")
         return cls(parts[0], int(parts[1]), parts[2] if len(parts) == 3 else "synthetic", ranks)
+
+    @classmethod
+    def of_trace(cls, meta: dict) -> Config:
+        """The configuration a kept run trained, from its trace's meta."""
+        return cls(meta["model"], int(meta["global_batch"]), meta["dataset"], int(meta["ranks"]))
 
     def __str__(self) -> str:
         return f"{self.model}, global batch {self.batch}, {self.dataset}, {self.ranks} ranks"
@@ -226,6 +239,102 @@ def plot(rows: list[tuple], path: str) -> None:
     figure.savefig(path, dpi=120)
 
 
+@dataclass
+class Validated:
+    """The runs set against one calibration: per configuration, their validations after and
+    before the drift correction and the steps each traced; and when the runs ran."""
+
+    corrected: dict[Config, list[Validation]] = field(default_factory=dict)
+    raw: dict[Config, list[Validation]] = field(default_factory=dict)
+    traced_steps: dict[Config, int] = field(default_factory=dict)
+    run_dates: list[datetime] = field(default_factory=list)
+
+
+def validate_runs(runs: Sequence[tuple[Config, str]], machines: Sequence[CalibratedMachine]) -> list[Validated]:
+    """Every run (configuration, trace folder) against each of ``machines``, placed as the
+    run's ranks were, with and without the correction for the drift its probes measured."""
+    validated = [Validated() for _ in machines]
+    for config, trace in runs:
+        loaded = load_trace(trace)
+        for machine, results in zip(machines, validated, strict=True):
+            before, corrected = run_machines(machine, loaded[2])
+            validation_before, validation = validations_of(trace, loaded, [before, corrected])
+            results.corrected.setdefault(config, []).append(validation)
+            results.raw.setdefault(config, []).append(validation_before)
+            results.traced_steps.setdefault(config, len({step.step for step in loaded[1]}))
+            results.run_dates.append(datetime.fromisoformat(loaded[2]["date"]).replace(tzinfo=timezone.utc))
+    return validated
+
+
+def kept_runs(folder: str) -> list[tuple[Config, str]]:
+    """The runs an earlier ``--keep DIR`` left in ``folder``, in the order they ran."""
+    if not os.path.isdir(folder):
+        raise SystemExit(f"validation_accuracy: --traces {folder} is not a folder; name one that --keep DIR wrote")
+    runs = []
+    for entry in os.listdir(folder):
+        meta_file = os.path.join(folder, entry, "meta.json")
+        if os.path.isfile(meta_file):
+            with open(meta_file, encoding="utf-8") as handle:
+                meta = json.load(handle)
+            runs.append((meta["date"], entry, Config.of_trace(meta)))
+    if not runs:
+        raise SystemExit(f"validation_accuracy: --traces {folder} holds no traced run; write some with --keep DIR")
+    return [(config, os.path.join(folder, entry)) for _, entry, config in sorted(runs)]
+
+
+def calibration_age(machine: CalibratedMachine, run_dates: Sequence[datetime]) -> str:
+    """When ``machine`` was calibrated, and how many hours before the runs (their range)."""
+    measured = machine.calibration.machine.get("date")
+    if not measured:
+        return "calibrated on a date it does not record"
+    calibrated = datetime.fromisoformat(measured)
+    hours = [(date - calibrated).total_seconds() / 3600 for date in run_dates]
+    when = f"calibrated {calibrated:%Y-%m-%d %H:%M}"
+    return f"{when}, {min(hours):.1f} to {max(hours):.1f} h before the runs" if min(hours) >= 0 else \
+        f"{when}, after some of the runs"
+
+
+def print_results(path: str, machine: CalibratedMachine, validated: Validated, header: str,
+                  plot_to: str | None) -> None:
+    """Every configuration's report, then the matrix and its summary, against one calibration."""
+    configs = list(validated.corrected)
+    print(f"{header}, calibration {path} ({calibration_age(machine, validated.run_dates)}); load average "
+          f"{os.getloadavg()[0]:.2f} at the end")
+    for config in configs:
+        print(report(config, validated.traced_steps[config], validated.corrected[config], validated.raw[config]))
+    rows = [matrix_row(config, validated.corrected[config], validated.raw[config]) for config in configs]
+    print(f"\nMatrix against {path} (medians over the runs; WRE: the model's / between runs')")
+    print(format_table(MATRIX_HEADER, rows))
+    print(summary(configs, validated.corrected))
+    if plot_to:
+        plot(rows, plot_to)
+        print(f"wrote {plot_to}")
+
+
+@contextmanager
+def runs_to_validate(args: argparse.Namespace, machine: CalibratedMachine) -> Iterator[tuple[list, str]]:
+    """The runs (configuration, trace folder) and a line that says what they are: those kept
+    in ``--traces``, or new ones traced now, in the order of the configurations (their traces
+    deleted on leaving, unless ``--keep``)."""
+    if args.traces:
+        yield kept_runs(args.traces), f"runs kept in {args.traces}"
+        return
+    configs = [Config.parse(text, ranks) for text in (MATRIX if args.matrix else args.configs) for ranks in args.ranks]
+    steps = {config: steps_to_trace(config, machine, args.steps, args.min_seconds) for config in configs}
+    with output_folder(args.keep, "validation_accuracy") as traces:
+        runs = []
+        for round_ in range(args.runs):
+            for offset in range(len(configs)):
+                config = configs[(round_ + offset) % len(configs)]
+                trace = os.path.join(traces, f"{config.model}-{config.batch}-{config.ranks}-{round_}")
+                traced_run(config, steps[config], not args.no_overlap, trace)
+                runs.append((config, trace))
+        runs.sort(key=lambda run: configs.index(run[0]))
+        yield runs, (f"ranks {', '.join(map(str, args.ranks))}; at least {args.steps} traced steps and "
+                     f"{args.min_seconds:g} s (predicted) per run, {args.runs} runs each, "
+                     f"overlap {'off' if args.no_overlap else 'on'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calibration", required=True, nargs="+",
@@ -240,41 +349,17 @@ def main() -> None:
                         help="trace more steps where --steps would take less than this (predicted)")
     parser.add_argument("--no-overlap", action="store_true", help="reduce gradients after backward")
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep the traces in DIR (a new folder)")
+    parser.add_argument("--traces", default=None, metavar="DIR",
+                        help="train nothing: validate the runs that an earlier --keep DIR kept there")
     args = parser.parse_args()
     if args.runs < 2:
         raise SystemExit("validation_accuracy: --runs must be at least 2 (the floor compares runs)")
-    configs = [Config.parse(text, ranks) for text in (MATRIX if args.matrix else args.configs) for ranks in args.ranks]
     machines = [calibrated_machine(path) for path in args.calibration]
-    steps = {config: steps_to_trace(config, machines[0], args.steps, args.min_seconds) for config in configs}
-    # Per calibration, per configuration: the runs' validations after and before the drift correction.
-    validations = [{config: [] for config in configs} for _ in machines]
-    raw = [{config: [] for config in configs} for _ in machines]
-    with output_folder(args.keep, "validation_accuracy") as traces:
-        for round_ in range(args.runs):
-            for offset in range(len(configs)):
-                config = configs[(round_ + offset) % len(configs)]
-                trace = os.path.join(traces, f"{config.model}-{config.batch}-{config.ranks}-{round_}")
-                traced_run(config, steps[config], not args.no_overlap, trace)
-                loaded = load_trace(trace)
-                for index, machine in enumerate(machines):
-                    before, corrected = run_machines(machine, loaded[2])
-                    validation_before, validation = validations_of(trace, loaded, [before, corrected])
-                    validations[index][config].append(validation)
-                    raw[index][config].append(validation_before)
-    for index, path in enumerate(args.calibration):
-        print(f"ranks {', '.join(map(str, args.ranks))}; at least {args.steps} traced steps and "
-              f"{args.min_seconds:g} s (predicted) per run, {args.runs} runs each, "
-              f"overlap {'off' if args.no_overlap else 'on'}, calibration {path}; load average "
-              f"{os.getloadavg()[0]:.2f} at the end")
-        for config in configs:
-            print(report(config, steps[config], validations[index][config], raw[index][config]))
-        rows = [matrix_row(config, validations[index][config], raw[index][config]) for config in configs]
-        print(f"\nMatrix against {path} (medians over the runs; WRE: the model's / between runs')")
-        print(format_table(MATRIX_HEADER, rows))
-        print(summary(configs, validations[index]))
-        if args.plot and index == 0:
-            plot(rows, args.plot)
-            print(f"wrote {args.plot}")
+    with runs_to_validate(args, machines[0]) as (runs, header):
+        validated = validate_runs(runs, machines)
+    for index, (path, machine) in enumerate(zip(args.calibration, machines, strict=True)):
+        print_results(path, machine, validated[index], header, args.plot if index == 0 else None)
+
 
 if __name__ == "__main__":
     main()

@@ -93,6 +93,19 @@ def test_validation_accuracy_sets_the_model_against_the_runs_themselves(tmp_path
         assert result.stdout.count(label) == 1, result.stdout
     assert sorted(os.listdir(kept)) == ["lenet-16-2-0", "lenet-16-2-1"]
     assert (kept / "lenet-16-2-0" / "events.csv").is_file()
+    assert re.search(r"calibrated 2\d{3}-\d\d-\d\d \d\d:\d\d, [\d.]+ to [\d.]+ h before the runs", result.stdout)
+    # The kept runs validated again, training nothing, give the same figures.
+    revalidated = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "validation_accuracy.py"), "--calibration",
+                                  calibration, "--traces", str(kept)], capture_output=True, text=True, timeout=120)
+    assert revalidated.returncode == 0, revalidated.stderr[-3000:]
+    assert f"runs kept in {kept}" in revalidated.stdout
+
+    def figures(stdout: str) -> list[str]:
+        return [line for line in stdout.splitlines() if line.strip().startswith(("model, run", "between runs"))]
+    assert figures(revalidated.stdout) == figures(result.stdout) and len(figures(result.stdout)) == 3
+    empty = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "validation_accuracy.py"), "--calibration",
+                            calibration, "--traces", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert empty.returncode != 0 and "holds no traced run" in empty.stderr
     again = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert again.returncode != 0 and f"--keep {kept} exists" in again.stderr
     bad = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "validation_accuracy.py"), "--calibration",
