@@ -283,15 +283,18 @@ def kept_runs(folder: str) -> list[tuple[Config, str]]:
 
 
 def calibration_age(machine: CalibratedMachine, run_dates: Sequence[datetime]) -> str:
-    """When ``machine`` was calibrated, and how many hours before the runs (their range)."""
+    """When ``machine`` was calibrated, and how many hours before (or after) the runs."""
     measured = machine.calibration.machine.get("date")
     if not measured:
         return "calibrated on a date it does not record"
     calibrated = datetime.fromisoformat(measured)
     hours = [(date - calibrated).total_seconds() / 3600 for date in run_dates]
     when = f"calibrated {calibrated:%Y-%m-%d %H:%M}"
-    return f"{when}, {min(hours):.1f} to {max(hours):.1f} h before the runs" if min(hours) >= 0 else \
-        f"{when}, after some of the runs"
+    if min(hours) >= 0:
+        return f"{when}, {min(hours):.1f} to {max(hours):.1f} h before the runs"
+    if max(hours) <= 0:
+        return f"{when}, {-max(hours):.1f} to {-min(hours):.1f} h after the runs"
+    return f"{when}, while the runs were traced"
 
 
 def print_results(path: str, machine: CalibratedMachine, validated: Validated, header: str,
