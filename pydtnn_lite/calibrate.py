@@ -6,7 +6,9 @@ kernel, writes the calibration file (rank 0) and prints each model's held-out er
 The ranks measure at the same time, each with its share of the cores, as the ranks of a
 training job on this machine compute; run it with the ranks per node you will train
 with. ``--refit FILE`` fits the models again from the samples a file holds, measuring
-nothing; ``--allreduce-only FILE`` times Allreduce again into a file, keeping its kernels.
+nothing; ``--merge FILE FILE ...`` pools the samples of calibrations of one machine taken
+at different times and fits the models on them; ``--allreduce-only FILE`` times Allreduce
+again into a file, keeping its kernels.
 """
 from __future__ import annotations
 
@@ -32,8 +34,10 @@ from pydtnn_lite.perfmodel.measuring.calibrate import (
     fit_models,
     remeasure_allreduce,
 )
+from pydtnn_lite.perfmodel.measuring.data_loading import read_ahead_share
 from pydtnn_lite.perfmodel.measuring.probes import QUICK, job_probes
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.merging import merge_calibrations
 from pydtnn_lite.perfmodel.modelling.outside_kernels import fit_affine
 from pydtnn_lite.perfmodel.modelling.synchronization import fit_sync_wait
 from pydtnn_lite.runtime import (
@@ -77,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--refit", metavar="FILE", default=None,
                         help="fit the kernel models again from the samples FILE holds; measure nothing")
+    source.add_argument("--merge", metavar="FILE", nargs="+", default=None,
+                        help="pool the samples of these calibrations of this machine (taken at different times) "
+                             "and fit the models on them; measure nothing")
     source.add_argument("--allreduce-only", metavar="FILE", default=None,
                         help="time Allreduce again into FILE (under mpiexec with 2 or more ranks, e.g. on an "
                              "emulated cluster); its kernel samples and models are kept, with the placement they "
@@ -186,6 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "kernels would be timed sharing the cores and predicted sharing them twice; "
                             "calibrate --models with at most one rank per core")
         previous = Calibration.load(source) if source else None
+        if args.merge:
+            previous = merge_calibrations([Calibration.load(path) for path in args.merge])
         if args.allreduce_only:
             check_allreduce_ranks(comm.size)
         backend = make_backend(args.device, args.dtype)
@@ -204,6 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         previous.sync_wait = fit_sync_wait(previous.sync_samples, previous.allreduce_ranks)
         previous.overhead = fit_affine(previous.overhead_samples)
         previous.data_load = {name: fit_affine(rows) for name, rows in previous.data_load_samples.items()}
+        if previous.read_ahead_samples:
+            previous.read_ahead_share = read_ahead_share(previous.read_ahead_samples)
         calibration = previous
     else:
         log(f"calibrating: {comm.size} rank(s) x {threads} BLAS thread(s), {args.dtype} on {backend.device}"

@@ -24,6 +24,7 @@ from pydtnn_lite.perfmodel.measuring.machine_state import ALLREDUCE_BYTES
 from pydtnn_lite.perfmodel.measuring.probes import QUICK, Probe, calibration_grid
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.merging import merge_calibrations
 from pydtnn_lite.perfmodel.modelling.regression import (
     MIN_SECONDS,
     KernelSample,
@@ -289,6 +290,80 @@ def test_missing_and_damaged_files_raise_clear_errors(tmp_path, tiny):
     (tmp_path / "damaged.json").write_text(json.dumps(damaged))
     with pytest.raises(ValueError, match="damaged calibration file.*peak_flops"):
         Calibration.load(str(tmp_path / "damaged.json"))
+
+
+def a_later_calibration(calibration: Calibration, slower: float) -> Calibration:
+    """``calibration`` as if measured again an hour later on a machine ``slower`` times slower."""
+    state = calibration.machine_state
+    assert state is not None
+    return dataclasses.replace(
+        calibration, machine={**calibration.machine, "date": "2099-01-01T01:00:00+00:00"},
+        kernel_samples={kernel: [dataclasses.replace(s, seconds=s.seconds * slower) for s in samples]
+                        for kernel, samples in calibration.kernel_samples.items()},
+        machine_state=dataclasses.replace(state, gemm_flops=state.gemm_flops / slower,
+                                          copy_bytes_per_second=state.copy_bytes_per_second / slower))
+
+
+def test_merged_calibrations_pool_their_samples_and_average_their_snapshots(tiny):
+    calibration, _ = tiny
+    later = a_later_calibration(calibration, slower=4.0)
+    merged = merge_calibrations([calibration, later])
+    assert merged.machine["merged_dates"] == sorted([calibration.machine["date"], later.machine["date"]])
+    assert merged.machine["date"] == later.machine["date"]
+    for kernel, samples in calibration.kernel_samples.items():
+        assert len(merged.kernel_samples[kernel]) == 2 * len(samples)
+    assert len(merged.kernel_probes) == 2 * len(calibration.kernel_probes)
+    assert len(merged.sync_samples) == 2 * len(calibration.sync_samples)
+    # The machine's state at the merged calibration: the probes' geometric mean (x2 slower than the first).
+    assert merged.machine_state is not None and calibration.machine_state is not None
+    assert merged.machine_state.gemm_flops == pytest.approx(calibration.machine_state.gemm_flops / 2)
+    assert merged.machine_state.copy_bytes_per_second == pytest.approx(
+        calibration.machine_state.copy_bytes_per_second / 2)
+    # A call sampled at its exact sizes is predicted as the median of both files' samples.
+    sample = calibration.kernel_samples["im2col"][0]
+    cost = KernelCost(Stage.FP, "im2col", sample.flops, sample.bytes, tuple(sample.dims))
+    pooled = [s.seconds for s in merged.kernel_samples["im2col"]
+              if tuple(s.dims) == tuple(sample.dims) and s.bytes == sample.bytes]
+    assert merged.warm_seconds("im2col", cost) == pytest.approx(np.median(pooled))
+    assert calibration.warm_seconds("im2col", cost) < merged.warm_seconds("im2col", cost) < \
+        later.warm_seconds("im2col", cost)
+
+
+def test_merging_keeps_each_network_sampled_whole_last_as_the_files_mean(tiny):
+    calibration, _ = tiny
+    jobs = {**calibration.settings, "jobs": ["mlp:4:synthetic"]}
+    first = dataclasses.replace(calibration, settings=jobs, overhead_samples=[(10.0, 1.0), (20.0, 3.0)])
+    second = dataclasses.replace(first, overhead_samples=[(12.0, 2.0), (20.0, 5.0)])
+    merged = merge_calibrations([first, second])
+    assert merged.overhead_samples == [(10.0, 1.0), (12.0, 2.0), (20.0, 4.0)]
+
+
+def test_calibrations_of_other_machines_or_networks_do_not_merge(tiny):
+    calibration, _ = tiny
+    other = dataclasses.replace(calibration, machine={**calibration.machine, "cpu_model": "another processor"})
+    with pytest.raises(ValueError, match="differ in cpu_model"):
+        merge_calibrations([calibration, other])
+    with pytest.raises(ValueError, match="sampled different networks whole"):
+        merge_calibrations([calibration, dataclasses.replace(calibration, settings={"jobs": ["lenet:8:synthetic"]})])
+    with pytest.raises(ValueError, match="at least two"):
+        merge_calibrations([calibration])
+
+
+def test_cli_merges_calibrations_into_one_with_models_fitted_on_every_sample(tmp_path, tiny):
+    calibration, path = tiny
+    later = tmp_path / "later.json"
+    a_later_calibration(calibration, slower=2.0).save(str(later))
+    merged_path = tmp_path / "merged.json"
+    result = calibrate_cli("--merge", path, str(later), "--out", str(merged_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    merged = Calibration.load(str(merged_path))
+    assert merged.kernel_models.keys() == calibration.kernel_models.keys()
+    assert len(merged.kernel_samples["gemm"]) == 2 * len(calibration.kernel_samples["gemm"])
+    elsewhere = tmp_path / "elsewhere.json"
+    dataclasses.replace(calibration, machine={**calibration.machine, "cores": 64}).save(str(elsewhere))
+    refused = calibrate_cli("--merge", path, str(elsewhere), "--out", str(tmp_path / "never.json"))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "differ in cores" in refused.stderr
+    assert not (tmp_path / "never.json").exists()
 
 
 def calibrate_cli(*flags: str) -> subprocess.CompletedProcess:

@@ -1,0 +1,128 @@
+"""Several calibrations of one machine as one: their samples pooled, their snapshots averaged.
+
+A calibration is a snapshot of a machine that moves: on a shared host the same kernels run
+5-8 % faster or slower from one hour to the next, and a file measured in a fast hour
+predicts every run after it short (on 2026-11-26 the 16:36 file predicted the zoo's steps
++0.2 to +5.5 % long on average, the 19:24 file -2.5 to -8.6 % short, over the same four
+sets of runs). Pooling the samples of calibrations taken at different times fits models of
+the machine's typical pace, as the drift correction assumes a calibration to be.
+
+What is pooled: every kernel's samples (the models are fitted again on them by the
+caller, ``python -m pydtnn_lite.calibrate --merge``), the samples of calls that follow
+other work, of Allreduce, of the waits for the slowest rank, of loading data and of
+reading ahead; the probe networks' time outside the kernels (the zoo networks sampled
+whole, the same jobs in each file, as the mean of their times); and the runs of the kernel
+probe, so that a run's probe is set against all of them. The machine-state probe becomes
+the geometric mean of the files' probes, its spread that of their centre. The roofs are
+geometric means; the network timings, where any file has them, are the first file's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Sequence
+
+from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.drift import MachineState
+
+# What must agree for calibrations to describe one machine placed one way.
+SAME_MACHINE = ("cpu_model", "cores", "usable_cores", "ranks", "ranks_per_node", "blas_threads", "device", "dtype")
+
+
+def merge_calibrations(calibrations: Sequence[Calibration]) -> Calibration:
+    """One calibration holding the samples of all of ``calibrations`` (at least two, of one
+    machine, placement and set of jobs sampled whole), its kernel models those of the first
+    until the caller fits them again. ValueError naming what differs otherwise."""
+    if len(calibrations) < 2:
+        raise ValueError("merging needs at least two calibrations")
+    first = calibrations[0]
+    for other in calibrations[1:]:
+        differing = [key for key in SAME_MACHINE if first.machine.get(key) != other.machine.get(key)]
+        if differing:
+            raise ValueError(f"the calibrations differ in {', '.join(differing)}: merge calibrations of one machine "
+                             "placed one way")
+        if first.settings.get("jobs", []) != other.settings.get("jobs", []):
+            raise ValueError("the calibrations sampled different networks whole (calibrate --models): merge "
+                             "calibrations made with the same --models")
+    dates = sorted(str(c.machine.get("date", "")) for c in calibrations)
+    machine = {**first.machine, "date": dates[-1], "merged_dates": dates}
+    return dataclasses.replace(
+        first, machine=machine,
+        peak_flops=_geometric_mean([c.peak_flops for c in calibrations]),
+        memory_bandwidth=_geometric_mean([c.memory_bandwidth for c in calibrations]),
+        kernel_samples=_pooled([c.kernel_samples for c in calibrations]),
+        cold_start_samples=_pooled([c.cold_start_samples for c in calibrations]),
+        kernel_rates=_best_rates([c.kernel_rates for c in calibrations]),
+        allreduce_samples=[s for c in calibrations for s in c.allreduce_samples],
+        allreduce_cpu_samples=[s for c in calibrations for s in c.allreduce_cpu_samples],
+        sync_samples=[s for c in calibrations for s in c.sync_samples],
+        overhead_samples=_overhead_samples(calibrations),
+        data_load_samples=_pooled([c.data_load_samples for c in calibrations]),
+        read_ahead_samples=[s for c in calibrations for s in c.read_ahead_samples],
+        machine_state=_mean_state([c.machine_state for c in calibrations]),
+        network=next((c.network for c in calibrations if c.network is not None), None),
+        kernel_probes=[run for c in calibrations for run in c.kernel_probes])
+
+
+def _geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(statistics.fmean(math.log(value) for value in values)) if min(values) > 0 else values[0]
+
+
+def _pooled(dicts: Sequence[dict]) -> dict:
+    """Each key's lists, concatenated in the files' order."""
+    out: dict = {}
+    for samples in dicts:
+        for key, values in samples.items():
+            out.setdefault(key, []).extend(values)
+    return out
+
+
+def _best_rates(dicts: Sequence[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each kernel's best rate of each kind over the files."""
+    out: dict[str, dict[str, float]] = {}
+    for rates in dicts:
+        for kernel, kinds in rates.items():
+            best = out.setdefault(kernel, {})
+            for kind, rate in kinds.items():
+                best[kind] = max(best.get(kind, 0.0), rate)
+    return out
+
+
+def _overhead_samples(calibrations: Sequence[Calibration]) -> list[tuple[float, float]]:
+    """The grid probes' (calls, seconds outside the kernels) of every file, then each job's
+    sampled whole as the mean over the files: a calibration keeps its jobs' samples last, in
+    the order of its ``jobs`` setting (:meth:`Calibration.overhead_seconds`)."""
+    jobs = len(calibrations[0].settings.get("jobs", []))
+    grid = [s for c in calibrations for s in c.overhead_samples[:len(c.overhead_samples) - jobs]]
+    whole = [c.overhead_samples[len(c.overhead_samples) - jobs:] for c in calibrations]
+    return grid + [(samples[0][0], statistics.fmean(seconds for _, seconds in samples))
+                   for samples in zip(*whole, strict=True)]
+
+
+def _mean_state(states: Sequence[MachineState | None]) -> MachineState | None:
+    """The probes' geometric mean, each figure's spread the standard error of that centre
+    (at least the files' own); None where a file has no probe."""
+    if any(state is None for state in states):
+        return None
+    known = [state for state in states if state is not None]
+
+    def centre(values: Sequence[float], spreads: Sequence[float]) -> tuple[float, float]:
+        logs = [math.log(value) for value in values]
+        between = statistics.stdev(logs) / math.sqrt(len(logs))
+        return math.exp(statistics.fmean(logs)), max(between, math.sqrt(statistics.fmean(s * s for s in spreads)))
+
+    gemm, gemm_spread = centre([s.gemm_flops for s in known], [s.gemm_spread for s in known])
+    copy, copy_spread = centre([s.copy_bytes_per_second for s in known], [s.copy_spread for s in known])
+    first = known[0]
+    allreduce, allreduce_spread = first.allreduce_seconds, first.allreduce_spread
+    timed = [s for s in known if s.allreduce_seconds]
+    if len(timed) == len(known) and all((s.allreduce_ranks, s.allreduce_bytes) == (first.allreduce_ranks,
+                                                                                     first.allreduce_bytes)
+                                        for s in known):
+        allreduce, allreduce_spread = centre([s.allreduce_seconds or 0.0 for s in known],
+                                             [s.allreduce_spread for s in known])
+    return dataclasses.replace(first, gemm_flops=gemm, copy_bytes_per_second=copy, gemm_spread=gemm_spread,
+                               copy_spread=copy_spread, allreduce_seconds=allreduce,
+                               allreduce_spread=allreduce_spread, probes=sum(s.probes for s in known),
+                               imbalance=statistics.fmean(s.imbalance for s in known))
