@@ -14,7 +14,8 @@ reading ahead; the probe networks' time outside the kernels (the zoo networks sa
 whole, the same jobs in each file, as the mean of their times); and the runs of the kernel
 probe, so that a run's probe is set against all of them. The machine-state probe becomes
 the geometric mean of the files' probes, its spread that of their centre. The roofs are
-geometric means; the network timings, where any file has them, are the first file's.
+geometric means; the network timings (an emulated cluster's) are those of the first file
+that has them.
 """
 from __future__ import annotations
 
@@ -116,10 +117,10 @@ def _mean_state(states: Sequence[MachineState | None]) -> MachineState | None:
     copy, copy_spread = centre([s.copy_bytes_per_second for s in known], [s.copy_spread for s in known])
     first = known[0]
     allreduce, allreduce_spread = first.allreduce_seconds, first.allreduce_spread
-    timed = [s for s in known if s.allreduce_seconds]
-    if len(timed) == len(known) and all((s.allreduce_ranks, s.allreduce_bytes) == (first.allreduce_ranks,
-                                                                                     first.allreduce_bytes)
-                                        for s in known):
+    alike = all(s.allreduce_seconds and (s.allreduce_ranks, s.allreduce_bytes) == (first.allreduce_ranks,
+                                                                                   first.allreduce_bytes)
+                for s in known)
+    if alike:  # the same reduction timed by every file: its mean too; otherwise the first file's
         allreduce, allreduce_spread = centre([s.allreduce_seconds or 0.0 for s in known],
                                              [s.allreduce_spread for s in known])
     return dataclasses.replace(first, gemm_flops=gemm, copy_bytes_per_second=copy, gemm_spread=gemm_spread,
