@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import os
 import statistics
@@ -58,6 +57,7 @@ from pydtnn_lite.perfmodel.modelling.validation import Validation, weighted_rela
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from pydtnn_lite.textable import format_table
 from pydtnn_lite.tracing import load_trace
+from pydtnn_lite.tracing.records import META_FILE, read_meta
 
 from common import output_folder
 
@@ -256,13 +256,15 @@ def validate_runs(runs: Sequence[tuple[Config, str]], machines: Sequence[Calibra
     validated = [Validated() for _ in machines]
     for config, trace in runs:
         loaded = load_trace(trace)
+        traced = len({step.step for step in loaded[1]})
+        date = datetime.fromisoformat(loaded[2]["date"]).replace(tzinfo=timezone.utc)
         for machine, results in zip(machines, validated, strict=True):
             before, corrected = run_machines(machine, loaded[2])
             validation_before, validation = validations_of(trace, loaded, [before, corrected])
             results.corrected.setdefault(config, []).append(validation)
             results.raw.setdefault(config, []).append(validation_before)
-            results.traced_steps.setdefault(config, len({step.step for step in loaded[1]}))
-            results.run_dates.append(datetime.fromisoformat(loaded[2]["date"]).replace(tzinfo=timezone.utc))
+            results.traced_steps.setdefault(config, traced)
+            results.run_dates.append(date)
     return validated
 
 
@@ -272,10 +274,9 @@ def kept_runs(folder: str) -> list[tuple[Config, str]]:
         raise SystemExit(f"validation_accuracy: --traces {folder} is not a folder; name one that --keep DIR wrote")
     runs = []
     for entry in os.listdir(folder):
-        meta_file = os.path.join(folder, entry, "meta.json")
-        if os.path.isfile(meta_file):
-            with open(meta_file, encoding="utf-8") as handle:
-                meta = json.load(handle)
+        trace = os.path.join(folder, entry)
+        if os.path.isfile(os.path.join(trace, META_FILE)):
+            meta = read_meta(trace)
             runs.append((meta["date"], entry, Config.of_trace(meta)))
     if not runs:
         raise SystemExit(f"validation_accuracy: --traces {folder} holds no traced run; write some with --keep DIR")
