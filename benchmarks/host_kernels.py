@@ -4,8 +4,8 @@
         [--optimizer sgd|adam]
 
 One trainer, one fixed batch; the steps alternate between the kernel entries as shipped
-(Numba for im2col, col2im, batch norm (fused with ReLU or not), ReLU, add, pooling and the
-SGD and Adam updates) and the same entries pointed at the NumPy functions, so a shared
+(Numba for im2col, col2im, the Winograd tile transforms, batch norm (fused with ReLU or
+not), ReLU, add, pooling and the SGD and Adam updates) and the same entries pointed at the NumPy functions, so a shared
 machine's load hits both alike. Prints each median step time, the time inside those
 kernels, and the speed-up.
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pydtnn_lite.comm import SerialCommunicator
-from pydtnn_lite.kernels import conv, elementwise, normalization, pooling, update
+from pydtnn_lite.kernels import conv, elementwise, normalization, pooling, update, winograd
 from pydtnn_lite.runtime import set_blas_threads
 
 from common import interleave, kernel_timed_step, make_trainer, model_parser
@@ -32,6 +32,8 @@ NUMPY_VERSIONS = {
     "batchnorm_relu_grad_input": normalization.batchnorm_relu_grad_input, "maxpool": pooling.maxpool,
     "maxpool_grad": pooling.maxpool_grad, "avgpool": pooling.avgpool, "avgpool_grad": pooling.avgpool_grad,
     "sgd_update": update.sgd_update, "adam_update": update.adam_update,
+    "winograd_input": winograd.input_tiles, "winograd_output": winograd.output_tiles,
+    "winograd_output_grad": winograd.output_tiles_grad, "winograd_input_grad": winograd.input_tiles_grad,
 }
 
 
