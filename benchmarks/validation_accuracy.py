@@ -315,6 +315,10 @@ def print_results(path: str, machine: CalibratedMachine, validated: Validated, h
         print(f"wrote {plot_to}")
 
 
+# What shapes the runs trained now: --traces trains none.
+TRAINING_FLAGS = ("configs", "runs", "ranks", "matrix", "steps", "min_seconds", "no_overlap", "keep")
+
+
 @contextmanager
 def runs_to_validate(args: argparse.Namespace, machine: CalibratedMachine) -> Iterator[tuple[list, str]]:
     """The runs (configuration, trace folder) and a line that says what they are: those kept
@@ -356,6 +360,11 @@ def main() -> None:
     parser.add_argument("--traces", default=None, metavar="DIR",
                         help="train nothing: validate the runs that an earlier --keep DIR kept there")
     args = parser.parse_args()
+    ignored = [f"--{name.replace('_', '-')}" for name in TRAINING_FLAGS
+               if getattr(args, name) != parser.get_default(name)]
+    if args.traces and ignored:
+        raise SystemExit(f"validation_accuracy: --traces trains nothing, so {', '.join(ignored)} would be ignored: "
+                         "leave them out, or drop --traces to train new runs")
     if args.runs < 2:
         raise SystemExit("validation_accuracy: --runs must be at least 2 (the floor compares runs)")
     machines = [calibrated_machine(path) for path in args.calibration]

@@ -106,6 +106,10 @@ def test_validation_accuracy_sets_the_model_against_the_runs_themselves(tmp_path
     empty = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "validation_accuracy.py"), "--calibration",
                             calibration, "--traces", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert empty.returncode != 0 and "holds no traced run" in empty.stderr
+    training = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "validation_accuracy.py"), "--calibration",
+                               calibration, "--traces", str(kept), "--runs", "4", "--matrix"],
+                              capture_output=True, text=True, timeout=60)
+    assert training.returncode != 0 and "--runs, --matrix would be ignored" in training.stderr
     again = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert again.returncode != 0 and f"--keep {kept} exists" in again.stderr
     bad = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "validation_accuracy.py"), "--calibration",

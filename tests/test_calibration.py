@@ -25,6 +25,7 @@ from pydtnn_lite.perfmodel.measuring.probes import QUICK, Probe, calibration_gri
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.merging import merge_calibrations
+from pydtnn_lite.perfmodel.modelling.placement import ThreadScaling
 from pydtnn_lite.perfmodel.modelling.regression import (
     MIN_SECONDS,
     KernelSample,
@@ -206,6 +207,7 @@ def test_a_tiny_calibration_reads_back_with_identical_predictions(tiny):
     assert all(probe.calls["relu"] and probe.outside for probe in loaded.kernel_probes)
     assert loaded.cold_start_samples == calibration.cold_start_samples
     assert set(loaded.cold_start_samples) == {"sgd_update", "adam_update"}  # one a probe, both optimizers
+    assert loaded.thread_scaling is None  # one rank: no ranks to set one rank's threads against
     for name, samples in calibration.kernel_samples.items():
         for sample in samples:
             cost = KernelCost(Stage.FP, name, sample.flops, sample.bytes, sample.dims)
@@ -329,6 +331,28 @@ def test_merged_calibrations_pool_their_samples_and_average_their_snapshots(tiny
         later.warm_seconds("im2col", cost)
 
 
+def test_a_thread_scaling_reads_back_and_older_files_scale_threads_linearly(tiny, tmp_path):
+    calibration, _ = tiny
+    scaled = dataclasses.replace(calibration, thread_scaling=ThreadScaling(2, gemm=1.1, memory=2.2))
+    scaled.save(str(tmp_path / "scaled.json"))
+    assert Calibration.load(str(tmp_path / "scaled.json")).thread_scaling == scaled.thread_scaling
+    older = scaled.to_dict()
+    del older["thread_scaling"]
+    assert Calibration.from_dict(older).thread_scaling is None
+
+
+def test_merged_thread_scalings_are_their_geometric_mean(tiny):
+    calibration, _ = tiny
+    first = dataclasses.replace(calibration, thread_scaling=ThreadScaling(2, gemm=1.0, memory=1.5))
+    second = dataclasses.replace(a_later_calibration(calibration, slower=1.0),
+                                 thread_scaling=ThreadScaling(2, gemm=1.21, memory=2.4))
+    merged = merge_calibrations([first, second]).thread_scaling
+    assert merged is not None and merged.threads == 2
+    assert (merged.gemm, merged.memory) == pytest.approx((1.1, (1.5 * 2.4) ** 0.5))
+    assert merge_calibrations([first, dataclasses.replace(second, thread_scaling=None)]).thread_scaling == \
+        first.thread_scaling
+
+
 def test_merging_keeps_each_network_sampled_whole_last_as_the_files_mean(tiny):
     calibration, _ = tiny
     jobs = {**calibration.settings, "jobs": ["mlp:4:synthetic"]}
@@ -400,6 +424,11 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert result.stdout.count("wrote") == 1  # rank 0 alone writes and reports
     calibration = Calibration.load(str(out))
     assert calibration.allreduce_ranks == 2 and calibration.machine["ranks"] == 2
+    # A rank per core (on this 2-core machine): one rank's two threads timed against the two ranks.
+    scaling = calibration.thread_scaling
+    if usable_cores() == 2:
+        assert scaling is not None and scaling.threads == 2 and scaling.gemm > 0 and scaling.memory > 0
+        assert "one rank on 2 threads" in result.stdout
     # The state a run's Allreduce probe is set against: the probe's reduction on the calibration's ranks.
     state = calibration.machine_state
     assert state is not None and (state.allreduce_ranks, state.allreduce_bytes) == (2, ALLREDUCE_BYTES)

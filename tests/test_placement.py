@@ -6,7 +6,7 @@ import pytest
 from pydtnn_lite.perfmodel.measuring.data_loading import read_ahead_share
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, allreduce_models
-from pydtnn_lite.perfmodel.modelling.placement import Placement, kernel_scale
+from pydtnn_lite.perfmodel.modelling.placement import Placement, ThreadScaling, kernel_scale
 
 CALIBRATED = Placement(ranks=2, ranks_per_node=2, cores_per_node=2, threads_per_rank=1)
 
@@ -31,6 +31,28 @@ def test_one_rank_with_every_core_speeds_up_only_the_threaded_kernels():
         assert kernel_scale(threaded, job, CALIBRATED) == pytest.approx(0.5)
     for single in ("concat", "softmax_cross_entropy", "dropout_mask"):
         assert kernel_scale(single, job, CALIBRATED) == 1.0
+
+
+def test_the_shortfall_of_threads_measured_at_every_core_is_prorated_below_it():
+    scaling = ThreadScaling(threads=4, gemm=1.3, memory=2.5)
+    assert scaling.factor("gemm", 1) == 1.0 and scaling.factor("relu", 1) == 1.0
+    assert scaling.factor("gemm", 4) == pytest.approx(1.3) and scaling.factor("relu", 4) == pytest.approx(2.5)
+    assert scaling.factor("gemm", 2) == pytest.approx(1.1)  # a third of the way from 1 thread to 4
+    assert scaling.factor("batchnorm_sums", 3) == pytest.approx(2.0)  # two thirds of 1.5
+    assert scaling.factor("relu", 8) == pytest.approx(2.5)  # held beyond the threads measured
+    assert ThreadScaling.from_dict(scaling.to_dict()) == scaling
+
+
+def test_one_rank_with_every_core_runs_its_threaded_kernels_as_the_calibration_measured_threads():
+    job, scaling = Placement(1, 1, 2, 2), ThreadScaling(threads=2, gemm=1.1, memory=2.0)
+    assert kernel_scale("gemm", job, CALIBRATED, scaling) == pytest.approx(0.55)  # half the time, 10 % more
+    for memory_bound in ("relu", "batchnorm_sums", "winograd_input", "sgd_update"):
+        assert kernel_scale(memory_bound, job, CALIBRATED, scaling) == pytest.approx(1.0)  # no gain at all
+    assert kernel_scale("concat", job, CALIBRATED, scaling) == 1.0  # one thread either way
+    assert kernel_scale("relu", CALIBRATED, CALIBRATED, scaling) == 1.0  # the calibration's own placement
+    # A calibration of one rank on both cores predicting a rank per core: the other way round.
+    assert kernel_scale("relu", CALIBRATED, job, scaling) == pytest.approx(2.0 / 2.0)
+    assert kernel_scale("gemm", CALIBRATED, job, scaling) == pytest.approx(2.0 / 1.1)
 
 
 def test_threads_beyond_the_cores_share_them():

@@ -46,6 +46,7 @@ from pydtnn_lite.perfmodel.measuring.network_timing import network_timings
 from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, calibration_grid, job_probes
 from pydtnn_lite.perfmodel.measuring.process_counts import samples_beyond
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe, median_over_ranks, rounded
+from pydtnn_lite.perfmodel.measuring.thread_scaling import measure_thread_scaling
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.drift import MachineState, mean_allreduce
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
@@ -135,6 +136,10 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     peak = float(np.median(comm.allgather_object(gemm_peak(backend, repeats=settings.roof_repeats))))
     bandwidth = float(np.median(comm.allgather_object(memory_bandwidth(backend, repeats=settings.roof_repeats))))
     phase_done("roofs", f"GEMM peak {peak / 1e9:.1f} GFLOP/s, memory bandwidth {bandwidth / 1e9:.1f} GB/s per rank")
+    scaling = measure_thread_scaling(comm, blas_threads) if backend.device == "cpu" else None
+    phase_done("threads", f"one rank on {scaling.threads} threads: GEMM x{scaling.gemm:.2f}, memory-bound loops "
+                          f"x{scaling.memory:.2f} the time of one-thread ranks" if scaling else
+               "skipped: the ranks do not run one per core on one thread each")
 
     grid = calibration_grid(settings.batch_sizes, settings.grid, settings.seed) + job_probes(settings.jobs)
     evict = CacheEvictor(backend)
@@ -215,7 +220,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                        data_load={name: fit_affine(rows) for name, rows in data_load_samples.items()},
                        read_ahead_samples=read_ahead_samples, read_ahead_share=read_ahead,
                        machine_state=state, network=network, cold_start_samples=cold_starts,
-                       kernel_probes=[work for work in kernel_probes if work.calls])
+                       kernel_probes=[work for work in kernel_probes if work.calls], thread_scaling=scaling)
 
 
 def _levels(network: NetworkTimings | None) -> str:

@@ -51,7 +51,8 @@ def median_and_spread(seconds: Sequence[float]) -> tuple[float, float]:
     return median, MEDIAN_ERROR * sigma / math.sqrt(len(seconds)) / median
 
 
-def _timed(run: Callable[[], object], repeats: int) -> tuple[float, float]:
+def timed_median(run: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """The median seconds of ``repeats`` calls of ``run`` after a warm-up call, and its spread."""
     run()  # warm-up: page faults, BLAS buffers
     seconds = []
     for _ in range(repeats):
@@ -90,8 +91,8 @@ def core_rates(threads: int, repeats: int = REPEATS) -> list[tuple[float, float,
     sources = [np.ones(COPY_BYTES // 4, dtype=np.float32) for _ in range(threads)]
     targets = [np.empty_like(source) for source in sources]
     with threadpool_limits(1, user_api="blas"):
-        gemms = _on_threads(lambda i: _timed(lambda: np.matmul(a, b, out=products[i]), repeats), threads)
-    copies = _on_threads(lambda i: _timed(lambda: np.copyto(targets[i], sources[i]), repeats), threads)
+        gemms = _on_threads(lambda i: timed_median(lambda: np.matmul(a, b, out=products[i]), repeats), threads)
+    copies = _on_threads(lambda i: timed_median(lambda: np.copyto(targets[i], sources[i]), repeats), threads)
     return [(2.0 * GEMM_SIZE ** 3 / gemm, gemm_spread, 2.0 * COPY_BYTES / copy, copy_spread)
             for (gemm, gemm_spread), (copy, copy_spread) in zip(gemms, copies, strict=True)]
 

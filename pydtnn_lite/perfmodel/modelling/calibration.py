@@ -19,7 +19,7 @@ from pydtnn_lite.costs import KernelCost, Stage
 from pydtnn_lite.perfmodel.modelling.drift import COMPUTE_BOUND, STREAMING, MachineState, ProbedWork
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
 from pydtnn_lite.perfmodel.modelling.outside_kernels import NO_COST, AffineCost
-from pydtnn_lite.perfmodel.modelling.placement import Placement
+from pydtnn_lite.perfmodel.modelling.placement import Placement, ThreadScaling
 from pydtnn_lite.perfmodel.modelling.regression import (
     KernelModel,
     KernelSample,
@@ -67,7 +67,9 @@ class Calibration:
     kernel phase, against which a run's probe is set like for like (none in older files).
     ``cold_start_samples`` are the calls that followed other work (``KernelCost.cold_start``),
     by kernel, kept out of ``kernel_samples`` and the models (none in older files, whose
-    samples hold them).
+    samples hold them). ``thread_scaling`` is how far one rank's threads fell short of
+    the cores they add (``placement.ThreadScaling``; None where the calibration's ranks
+    did not run one per core on one thread, and in older files: threads scale linearly).
     """
 
     machine: dict
@@ -92,6 +94,7 @@ class Calibration:
     network: NetworkTimings | None = None
     kernel_probes: list[ProbedWork] = field(default_factory=list)
     cold_start_samples: dict[str, list[KernelSample]] = field(default_factory=dict)
+    thread_scaling: ThreadScaling | None = None
     _cold_start: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _widest: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
     _sampled: dict[str, dict[tuple, float]] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -245,7 +248,8 @@ class Calibration:
                 "network": self.network.to_dict() if self.network else None,
                 "kernel_probes": [probe.to_dict() for probe in self.kernel_probes],
                 "cold_start_samples": {name: sample_columns(samples)
-                                       for name, samples in sorted(self.cold_start_samples.items())}}
+                                       for name, samples in sorted(self.cold_start_samples.items())},
+                "thread_scaling": self.thread_scaling.to_dict() if self.thread_scaling else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> Calibration:
@@ -280,7 +284,9 @@ class Calibration:
                    network=NetworkTimings.from_dict(data["network"]) if data.get("network") else None,
                    kernel_probes=[ProbedWork.from_dict(probe) for probe in data.get("kernel_probes", [])],
                    cold_start_samples={name: samples_from_columns(columns)
-                                       for name, columns in data.get("cold_start_samples", {}).items()})
+                                       for name, columns in data.get("cold_start_samples", {}).items()},
+                   thread_scaling=(ThreadScaling.from_dict(data["thread_scaling"])
+                                   if data.get("thread_scaling") else None))
 
     def save(self, path: str) -> None:
         """Write the calibration file at ``path`` (its folder is created; the file is replaced

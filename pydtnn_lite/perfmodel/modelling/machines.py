@@ -104,7 +104,8 @@ class AdjustedMachine:
         return self.base.starts_inside_calls
 
     def _scale(self, kernel: str, flops: float = 0.0, seconds: float = 0.0) -> float:
-        return (kernel_scale(kernel, self.placement, self.base.calibration.placement)
+        calibration = self.base.calibration
+        return (kernel_scale(kernel, self.placement, calibration.placement, calibration.thread_scaling)
                 * self.drift.scale(kernel, flops=flops, seconds=seconds))
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:

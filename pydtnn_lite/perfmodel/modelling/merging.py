@@ -13,7 +13,8 @@ other work, of Allreduce, of the waits for the slowest rank, of loading data and
 reading ahead; the probe networks' time outside the kernels (the zoo networks sampled
 whole, the same jobs in each file, as the mean of their times); and the runs of the kernel
 probe, so that a run's probe is set against all of them. The machine-state probe becomes
-the geometric mean of the files' probes, its spread that of their centre. The roofs are
+the geometric mean of the files' probes, its spread that of their centre; the thread
+scaling the geometric mean of the files' (all of one placement, so of one thread count). The roofs are
 geometric means; the network timings (an emulated cluster's) are those of the first file
 that has them.
 """
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.drift import MachineState
+from pydtnn_lite.perfmodel.modelling.placement import ThreadScaling
 
 # What must agree for calibrations to describe one machine placed one way.
 SAME_MACHINE = ("cpu_model", "cores", "usable_cores", "ranks", "ranks_per_node", "blas_threads", "device", "dtype")
@@ -63,11 +65,21 @@ def merge_calibrations(calibrations: Sequence[Calibration]) -> Calibration:
         read_ahead_samples=[s for c in calibrations for s in c.read_ahead_samples],
         machine_state=_mean_state([c.machine_state for c in calibrations]),
         network=next((c.network for c in calibrations if c.network is not None), None),
-        kernel_probes=[run for c in calibrations for run in c.kernel_probes])
+        kernel_probes=[run for c in calibrations for run in c.kernel_probes],
+        thread_scaling=_mean_scaling([c.thread_scaling for c in calibrations]))
 
 
 def _geometric_mean(values: Sequence[float]) -> float:
     return math.exp(statistics.fmean(math.log(value) for value in values)) if min(values) > 0 else values[0]
+
+
+def _mean_scaling(scalings: Sequence[ThreadScaling | None]) -> ThreadScaling | None:
+    """The files' thread scalings as their geometric mean; those of the files that have one."""
+    known = [scaling for scaling in scalings if scaling is not None]
+    if not known:
+        return None
+    return ThreadScaling(known[0].threads, _geometric_mean([s.gemm for s in known]),
+                         _geometric_mean([s.memory for s in known]))
 
 
 def _pooled(dicts: Sequence[dict]) -> dict:

@@ -10,11 +10,14 @@ speed:
   reductions' copies keep the cores busy, so the ratio holds for the whole compute, and
   a reduction overlapped with backward costs the step its CPU time on the rank's share
   of the cores rather than its duration (``machines.AdjustedMachine``).
-- **Threads.** GEMM (BLAS) and the host's parallel loops (im2col, col2im, batch norm,
-  ReLU, the residual add, pooling, the SGD and Adam updates: ``kernels/cpu.py``) run on the rank's threads;
-  the other kernels run on one. With more (or fewer) cores per rank than in the
-  calibration, a threaded kernel scales by the ratio of the cores it gets (linearly: the
-  memory-bound loops scale less once memory bandwidth runs out).
+- **Threads.** GEMM (BLAS) and the host's parallel loops (im2col, col2im, the Winograd
+  transforms, batch norm, ReLU, the residual add, pooling, the SGD and Adam updates:
+  ``kernels/cpu.py``, ``kernels/winograd_cpu.py``) run on the rank's threads; the other
+  kernels run on one. With more (or fewer) cores per rank than in the calibration, a
+  threaded kernel scales by the ratio of the cores it gets, times what the calibration
+  measured of that ratio (:class:`ThreadScaling`): one rank of two threads ran the
+  memory-bound loops at about half the speed the ratio says, as its threads share one
+  process's memory traffic where two ranks' loops seldom meet.
 
 - **Background threads.** A rank that reads its batches ahead does so on a thread of its
   own. Where the node has a core to spare for it, that work is hidden from the step;
@@ -34,7 +37,38 @@ THREADED_KERNELS = frozenset({"gemm", "im2col", "col2im", "batchnorm_sums", "bat
                               "batchnorm_grad_sums", "batchnorm_grad_input", "batchnorm_relu_normalize",
                               "batchnorm_relu_grad_sums", "batchnorm_relu_grad_input", "relu", "relu_grad", "add",
                               "maxpool", "maxpool_grad", "avgpool", "avgpool_grad", "sgd_update",
-                              "adam_update"})
+                              "adam_update", "winograd_input", "winograd_output", "winograd_output_grad",
+                              "winograd_input_grad"})
+
+
+@dataclass(frozen=True)
+class ThreadScaling:
+    """How far threads fall short of the cores they add, as a calibration measured it.
+
+    One rank ran a node's whole work on ``threads`` threads (one per core) while the other
+    ranks waited idly; before it, every rank ran its share (1 / ``threads`` of the work) on
+    one thread, all at once, as the calibration's ranks run their kernels. ``gemm`` and
+    ``memory`` are the first time over the second for a GEMM and for the memory-bound
+    parallel loops: 1 where threads scale with the cores they get."""
+
+    threads: int
+    gemm: float
+    memory: float
+
+    def factor(self, kernel: str, threads: int) -> float:
+        """The shortfall at ``threads`` threads per rank: none at one, the measured one at
+        :attr:`threads`, in proportion between (held beyond)."""
+        if self.threads <= 1:
+            return 1.0
+        measured = self.gemm if kernel == "gemm" else self.memory
+        return 1.0 + (measured - 1.0) * min(1.0, (threads - 1) / (self.threads - 1))
+
+    def to_dict(self) -> dict:
+        return {"threads": self.threads, "gemm": self.gemm, "memory": self.memory}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ThreadScaling:
+        return cls(int(data["threads"]), float(data["gemm"]), float(data["memory"]))
 
 
 @dataclass(frozen=True)
@@ -85,13 +119,18 @@ class Placement:
                 f"{self.ranks_per_node} per node, {self.threads_per_rank} BLAS thread(s) each{shared}")
 
 
-def kernel_scale(kernel: str, job: Placement, calibrated: Placement) -> float:
-    """How many times longer ``kernel`` runs on a rank of ``job`` than it did in the calibration.
+def kernel_scale(kernel: str, job: Placement, calibrated: Placement,
+                 scaling: ThreadScaling | None = None) -> float:
+    """How many times longer ``kernel`` runs on a rank of ``job`` than it did in the calibration,
+    threaded kernels by the calibration's ``scaling`` where it measured one (linearly without).
 
     A calibration's samples are medians of its probes' calls, most of them shorter than the
     scheduler's time slice: where its ranks outnumbered the cores (a calibration under an
     emulated cluster of 2 nodes x 2 ranks on 2 cores), its kernels still ran as if on cores
     of their own, and a job time-shares them by its own placement only."""
-    if kernel in THREADED_KERNELS:
-        return calibrated.threads_per_rank / job.blas_cores
-    return job.time_sharing
+    if kernel not in THREADED_KERNELS:
+        return job.time_sharing
+    scale = calibrated.threads_per_rank / job.blas_cores
+    if scaling is not None:
+        scale *= scaling.factor(kernel, job.threads_per_rank) / scaling.factor(kernel, calibrated.threads_per_rank)
+    return scale

@@ -1,0 +1,67 @@
+"""How far one rank's threads fall short of the cores they add (``placement.ThreadScaling``).
+
+A calibration runs a rank per core, each on one thread; a job may run one rank on every
+core (a single process on a laptop). The model then divides a threaded kernel's time by
+the cores it gains, which holds for GEMM and not for the memory-bound parallel loops:
+two threads of one process ran ReLU and the residual add at about half the speed that
+two one-thread ranks ran their halves (2026-11-27; their calls seldom meet in a job,
+whose ranks run different kernels at any moment, while one process's threads always
+share each call's memory traffic). So the calibration times both: every rank running
+its share of a piece of work on one thread, all at once; then its first rank running
+the whole on all of the host's cores while the others wait idly.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from pydtnn_lite import kernels
+from pydtnn_lite.comm import Communicator
+from pydtnn_lite.perfmodel.measuring.machine_state import REPEATS, timed_median, wait_idly
+from pydtnn_lite.perfmodel.modelling.placement import ThreadScaling
+from pydtnn_lite.runtime import set_blas_threads, usable_cores
+
+GEMM_SHARE = (2048, 1152, 128)  # rows, depth, columns of a thread's share: a convolution's product, ~7 ms
+MEMORY_SHARE = 4 << 20  # float32 elements of a thread's share of the loops: 16 MB, beyond the caches
+ROUNDS = 5  # the ratio's median over rounds: one round's GEMM ratio moved 0.96-1.59 within minutes
+
+
+def _work(shares: int) -> dict[str, Callable[[], object]]:
+    """A GEMM and two memory-bound loops (ReLU, the residual add) over ``shares`` shares."""
+    rng = np.random.default_rng(0)
+    rows, depth, columns = GEMM_SHARE
+    a = rng.standard_normal((shares * rows, depth), dtype=np.float32)
+    b = rng.standard_normal((depth, columns), dtype=np.float32)
+    x, y = (rng.standard_normal(shares * MEMORY_SHARE, dtype=np.float32) for _ in range(2))
+    return {"gemm": lambda: kernels.gemm(a, b), "memory": lambda: kernels.add([kernels.relu(x), y])}
+
+
+def measure_thread_scaling(comm: Communicator, blas_threads: int) -> ThreadScaling | None:
+    """The shortfall of a rank running on all of its host's cores (collective; every rank gets
+    it), or None where the ranks do not run one per core on one thread each
+    (``blas_threads``), as the comparison needs."""
+    cores = usable_cores()
+    if cores < 2 or blas_threads != 1 or comm.local_size != cores:
+        return None
+    ratios = [_ratios(comm, cores, blas_threads) for _ in range(ROUNDS)]
+    return ThreadScaling(cores, float(np.median([r["gemm"] for r in ratios])),
+                         float(np.median([r["memory"] for r in ratios])))
+
+
+def _ratios(comm: Communicator, cores: int, blas_threads: int) -> dict[str, float]:
+    """One round: each work's time on ``cores`` threads over a share's on one (collective)."""
+    wait_idly(comm)
+    mine = {name: timed_median(run, REPEATS)[0] for name, run in _work(1).items()}
+    shares = comm.allgather_object(mine)
+    wait_idly(comm)
+    whole: dict[str, float] = {}
+    if comm.rank == 0:
+        set_blas_threads(cores)
+        try:
+            whole = {name: timed_median(run, REPEATS)[0] for name, run in _work(cores).items()}
+        finally:
+            set_blas_threads(blas_threads)
+    wait_idly(comm)
+    whole = comm.broadcast_object(whole)
+    return {name: seconds / float(np.median([rank[name] for rank in shares])) for name, seconds in whole.items()}
