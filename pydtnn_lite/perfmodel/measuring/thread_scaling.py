@@ -3,12 +3,12 @@
 A calibration runs a rank per core, each on one thread; a job may run one rank on every
 core (a single process on a laptop). The model then divides a threaded kernel's time by
 the cores it gains, which holds for GEMM and not for the memory-bound parallel loops:
-two threads of one process ran ReLU and the residual add at about half the speed that
-two one-thread ranks ran their halves (2026-11-27; their calls seldom meet in a job,
-whose ranks run different kernels at any moment, while one process's threads always
-share each call's memory traffic). So the calibration times both: every rank running
-its share of a piece of work on one thread, all at once; then its first rank running
-the whole on all of the host's cores while the others wait idly.
+two threads of one process ran ReLU and the residual add over the whole work in about
+twice the time that two one-thread ranks took for their halves at the same time
+(2026-11-27, 1.96-2.22x in three calibrations; why, this machine does not say: one
+thread alone streamed 25 GB/s, two threads of one process 30). So the calibration times
+both: every rank running its share of a piece of work on one thread, all at once; then
+its first rank running the whole on all of the host's cores while the others wait idly.
 """
 from __future__ import annotations
 

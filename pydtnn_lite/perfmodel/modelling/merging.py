@@ -14,9 +14,9 @@ reading ahead; the probe networks' time outside the kernels (the zoo networks sa
 whole, the same jobs in each file, as the mean of their times); and the runs of the kernel
 probe, so that a run's probe is set against all of them. The machine-state probe becomes
 the geometric mean of the files' probes, its spread that of their centre; the thread
-scaling the geometric mean of the files' (all of one placement, so of one thread count). The roofs are
-geometric means; the network timings (an emulated cluster's) are those of the first file
-that has them.
+scaling the geometric mean of the files' (of one placement, so of one thread count). The
+roofs are geometric means; the network timings (an emulated cluster's) are those of the
+first file that has them.
 """
 from __future__ import annotations
 
