@@ -44,24 +44,29 @@ def measure_thread_scaling(comm: Communicator, blas_threads: int) -> ThreadScali
     cores = usable_cores()
     if cores < 2 or blas_threads != 1 or comm.local_size != cores:
         return None
-    ratios = [_ratios(comm, cores, blas_threads) for _ in range(ROUNDS)]
+    shares = _work(1)
+    whole = _work(cores) if comm.rank == 0 else {}
+    ratios = [_ratios(comm, shares, whole, cores, blas_threads) for _ in range(ROUNDS)]
     return ThreadScaling(cores, float(np.median([r["gemm"] for r in ratios])),
                          float(np.median([r["memory"] for r in ratios])))
 
 
-def _ratios(comm: Communicator, cores: int, blas_threads: int) -> dict[str, float]:
-    """One round: each work's time on ``cores`` threads over a share's on one (collective)."""
+def _ratios(comm: Communicator, shares: dict[str, Callable[[], object]], whole: dict[str, Callable[[], object]],
+            cores: int, blas_threads: int) -> dict[str, float]:
+    """One round: each of ``whole`` (rank 0's) on ``cores`` threads over ``shares`` on one
+    thread, every rank at once (collective)."""
     wait_idly(comm)
-    mine = {name: timed_median(run, REPEATS)[0] for name, run in _work(1).items()}
-    shares = comm.allgather_object(mine)
+    mine = {name: timed_median(run, REPEATS)[0] for name, run in shares.items()}
+    share_seconds = comm.allgather_object(mine)
     wait_idly(comm)
-    whole: dict[str, float] = {}
+    whole_seconds: dict[str, float] = {}
     if comm.rank == 0:
         set_blas_threads(cores)
         try:
-            whole = {name: timed_median(run, REPEATS)[0] for name, run in _work(cores).items()}
+            whole_seconds = {name: timed_median(run, REPEATS)[0] for name, run in whole.items()}
         finally:
             set_blas_threads(blas_threads)
     wait_idly(comm)
-    whole = comm.broadcast_object(whole)
-    return {name: seconds / float(np.median([rank[name] for rank in shares])) for name, seconds in whole.items()}
+    whole_seconds = comm.broadcast_object(whole_seconds)
+    return {name: seconds / float(np.median([rank[name] for rank in share_seconds]))
+            for name, seconds in whole_seconds.items()}

@@ -31,8 +31,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pydtnn_lite.costs import GEMM
+
 # Kernels that run on all of the rank's threads (BLAS's, and the same number of Numba's).
-THREADED_KERNELS = frozenset({"gemm", "im2col", "col2im", "batchnorm_sums", "batchnorm_normalize",
+THREADED_KERNELS = frozenset({GEMM, "im2col", "col2im", "batchnorm_sums", "batchnorm_normalize",
                               "batchnorm_grad_sums", "batchnorm_grad_input", "batchnorm_relu_normalize",
                               "batchnorm_relu_grad_sums", "batchnorm_relu_grad_input", "relu", "relu_grad", "add",
                               "maxpool", "maxpool_grad", "avgpool", "avgpool_grad", "sgd_update",
@@ -59,7 +61,7 @@ class ThreadScaling:
         :attr:`threads`, in proportion between (held beyond)."""
         if self.threads <= 1:
             return 1.0
-        measured = self.gemm if kernel == "gemm" else self.memory
+        measured = self.gemm if kernel == GEMM else self.memory
         return 1.0 + (measured - 1.0) * min(1.0, (threads - 1) / (self.threads - 1))
 
     def to_dict(self) -> dict:
