@@ -30,8 +30,8 @@ from pydtnn_lite.training import Trainer
 
 from common import interleave, kernel_timed_step, make_trainer, model_parser, print_step_comparison, timed
 
-CONVOLUTION_KERNELS = ("gemm", "im2col", "col2im", "winograd_input", "winograd_output", "winograd_output_grad",
-                       "winograd_input_grad")
+CONVOLUTION_KERNELS = ("gemm", "im2col", "col2im", "winograd_filter", "winograd_filter_grad", "winograd_input",
+                       "winograd_output", "winograd_output_grad", "winograd_input_grad")
 
 
 def without_winograd(network: Network) -> Network:

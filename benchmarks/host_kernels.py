@@ -32,6 +32,7 @@ NUMPY_VERSIONS = {
     "batchnorm_relu_grad_input": normalization.batchnorm_relu_grad_input, "maxpool": pooling.maxpool,
     "maxpool_grad": pooling.maxpool_grad, "avgpool": pooling.avgpool, "avgpool_grad": pooling.avgpool_grad,
     "sgd_update": update.sgd_update, "adam_update": update.adam_update,
+    "winograd_filter": winograd.filter_tiles, "winograd_filter_grad": winograd.filter_tiles_grad,
     "winograd_input": winograd.input_tiles, "winograd_output": winograd.output_tiles,
     "winograd_output_grad": winograd.output_tiles_grad, "winograd_input_grad": winograd.input_tiles_grad,
 }

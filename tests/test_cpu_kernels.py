@@ -58,15 +58,42 @@ def test_winograd_transforms_match_numpy(dtype, shape, padding):
                                rtol=TOLERANCE[dtype], atol=10 * TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("channels,filters", [(1, 1), (3, 5), (64, 64), (48, 100)])
+def test_winograd_filter_transforms_match_numpy(dtype, channels, filters):
+    """One partial block of (channel, filter) pairs, whole ones, and whole ones with a partial one
+    after them (4800 pairs: four blocks of 1024 and one of 704)."""
+    weight = normal((3, 3, channels, filters), dtype)
+    tiles = winograd_cpu.filter_tiles(weight)
+    np.testing.assert_allclose(tiles, winograd.filter_tiles(weight), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    tile_grads = normal((36, channels, filters), dtype, seed=1)
+    out = np.full(weight.shape, np.nan, dtype=dtype)
+    assert winograd_cpu.filter_tiles_grad(tile_grads, out) is out
+    np.testing.assert_allclose(out, winograd.filter_tiles_grad(tile_grads, np.empty_like(out)),
+                               rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+def test_winograd_filter_transform_is_g_g_gt_of_every_filter():
+    """Independent of the (36, 9) matrix the NumPy version multiplies by: G g G^T, filter by filter."""
+    weight = normal((3, 3, 2, 3), np.float64)
+    g = winograd._FILTER_POINTS
+    expected = np.stack([[g @ weight[:, :, c, k] @ g.T for k in range(3)] for c in range(2)])  # (C, K, 6, 6)
+    np.testing.assert_allclose(winograd_cpu.filter_tiles(weight),
+                               expected.reshape(2, 3, 36).transpose(2, 0, 1), rtol=1e-12, atol=1e-15)
+
+
 def test_winograd_transforms_are_each_others_adjoints():
-    """<input_tiles(x), v> = <x, input_tiles_grad(v)> and likewise for the output transform:
-    what makes the backward pass the gradient of the forward one."""
+    """<input_tiles(x), v> = <x, input_tiles_grad(v)> and likewise for the output and the filters'
+    transforms: what makes the backward pass the gradient of the forward one."""
     x, tiles_grad = normal((2, 7, 6, 3), np.float64), normal((8, 36, 3), np.float64, seed=1)
     assert np.vdot(winograd_cpu.input_tiles(x, 1, 2, 2), tiles_grad) == pytest.approx(
         np.vdot(x, winograd_cpu.input_tiles_grad(tiles_grad, x.shape, 1)), rel=1e-12)
     products, grad_out = normal((8, 36, 3), np.float64, seed=2), normal((2, 7, 6, 3), np.float64, seed=3)
     assert np.vdot(winograd_cpu.output_tiles(products, grad_out.shape), grad_out) == pytest.approx(
         np.vdot(products, winograd_cpu.output_tiles_grad(grad_out)), rel=1e-12)
+    weight, filter_grads = normal((3, 3, 40, 30), np.float64, seed=4), normal((36, 40, 30), np.float64, seed=5)
+    assert np.vdot(winograd_cpu.filter_tiles(weight), filter_grads) == pytest.approx(
+        np.vdot(weight, winograd_cpu.filter_tiles_grad(filter_grads, np.empty_like(weight))), rel=1e-12)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -226,7 +253,8 @@ def test_one_thread_runs_every_loop_in_place_with_the_same_results():
     (which hands even a one-thread loop to a worker: two wake-ups per kernel, each a wait
     for the scheduler where ranks outnumber the cores), and it matches NumPy as the
     parallel one does."""
-    loops = [loop for loop in vars(cpu).values() if isinstance(loop, cpu.ParallelLoop)]
+    loops = [loop for module in (cpu, winograd_cpu) for loop in vars(module).values()
+             if isinstance(loop, cpu.ParallelLoop)]
     before = numba.get_num_threads()
     cpu.set_threads(1)
     try:
@@ -239,6 +267,8 @@ def test_one_thread_runs_every_loop_in_place_with_the_same_results():
             test_pooling_kernels_match_numpy(np.float32, *case)
         test_sgd_update_matches_numpy(np.float32, 0.9, 1e-4, True)
         test_adam_update_matches_numpy(np.float32, 1e-2)
+        test_winograd_transforms_match_numpy(np.float32, (3, 7, 6, 5), 1)
+        test_winograd_filter_transforms_match_numpy(np.float32, 48, 100)
         assert [loop.__name__ for loop in loops if not loop.serial.signatures] == []
     finally:
         numba.set_num_threads(before)

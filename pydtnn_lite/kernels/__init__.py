@@ -8,7 +8,7 @@ functions, so an untraced step pays nothing.
 
 On the host, the memory-bound kernels (im2col, col2im, batch norm, ReLU, batch norm
 fused with ReLU, the residual add, pooling, the SGD and Adam updates) are the Numba loops
-of :mod:`~pydtnn_lite.kernels.cpu` (the Winograd tile transforms: of
+of :mod:`~pydtnn_lite.kernels.cpu` (the Winograd transforms: of
 :mod:`~pydtnn_lite.kernels.winograd_cpu`), which use every thread of the process; the NumPy
 versions they replace stay the reference. On a GPU, :mod:`~pydtnn_lite.kernels.gpu` runs
 the window kernels (im2col, col2im and the pooling kernels) as CUDA kernels and the channel
@@ -74,6 +74,8 @@ batchnorm_relu_normalize = _by_array_type(cpu.batchnorm_relu_normalize, normaliz
 batchnorm_relu_grad_sums = _by_array_type(cpu.batchnorm_relu_grad_sums, gpu.batchnorm_relu_grad_sums)
 batchnorm_relu_grad_input = _by_array_type(cpu.batchnorm_relu_grad_input,
                                            normalization.batchnorm_relu_grad_input)
+winograd_filter = _by_array_type(winograd_cpu.filter_tiles, winograd.filter_tiles)
+winograd_filter_grad = _by_array_type(winograd_cpu.filter_tiles_grad, winograd.filter_tiles_grad)
 winograd_input = _by_array_type(winograd_cpu.input_tiles, winograd.input_tiles)
 winograd_output = _by_array_type(winograd_cpu.output_tiles, winograd.output_tiles)
 winograd_output_grad = _by_array_type(winograd_cpu.output_tiles_grad, winograd.output_tiles_grad)
@@ -88,8 +90,8 @@ __all__ = [
     "batchnorm_normalize", "batchnorm_grad_sums",
     "batchnorm_grad_input", "batchnorm_relu_normalize", "batchnorm_relu_grad_sums", "batchnorm_relu_grad_input",
     "batchnorm_inference", "maxpool", "maxpool_grad", "avgpool", "avgpool_grad",
-    "winograd_input", "winograd_output", "winograd_output_grad", "winograd_input_grad",
-    "sgd_update", "adam_update",
+    "winograd_filter", "winograd_filter_grad", "winograd_input", "winograd_output", "winograd_output_grad",
+    "winograd_input_grad", "sgd_update", "adam_update",
 ]
 
 

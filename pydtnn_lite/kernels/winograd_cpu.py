@@ -1,4 +1,4 @@
-"""The Winograd tile transforms on the host: one parallel Numba loop over the rows of tiles each.
+"""The Winograd transforms on the host: the tiles' one parallel Numba loop over the rows of tiles each.
 
 A tile's 2-D transform is two passes of a 1-D one, and a row of tiles shares the first:
 each task takes one row of tiles of one image, applies the 1-D transform down the block
@@ -9,8 +9,13 @@ vectors are contiguous slices, which the compiler vectorises. Transforming tile 
 with strided views of the channels, took 1.1-2.4x the CPU time (1.24x over the calls
 on ResNet18's four map sizes). The transformed values are stored tile by tile, (tiles, 36, C): the 36 GEMMs
 then read strided matrices, where a point-major layout (36, tiles, C) made the loops write
-36 streams at once and ran them 2-3x slower. :mod:`~pydtnn_lite.kernels.winograd` holds
-the NumPy versions these are checked against.
+36 streams at once and ran them 2-3x slower.
+
+The filters' transform and its adjoint run the same way over blocks of
+:data:`FILTER_COLUMNS` (channel, filter) pairs, ``G`` as a diagonal scaling of a matrix of
+small integers: a (36, 9) by (9, C*K) GEMM, which OpenBLAS runs at a few GB/s, took twice
+their time. :mod:`~pydtnn_lite.kernels.winograd` holds the NumPy versions these are
+checked against.
 """
 from __future__ import annotations
 
@@ -18,12 +23,20 @@ import numpy as np
 from numba import njit, prange
 
 from pydtnn_lite.kernels.cpu import ParallelLoop
-from pydtnn_lite.kernels.winograd import POINTS, SPAN, TILE, tile_counts
+from pydtnn_lite.kernels.winograd import FILTER_SCALES, POINTS, SPAN, TILE, tile_counts
 
 _F = np.float32  # the constants' type: exact, and no wider than the data in float32
+FILTER_COLUMNS = 1024  # (channel, filter) pairs per task of the filters' transform: rows of 4 KiB in float32
 
 # The slicing helpers are inlined into each transform: called, they cost the transforms
 # 1.17x their CPU time.
+
+
+@njit(cache=True, inline="always")
+def _three(array, start, step, length):  # pragma: no cover (compiled)
+    """Three vectors of ``length`` in flat ``array``, ``step`` apart from ``start``."""
+    return (array[start:start + length], array[start + step:start + step + length],
+            array[start + 2 * step:start + 2 * step + length])
 
 
 @njit(cache=True, inline="always")
@@ -97,6 +110,79 @@ def _a(src, s, step, dst, d, dstep, length):  # pragma: no cover (compiled)
         o3[e] = g0 + _F(2) * g1 + _F(4) * g2 + _F(8) * g3
         o4[e] = g0 - _F(2) * g1 + _F(4) * g2 - _F(8) * g3
         o5[e] = g3
+
+
+@njit(cache=True)
+def _g(src, s, step, dst, d, dstep, length, scales):  # pragma: no cover (compiled)
+    """``G``: three vectors of ``src`` to six of ``dst``, the integer matrix's rows scaled by ``scales``."""
+    s0, s1, s2 = _three(src, s, step, length)
+    o0, o1, o2, o3, o4, o5 = _six(dst, d, dstep, length)
+    c0, c1, c2, c3, c4, c5 = scales[0], scales[1], scales[2], scales[3], scales[4], scales[5]
+    for e in range(length):
+        g0, g1, g2 = s0[e], s1[e], s2[e]
+        o0[e] = c0 * g0
+        o1[e] = -c1 * (g0 + g1 + g2)
+        o2[e] = c2 * (g1 - g0 - g2)
+        o3[e] = c3 * (g0 + _F(2) * g1 + _F(4) * g2)
+        o4[e] = c4 * (g0 - _F(2) * g1 + _F(4) * g2)
+        o5[e] = c5 * g2
+
+
+@njit(cache=True)
+def _g_t(src, s, step, dst, d, dstep, length, scales):  # pragma: no cover (compiled)
+    """``G^T`` (the adjoint of :func:`_g`): six vectors of ``src`` to three of ``dst``."""
+    s0, s1, s2, s3, s4, s5 = _six(src, s, step, length)
+    o0, o1, o2 = _three(dst, d, dstep, length)
+    c0, c1, c2, c3, c4, c5 = scales[0], scales[1], scales[2], scales[3], scales[4], scales[5]
+    for e in range(length):
+        v0, v1, v2, v3, v4, v5 = c0 * s0[e], c1 * s1[e], c2 * s2[e], c3 * s3[e], c4 * s4[e], c5 * s5[e]
+        o0[e] = v0 - v1 - v2 + v3 + v4
+        o1[e] = v2 - v1 + _F(2) * (v3 - v4)
+        o2[e] = _F(4) * (v3 + v4) - v1 - v2 + v5
+
+
+@ParallelLoop
+def _filter_tiles(weight, scales, tiles):  # pragma: no cover (compiled)
+    # The weight as (9, n) taps by (channel, filter) pairs, the tiles as (36, n): a task
+    # transforms a block of columns down the filters' rows, then across.
+    flat_weight, flat_tiles = weight.reshape(-1), tiles.reshape(-1)
+    n = flat_weight.size // 9
+    for task in prange((n + FILTER_COLUMNS - 1) // FILTER_COLUMNS):
+        start = task * FILTER_COLUMNS
+        length = min(n, start + FILTER_COLUMNS) - start
+        down = np.empty(SPAN * 3 * length, dtype=weight.dtype)  # [3 * transformed row + column, pair]
+        for j in range(3):
+            _g(flat_weight, j * n + start, 3 * n, down, j * length, 3 * length, length, scales)
+        for a in range(SPAN):
+            _g(down, 3 * a * length, length, flat_tiles, SPAN * a * n + start, n, length, scales)
+
+
+def filter_tiles(weight: np.ndarray) -> np.ndarray:
+    """:func:`~pydtnn_lite.kernels.winograd.filter_tiles`."""
+    _, _, c, k = weight.shape
+    tiles = np.empty((POINTS, c, k), dtype=weight.dtype)
+    _filter_tiles(np.ascontiguousarray(weight), FILTER_SCALES.astype(weight.dtype), tiles)
+    return tiles
+
+
+@ParallelLoop
+def _filter_tiles_grad(tile_grads, scales, grad):  # pragma: no cover (compiled)
+    flat_tile_grads, flat_grad = tile_grads.reshape(-1), grad.reshape(-1)
+    n = flat_grad.size // 9
+    for task in prange((n + FILTER_COLUMNS - 1) // FILTER_COLUMNS):
+        start = task * FILTER_COLUMNS
+        length = min(n, start + FILTER_COLUMNS) - start
+        across = np.empty(SPAN * 3 * length, dtype=grad.dtype)  # [3 * transformed row + column, pair]
+        for a in range(SPAN):
+            _g_t(flat_tile_grads, SPAN * a * n + start, n, across, 3 * a * length, length, length, scales)
+        for j in range(3):
+            _g_t(across, j * length, 3 * length, flat_grad, j * n + start, 3 * n, length, scales)
+
+
+def filter_tiles_grad(tile_grads: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """:func:`~pydtnn_lite.kernels.winograd.filter_tiles_grad` (``out`` contiguous)."""
+    _filter_tiles_grad(np.ascontiguousarray(tile_grads), FILTER_SCALES.astype(tile_grads.dtype), out)
+    return out
 
 
 @ParallelLoop

@@ -13,7 +13,7 @@ from pydtnn_lite.costs import KernelCost, Stage
 from pydtnn_lite.initializers import get_initializer
 from pydtnn_lite.kernels.conv import output_size
 from pydtnn_lite.kernels.winograd import (
-    FILTER_TRANSFORM,
+    FILTER_TRANSFORM_FLOPS,
     INPUT_TRANSFORM_FLOPS,
     OUTPUT_TRANSFORM_FLOPS,
     POINTS,
@@ -95,8 +95,6 @@ class Conv2D(Layer):
             self.params["bias"] = backend.xp.zeros(self.filters, dtype=backend.dtype)
         self.form = convolution_form(channels, self.filters, k, self.stride, (ho, wo),
                                      self.winograd and backend.winograd)
-        if self.form == "winograd":
-            self.filter_transform = backend.asarray(FILTER_TRANSFORM)
         return (ho, wo, self.filters)
 
     def _weight_matrix(self, array: Any) -> Any:
@@ -163,8 +161,7 @@ class Conv2D(Layer):
 
     def _winograd_forward(self, x: Any, out_shape: tuple) -> Any:
         tiles = kernels.winograd_input(x, self.padding, *tile_counts(*out_shape[1:3]))
-        tile_filters = kernels.gemm(self.filter_transform, self.params["weight"].reshape(9, -1))
-        tile_filters = tile_filters.reshape(POINTS, x.shape[-1], self.filters)
+        tile_filters = kernels.winograd_filter(self.params["weight"])
         products = array_module(x).empty(tiles.shape[:2] + (self.filters,), dtype=x.dtype)
         for point in range(POINTS):
             kernels.gemm(tiles[:, point], tile_filters[point], out=products[:, point])
@@ -177,8 +174,7 @@ class Conv2D(Layer):
         filter_grads = xp.empty_like(self.tile_filters)
         for point in range(POINTS):
             kernels.gemm(self.tiles[:, point], product_grads[:, point], trans_a=True, out=filter_grads[point])
-        kernels.gemm(self.filter_transform, filter_grads.reshape(POINTS, -1), trans_a=True,
-                     out=self.grads["weight"].reshape(9, -1))
+        kernels.winograd_filter_grad(filter_grads, self.grads["weight"])
         self._bias_grad(grad_out.reshape(-1, self.filters))
         if not self.needs_input_grad:
             return None
@@ -241,8 +237,8 @@ class Conv2D(Layer):
 
     def _winograd_costs(self, batch: int) -> list[KernelCost]:
         """The Winograd form's kernels, with ``T`` tiles of the batch: the tile transforms,
-        the filters' transform and its adjoint (one GEMM each, (36, 9) by (9, C*K)), and the
-        36 GEMMs of each product (``point_gemms``)."""
+        the filters' transform and its adjoint, and the 36 GEMMs of each product
+        (``point_gemms``)."""
         channels = self.input_shapes[0][2]
         out_h, out_w, filters = self.output_shape
         tiles_h, tiles_w = tile_counts(out_h, out_w)
@@ -250,7 +246,7 @@ class Conv2D(Layer):
         x_bytes, y_bytes = self.elements(batch, self.input_shapes[0]) * s, self.elements(batch) * s
         tiles_in, tiles_out = tiles * POINTS * channels * s, tiles * POINTS * filters * s
         weights = channels * filters
-        filter_bytes = (POINTS * 9 + 9 * weights + POINTS * weights) * s
+        filter_flops, filter_bytes = FILTER_TRANSFORM_FLOPS * weights, (9 + POINTS) * weights * s
 
         def point_gemms(stage: Stage, dims: tuple) -> list[KernelCost]:
             return [KernelCost(stage, "gemm", 2.0 * tiles * weights, (tiles * (channels + filters) + weights) * s,
@@ -258,7 +254,7 @@ class Conv2D(Layer):
 
         out = [KernelCost(Stage.FP, "winograd_input", INPUT_TRANSFORM_FLOPS * tiles * channels,
                           x_bytes + tiles_in, (tiles, channels)),
-               KernelCost(Stage.FP, "gemm", 2.0 * POINTS * 9 * weights, filter_bytes, (POINTS, weights, 9, 0, 0)),
+               KernelCost(Stage.FP, "winograd_filter", filter_flops, filter_bytes, (channels, filters)),
                *point_gemms(Stage.FP, (tiles, filters, channels, 0, 0)),
                KernelCost(Stage.FP, "winograd_output", OUTPUT_TRANSFORM_FLOPS * tiles * filters,
                           tiles_out + y_bytes, (tiles, filters))]
@@ -267,7 +263,7 @@ class Conv2D(Layer):
         out += [KernelCost(Stage.BP, "winograd_output_grad", OUTPUT_TRANSFORM_FLOPS * tiles * filters,
                            y_bytes + tiles_out, (tiles, filters)),
                 *point_gemms(Stage.BP, (channels, filters, tiles, 1, 0)),
-                KernelCost(Stage.BP, "gemm", 2.0 * POINTS * 9 * weights, filter_bytes, (9, weights, POINTS, 1, 0))]
+                KernelCost(Stage.BP, "winograd_filter_grad", filter_flops, filter_bytes, (channels, filters))]
         if self.needs_input_grad:
             out += [*point_gemms(Stage.BP, (tiles, channels, filters, 0, 1)),
                     KernelCost(Stage.BP, "winograd_input_grad", INPUT_TRANSFORM_FLOPS * tiles * channels,

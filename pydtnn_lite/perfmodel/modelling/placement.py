@@ -38,8 +38,8 @@ THREADED_KERNELS = frozenset({GEMM, "im2col", "col2im", "batchnorm_sums", "batch
                               "batchnorm_grad_sums", "batchnorm_grad_input", "batchnorm_relu_normalize",
                               "batchnorm_relu_grad_sums", "batchnorm_relu_grad_input", "relu", "relu_grad", "add",
                               "maxpool", "maxpool_grad", "avgpool", "avgpool_grad", "sgd_update",
-                              "adam_update", "winograd_input", "winograd_output", "winograd_output_grad",
-                              "winograd_input_grad"})
+                              "adam_update", "winograd_filter", "winograd_filter_grad", "winograd_input",
+                              "winograd_output", "winograd_output_grad", "winograd_input_grad"})
 
 
 @dataclass(frozen=True)
