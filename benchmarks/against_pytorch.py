@@ -169,7 +169,7 @@ def main() -> None:
           f"step {flops / 1e9:.1f} GFLOP: "
           f"pydtnn_lite {rate(flops / ours_s)} ({flops / ours_s / peak:.1%} of the peak), "
           f"PyTorch {rate(flops / theirs_s)} ({flops / theirs_s / peak:.1%})")
-    if any(isinstance(layer, Conv2D) and layer.form == "winograd" for layer in network.layers):
+    if any(isinstance(layer, Conv2D) and layer.form(args.batch_size) == "winograd" for layer in network.layers):
         executed = sum(cost.flops for _, cost in network.costs(args.batch_size) if cost.stage in ("FP", "BP"))
         print(f"pydtnn_lite's kernels execute {executed / 1e9:.1f} of the {flops / 1e9:.1f} GFLOP "
               f"(Winograd convolutions): {rate(executed / ours_s)}, {executed / ours_s / peak:.1%} of the peak")

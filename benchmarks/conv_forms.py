@@ -4,7 +4,8 @@
     python benchmarks/conv_forms.py --layers 32:64:64 32:16:16 [--batch-size 64] [--threads 2] [--steps 8]
 
 Two trainers of the same network and weights, one as the layers choose their form (the
-Winograd form for 3x3 stride-1 convolutions of 16 channels and filters or more), one with
+Winograd form for 3x3 stride-1 convolutions of 64 channels or more and 32 tiles a batch or
+more), one with
 Winograd turned off (``Conv2D(winograd=False)``: the patch matrix, or the transposed form
 for fewer filters than channels); their steps on one fixed batch alternate, so a shared
 machine's load hits both alike. Prints each median step time, the time inside the
@@ -12,7 +13,8 @@ convolutions' kernels (products, patch copies, tile transforms), and the ratios.
 
 ``--layers SIZE:CHANNELS:FILTERS ...`` times single 3x3 padded convolutions instead (the
 forward and the backward on a random batch, the two forms alternating), each with the
-Winograd form allowed whatever its channels: where the threshold of 64 channels comes from.
+Winograd form allowed whatever its channels and tiles: where the thresholds of 64 channels
+and 32 tiles come from.
 """
 from __future__ import annotations
 
@@ -56,11 +58,12 @@ def layer_pass(shape: str, batch: int, winograd: bool) -> tuple[str, Callable[[]
 
     def run() -> dict[str, float]:
         return {name: timed(lambda: (layer.forward(x, context), layer.backward(grad)))}
-    return layer.form, run
+    return layer.form(batch), run
 
 
 def compare_layers(shapes: list[str], batch: int, steps: int) -> None:
-    conv_module.WINOGRAD_MIN_CHANNELS = 1  # every shape may take the form: its threshold is what is measured
+    # Every shape and batch may take the form: its thresholds are what is measured.
+    conv_module.WINOGRAD_MIN_CHANNELS = conv_module.WINOGRAD_MIN_TILES = 1
     keep_freed_memory()  # as training does: large temporaries reused, not faulted in afresh each pass
     forms, variants = {}, []
     for shape in shapes:

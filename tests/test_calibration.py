@@ -132,12 +132,15 @@ def test_grid_respects_its_limits_and_samples_both_optimizers_and_every_convolut
     assert {family: drawn[family] for family in ("dense", "pool", "merge")} == {
         family: QUICK.points[family] for family in ("dense", "pool", "merge")}
     assert QUICK.points["conv"] <= drawn["conv"] <= QUICK.points["conv"] + 2
-    forms = set()
-    for probe in (p for p in grid if p.family == "conv"):
-        conv = probe.network().build(make_backend(), seed=0).layers[1]
-        forms.add(conv.form)
-    assert forms == {"direct", "transposed", "winograd"}
-    assert all(p.step_flops() <= QUICK.max_step_flops and p.activations() <= QUICK.max_activations for p in grid)
+
+    def form(probe):
+        return probe.network().build(make_backend(), seed=0).layers[1].form(probe.batch)
+    convs = [p for p in grid if p.family == "conv"]
+    added = convs[QUICK.points["conv"]:]
+    assert {form(p) for p in convs} == {"direct", "transposed", "winograd"}
+    assert {form(p) for p in added}.isdisjoint(form(p) for p in convs[:QUICK.points["conv"]])
+    assert all(p.step_flops() <= QUICK.max_step_flops and p.activations() <= QUICK.max_activations
+               for p in grid if p not in added)
     assert {p.optimizer for p in grid if p.family == "dense"} == {"sgd", "adam"}
     assert calibration_grid((8, 16), QUICK, seed=0) == grid
 

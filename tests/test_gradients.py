@@ -68,16 +68,17 @@ def test_conv2d_in_its_transposed_form(padding, kernel):
     """Fewer filters than input channels at stride 1: the transposed convolution of the turned kernel."""
     conv = Conv2D(2, kernel, padding=padding)
     check_layer(conv, [(7, 6, 5)])
-    assert conv.form == "transposed"
+    assert conv.batch_form == "transposed"
 
 
 @pytest.mark.parametrize("padding,shape", [(1, (7, 6, 3)), (0, (8, 9, 2)), (2, (5, 6, 3))])
 def test_conv2d_in_its_winograd_form(padding, shape, monkeypatch):
-    """Whole and partial 4x4 tiles; the channel threshold lowered so that a small layer takes the form."""
+    """Whole and partial 4x4 tiles; the thresholds lowered so that a small layer takes the form."""
     monkeypatch.setattr(conv_module, "WINOGRAD_MIN_CHANNELS", 1)
+    monkeypatch.setattr(conv_module, "WINOGRAD_MIN_TILES", 1)
     conv = Conv2D(4, 3, padding=padding)
     check_layer(conv, [shape])
-    assert conv.form == "winograd"
+    assert conv.batch_form == "winograd"
 
 
 def test_conv2d_without_bias():

@@ -62,7 +62,7 @@ def test_conv_in_its_transposed_form_matches_direct_convolution(kernel, pad):
     """Fewer filters than channels at stride 1: computed as a transposed convolution."""
     rng = np.random.default_rng(3)
     conv = build(Conv2D(2, kernel, padding=pad), (7, 6, 5))
-    assert conv.form == "transposed"
+    assert conv.form(2) == "transposed"
     conv.params["bias"][...] = rng.normal(size=2)
     x = rng.normal(size=(2, 7, 6, 5))
     expected = naive_conv(x, conv.params["weight"], conv.params["bias"], 1, pad)
@@ -72,9 +72,10 @@ def test_conv_in_its_transposed_form_matches_direct_convolution(kernel, pad):
 @pytest.mark.parametrize("pad", [0, 1, 2])
 def test_conv_in_its_winograd_form_matches_direct_convolution(pad, monkeypatch):
     monkeypatch.setattr(conv_module, "WINOGRAD_MIN_CHANNELS", 1)
+    monkeypatch.setattr(conv_module, "WINOGRAD_MIN_TILES", 1)
     rng = np.random.default_rng(4)
     conv = build(Conv2D(4, 3, padding=pad), (9, 7, 3))
-    assert conv.form == "winograd"
+    assert conv.form(2) == "winograd"
     conv.params["bias"][...] = rng.normal(size=4)
     x = rng.normal(size=(2, 9, 7, 3))
     expected = naive_conv(x, conv.params["weight"], conv.params["bias"], 1, pad)
@@ -86,23 +87,26 @@ def test_winograd_in_float32_stays_near_the_direct_convolution():
     rng = np.random.default_rng(5)
     conv = Conv2D(64, 3, padding=1)
     conv.build([(8, 8, 64)], make_backend("cpu", "float32"), rng)
-    assert conv.form == "winograd"
-    x = rng.normal(size=(2, 8, 8, 64)).astype(np.float32)
+    assert conv.form(8) == "winograd"
+    x = rng.normal(size=(8, 8, 8, 64)).astype(np.float32)
     expected = naive_conv(x.astype(np.float64), conv.params["weight"].astype(np.float64),
                           conv.params["bias"].astype(np.float64), 1, 1)
     assert np.abs(conv.forward(x, ctx=CTX) - expected).max() <= 1e-4 * np.abs(expected).max()
 
 
-@pytest.mark.parametrize("input_shape,filters,winograd,form", [
-    ((32, 32, 64), 64, True, "winograd"),  # ResNet's first blocks
-    ((4, 4, 512), 512, True, "winograd"),  # one whole tile
-    ((2, 2, 512), 512, True, "direct"),  # VGG's last maps: a partial tile only
-    ((32, 32, 32), 32, True, "direct"),  # too few channels for the transforms to pay
-    ((32, 32, 128), 32, True, "transposed"),  # DenseNet's bottlenecked 3x3
-    ((32, 32, 64), 64, False, "direct"),
+@pytest.mark.parametrize("input_shape,filters,winograd,batch,form", [
+    ((32, 32, 64), 64, True, 64, "winograd"),  # ResNet's first blocks
+    ((32, 32, 64), 64, True, 1, "winograd"),  # 64 tiles in one image
+    ((4, 4, 512), 512, True, 32, "winograd"),  # one whole tile an image
+    ((4, 4, 512), 512, True, 16, "direct"),  # too few tiles for the filters' transforms to pay
+    ((8, 8, 256), 256, True, 8, "winograd"),  # four tiles an image
+    ((2, 2, 512), 512, True, 64, "direct"),  # VGG's last maps: a partial tile only
+    ((32, 32, 32), 32, True, 64, "direct"),  # too few channels for the transforms to pay
+    ((32, 32, 128), 32, True, 64, "transposed"),  # DenseNet's bottlenecked 3x3
+    ((32, 32, 64), 64, False, 64, "direct"),
 ])
-def test_the_layer_chooses_its_form_by_its_shape(input_shape, filters, winograd, form):
-    assert build(Conv2D(filters, 3, padding=1, winograd=winograd), input_shape).form == form
+def test_the_layer_chooses_its_form_by_its_shape_and_batch(input_shape, filters, winograd, batch, form):
+    assert build(Conv2D(filters, 3, padding=1, winograd=winograd), input_shape).form(batch) == form
 
 
 @pytest.mark.parametrize("size,stride,pad", [(2, 2, 0), (3, 2, 1), (3, 1, 0)])

@@ -2,6 +2,7 @@
 by Winograd's F(4x4, 3x3), narrow stride-1 layers in the transposed form."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,15 +27,21 @@ from pydtnn_lite.layers.base import Layer, Shape, StepContext, bias_costs, gemm_
 # (``benchmarks/conv_forms.py --layers``: 16 channels 1.19-1.33x the patch matrix's time,
 # 32 channels 0.94-1.09x, 64 channels 0.67x; docs/performance.md).
 WINOGRAD_MIN_CHANNELS = 64
+# Below 32 tiles a call the filters' transforms and the point GEMMs' passes over the
+# transformed filters, whose cost does not shrink with the batch, outweigh the products
+# saved (4x4 maps of 512 channels: 8 tiles 1.43x the patch matrix's time on one thread,
+# 16 tiles 0.90x on one thread and 1.19x on two, 32 tiles 0.87x on two; docs/performance.md).
+WINOGRAD_MIN_TILES = 32
 
 
 def convolution_form(channels: int, filters: int, kernel: int, stride: int, out_size: tuple[int, int],
-                     winograd: bool = True) -> str:
-    """The form a :class:`Conv2D` of these sizes computes in: ``"transposed"``, ``"winograd"``
-    (only where ``winograd``) or ``"direct"`` (see the class)."""
+                     batch: int, winograd: bool = True) -> str:
+    """The form a :class:`Conv2D` of these sizes computes a batch of ``batch`` in:
+    ``"transposed"``, ``"winograd"`` (only where ``winograd``) or ``"direct"`` (see the class)."""
     if stride == 1 and kernel > 1 and filters < channels:
         return "transposed"
-    if winograd and kernel == 3 and stride == 1 and channels >= WINOGRAD_MIN_CHANNELS and min(out_size) >= TILE:
+    if (winograd and kernel == 3 and stride == 1 and channels >= WINOGRAD_MIN_CHANNELS and min(out_size) >= TILE
+            and batch * math.prod(tile_counts(*out_size)) >= WINOGRAD_MIN_TILES):
         return "winograd"
     return "direct"
 
@@ -46,8 +53,8 @@ class Conv2D(Layer):
     Backward: ``dW = cols^T @ dy``, ``db = sum(dy)``, ``dx = col2im(dy @ W^T)``; the last
     two kernels are skipped when no earlier layer needs the input gradient.
 
-    Two other forms do the same work with less (``form``, set at build; otherwise
-    ``"direct"``):
+    Two other forms do the same work with less (:meth:`form`, by the layer's sizes and the
+    batch; otherwise ``"direct"``):
 
     - *Transposed* (``"transposed"``): stride 1, a window wider than one pixel and fewer
       filters than input channels (DenseNet's 3x3 convolutions: 128 channels in, 32 out).
@@ -58,8 +65,9 @@ class Conv2D(Layer):
       KH*KW*C_out wide instead of KH*KW*C_in, and the layer keeps ``x`` for the backward
       instead of a patch matrix KH*KW times its size.
     - *Winograd* (``"winograd"``): otherwise a 3x3 stride-1 layer with at least
-      :data:`WINOGRAD_MIN_CHANNELS` input channels and an output of one whole 4x4 tile or
-      more (ResNet's and VGG's 3x3 convolutions but the first). Winograd's minimal
+      :data:`WINOGRAD_MIN_CHANNELS` input channels, an output of one whole 4x4 tile or
+      more and :data:`WINOGRAD_MIN_TILES` tiles in the batch or more (ResNet's and VGG's 3x3
+      convolutions but the first, those on 4x4 maps only with 32 images or more). Winograd's minimal
       filtering F(4x4, 3x3) computes each 4x4 output tile from the 6x6 input block around
       it with 36 products per (tile, channel, filter) where the patch matrix takes 144:
       36 GEMMs of (tiles, C) by (C, K) between transforms of the tiles
@@ -76,6 +84,8 @@ class Conv2D(Layer):
                  use_bias: bool = True, init: str = "he", winograd: bool = True) -> None:
         super().__init__()
         self.winograd = winograd  # False: the patch matrix (or the transposed form) even where Winograd applies
+        self.winograd_allowed = winograd  # and the backend's, set at build
+        self.batch_form = "direct"  # the form of the last forward, which its backward follows
         self.tiles: Any = None  # the Winograd form's transformed input tiles, kept for the backward
         self.tile_filters: Any = None  # and its transformed filters
         self.filters, self.kernel_size, self.stride, self.padding = filters, kernel_size, stride, padding
@@ -93,9 +103,15 @@ class Conv2D(Layer):
             self.initializer(rng, shape, fan_in=k * k * channels, fan_out=k * k * self.filters))
         if self.use_bias:
             self.params["bias"] = backend.xp.zeros(self.filters, dtype=backend.dtype)
-        self.form = convolution_form(channels, self.filters, k, self.stride, (ho, wo),
-                                     self.winograd and backend.winograd)
+        self.winograd_allowed = self.winograd and backend.winograd  # a GPU backend computes every layer directly
         return (ho, wo, self.filters)
+
+    def form(self, batch: int) -> str:
+        """The form this layer computes a batch of ``batch`` in (see the class)."""
+        _, _, channels = self.input_shapes[0]
+        out_h, out_w, _ = self.output_shape
+        return convolution_form(channels, self.filters, self.kernel_size, self.stride, (out_h, out_w), batch,
+                                self.winograd_allowed)
 
     def _weight_matrix(self, array: Any) -> Any:
         return array.reshape(-1, self.filters)
@@ -113,9 +129,10 @@ class Conv2D(Layer):
         k = self.kernel_size
         self.x_shape = x.shape
         out_shape = (x.shape[0],) + self.output_shape
-        if self.form == "winograd":
+        self.batch_form = self.form(x.shape[0])
+        if self.batch_form == "winograd":
             out = self._winograd_forward(x, out_shape)
-        elif self.form == "transposed":
+        elif self.batch_form == "transposed":
             self.x = x
             spread = kernels.gemm(x.reshape(-1, x.shape[-1]), self._turned_weight_matrix(), trans_b=True)
             out = kernels.col2im(spread, out_shape, k, k, 1, self._turned_padding())
@@ -128,7 +145,7 @@ class Conv2D(Layer):
 
     def backward(self, grad_out: Any) -> Any:
         backward = {"winograd": self._winograd_backward, "transposed": self._transposed_backward,
-                    "direct": self._backward}[self.form]
+                    "direct": self._backward}[self.batch_form]
         grad_in = backward(grad_out)
         self.cols = self.x = self.tiles = self.tile_filters = None
         return grad_in
@@ -189,9 +206,10 @@ class Conv2D(Layer):
         return batch * ho * wo, self.filters, self.kernel_size ** 2 * self.input_shapes[0][2]
 
     def costs(self, batch: int) -> list[KernelCost]:
-        if self.form == "winograd":
+        form = self.form(batch)
+        if form == "winograd":
             return self._winograd_costs(batch)
-        if self.form == "transposed":
+        if form == "transposed":
             return self._transposed_costs(batch)
         return self._direct_costs(batch)
 

@@ -163,13 +163,14 @@ def _candidates(family: str, batch_sizes: Sequence[int]) -> Iterator[Probe]:
 def _conv_form(probe: Probe) -> str:
     size, c_in, filters, kernel, stride, padding = probe.shape
     out = output_size(size, kernel, stride, padding)
-    return convolution_form(c_in, filters, kernel, stride, (out, out))
+    return convolution_form(c_in, filters, kernel, stride, (out, out), probe.batch)
 
 
 def _missing_forms(chosen: list[Probe], candidates: list[Probe]) -> list[Probe]:
     """The cheapest candidate of each convolution form that no ``chosen`` probe computes in:
     each form runs kernels of its own (the Winograd form's tile transforms), which every
-    calibration must sample, however few probes it draws."""
+    calibration must sample, however few probes it draws and however small its limits (a
+    quick grid's admit no batch of 32 Winograd tiles)."""
     drawn = {_conv_form(probe) for probe in chosen}
     cheapest: dict[str, Probe] = {}
     for probe in sorted(candidates, key=Probe.step_flops):
@@ -180,7 +181,8 @@ def _missing_forms(chosen: list[Probe], candidates: list[Probe]) -> list[Probe]:
 @dataclass(frozen=True)
 class GridSize:
     """How much of the grid to run: probes per family, and the largest training step
-    (GEMM FLOPs, and elements of the input batch) a probe may have."""
+    (GEMM FLOPs, and elements of the input batch) a drawn probe may have (the cheapest
+    probe of a convolution form the draw missed is added whatever its size)."""
 
     points: dict
     max_step_flops: float
@@ -206,7 +208,7 @@ def calibration_grid(batch_sizes: Sequence[int], size: GridSize, seed: int = 0) 
         picks = rng.choice(len(candidates), size=min(count, len(candidates)), replace=False)
         chosen = [candidates[i] for i in sorted(picks)]
         if family == "conv":
-            chosen += _missing_forms(chosen, candidates)
+            chosen += _missing_forms(chosen, list(_candidates(family, batch_sizes)))
         if family == "dense":
             chosen = [Probe(p.family, p.batch, p.shape, "adam" if i % 2 else "sgd") for i, p in enumerate(chosen)]
         grid += chosen
