@@ -66,11 +66,11 @@ class Conv2D(Layer):
       instead of a patch matrix KH*KW times its size.
     - *Winograd* (``"winograd"``): otherwise a 3x3 stride-1 layer with at least
       :data:`WINOGRAD_MIN_CHANNELS` input channels, an output of one whole 4x4 tile or
-      more and :data:`WINOGRAD_MIN_TILES` tiles in the batch or more (ResNet's and VGG's 3x3
-      convolutions but the first, those on 4x4 maps only with 32 images or more). Winograd's minimal
-      filtering F(4x4, 3x3) computes each 4x4 output tile from the 6x6 input block around
-      it with 36 products per (tile, channel, filter) where the patch matrix takes 144:
-      36 GEMMs of (tiles, C) by (C, K) between transforms of the tiles
+      more and :data:`WINOGRAD_MIN_TILES` tiles in the batch or more (ResNet's and VGG's
+      3x3 convolutions but the first, those on 4x4 maps only with 32 images or more).
+      Winograd's minimal filtering F(4x4, 3x3) computes each 4x4 output tile from the 6x6
+      input block around it with 36 products per (tile, channel, filter) where the patch
+      matrix takes 144: 36 GEMMs of (tiles, C) by (C, K) between transforms of the tiles
       (:mod:`~pydtnn_lite.kernels.winograd`). The backward pass runs the transforms'
       adjoints, so the gradients are those of the same computation; the layer keeps the
       transformed input tiles (2.25x the input) instead of a patch matrix (9x).
@@ -84,7 +84,7 @@ class Conv2D(Layer):
                  use_bias: bool = True, init: str = "he", winograd: bool = True) -> None:
         super().__init__()
         self.winograd = winograd  # False: the patch matrix (or the transposed form) even where Winograd applies
-        self.winograd_allowed = winograd  # and the backend's, set at build
+        self.winograd_allowed = winograd  # whether any batch may take it: ``winograd`` and, once built, the backend's
         self.batch_form = "direct"  # the form of the last forward, which its backward follows
         self.tiles: Any = None  # the Winograd form's transformed input tiles, kept for the backward
         self.tile_filters: Any = None  # and its transformed filters
