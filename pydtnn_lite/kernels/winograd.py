@@ -60,7 +60,6 @@ FILTER_TRANSFORM = np.kron(_FILTER_POINTS, _FILTER_POINTS)
 # G is a diagonal scaling of a matrix of small integers, G = diag(FILTER_SCALES) @ G_hat; so
 # G g G^T is G_hat g G_hat^T with each of its 36 values scaled by FILTER_SCALES[a] * FILTER_SCALES[b].
 FILTER_SCALES = np.array([1 / 4, 1 / 6, 1 / 6, 1 / 24, 1 / 24, 1], dtype=np.float64)
-FILTER_POINT_SCALES = np.outer(FILTER_SCALES, FILTER_SCALES).reshape(POINTS)
 # The filters' transform (and its adjoint) per (channel, filter): nine 1-D transforms of
 # about 12 operations each and the 36 scalings.
 FILTER_TRANSFORM_FLOPS = 9 * 12 + POINTS
