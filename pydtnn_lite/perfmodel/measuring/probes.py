@@ -203,12 +203,13 @@ def calibration_grid(batch_sizes: Sequence[int], size: GridSize, seed: int = 0) 
     rng = np.random.default_rng(seed)
     grid: list[Probe] = []
     for family, count in size.points.items():
-        candidates = [p for p in _candidates(family, batch_sizes)
+        valid = list(_candidates(family, batch_sizes))
+        candidates = [p for p in valid
                       if p.step_flops() <= size.max_step_flops and p.activations() <= size.max_activations]
         picks = rng.choice(len(candidates), size=min(count, len(candidates)), replace=False)
         chosen = [candidates[i] for i in sorted(picks)]
         if family == "conv":
-            chosen += _missing_forms(chosen, list(_candidates(family, batch_sizes)))
+            chosen += _missing_forms(chosen, valid)
         if family == "dense":
             chosen = [Probe(p.family, p.batch, p.shape, "adam" if i % 2 else "sgd") for i, p in enumerate(chosen)]
         grid += chosen
