@@ -336,22 +336,28 @@ def test_merged_calibrations_pool_their_samples_and_average_their_snapshots(tiny
 
 def test_a_thread_scaling_reads_back_and_older_files_scale_threads_linearly(tiny, tmp_path):
     calibration, _ = tiny
-    scaled = dataclasses.replace(calibration, thread_scaling=ThreadScaling(2, gemm=1.1, memory=2.2))
+    scaled = dataclasses.replace(calibration, thread_scaling=ThreadScaling(2, gemm=1.1, memory=2.2, handoff=1e-4))
     scaled.save(str(tmp_path / "scaled.json"))
     assert Calibration.load(str(tmp_path / "scaled.json")).thread_scaling == scaled.thread_scaling
     older = scaled.to_dict()
+    del older["thread_scaling"]["handoff"]  # a file from before the hand-off was timed
+    assert Calibration.from_dict(older).thread_scaling == ThreadScaling(2, gemm=1.1, memory=2.2, handoff=None)
     del older["thread_scaling"]
     assert Calibration.from_dict(older).thread_scaling is None
 
 
 def test_merged_thread_scalings_are_their_geometric_mean(tiny):
     calibration, _ = tiny
-    first = dataclasses.replace(calibration, thread_scaling=ThreadScaling(2, gemm=1.0, memory=1.5))
+    first = dataclasses.replace(calibration, thread_scaling=ThreadScaling(2, gemm=1.0, memory=1.5, handoff=4e-5))
     second = dataclasses.replace(a_later_calibration(calibration, slower=1.0),
-                                 thread_scaling=ThreadScaling(2, gemm=1.21, memory=2.4))
+                                 thread_scaling=ThreadScaling(2, gemm=1.21, memory=2.4, handoff=1e-4))
     merged = merge_calibrations([first, second]).thread_scaling
     assert merged is not None and merged.threads == 2
     assert (merged.gemm, merged.memory) == pytest.approx((1.1, (1.5 * 2.4) ** 0.5))
+    assert merged.handoff == pytest.approx((4e-5 * 1e-4) ** 0.5)
+    # A file from before the hand-off was timed leaves the others' to the merge.
+    older = dataclasses.replace(second, thread_scaling=ThreadScaling(2, gemm=1.21, memory=2.4))
+    assert merge_calibrations([first, older]).thread_scaling.handoff == pytest.approx(4e-5)
     assert merge_calibrations([first, dataclasses.replace(second, thread_scaling=None)]).thread_scaling == \
         first.thread_scaling
 
@@ -431,7 +437,8 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     scaling = calibration.thread_scaling
     if usable_cores() == 2:
         assert scaling is not None and scaling.threads == 2 and scaling.gemm > 0 and scaling.memory > 0
-        assert "one rank on 2 threads" in result.stdout
+        assert scaling.handoff is not None and scaling.handoff >= 0
+        assert "one rank on 2 threads" in result.stdout and "hand-off" in result.stdout
     # The state a run's Allreduce probe is set against: the probe's reduction on the calibration's ranks.
     state = calibration.machine_state
     assert state is not None and (state.allreduce_ranks, state.allreduce_bytes) == (2, ALLREDUCE_BYTES)

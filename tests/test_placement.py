@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import pytest
 
+from pydtnn_lite.costs import KernelCost, Stage
 from pydtnn_lite.perfmodel.measuring.data_loading import read_ahead_share
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, allreduce_models
-from pydtnn_lite.perfmodel.modelling.placement import Placement, ThreadScaling, kernel_scale
+from pydtnn_lite.perfmodel.modelling.placement import Placement, ThreadScaling, kernel_handoff, kernel_scale
 
 CALIBRATED = Placement(ranks=2, ranks_per_node=2, cores_per_node=2, threads_per_rank=1)
 
@@ -53,6 +54,37 @@ def test_one_rank_with_every_core_runs_its_threaded_kernels_as_the_calibration_m
     # A calibration of one rank on both cores predicting a rank per core: the other way round.
     assert kernel_scale("relu", CALIBRATED, job, scaling) == pytest.approx(2.0 / 2.0)
     assert kernel_scale("gemm", CALIBRATED, job, scaling) == pytest.approx(2.0 / 1.1)
+
+
+def test_the_parallel_loops_of_a_rank_of_several_threads_pay_the_hand_off_per_call():
+    scaling = ThreadScaling(threads=2, gemm=1.1, memory=2.0, handoff=1e-4)
+    one_process = Placement(1, 1, 2, 2)
+    for loop in ("relu", "sgd_update", "batchnorm_sums", "winograd_input"):
+        assert kernel_handoff(loop, one_process, CALIBRATED, scaling) == pytest.approx(1e-4)
+        assert kernel_handoff(loop, CALIBRATED, CALIBRATED, scaling) == 0.0  # one thread: the loop in place
+    assert kernel_handoff("gemm", one_process, CALIBRATED, scaling) == 0.0  # OpenBLAS's threads, in its samples
+    assert kernel_handoff("concat", one_process, CALIBRATED, scaling) == 0.0  # not a parallel loop
+    assert kernel_handoff("relu", one_process, CALIBRATED, None) == 0.0  # a file without thread scaling
+    assert kernel_handoff("relu", one_process, CALIBRATED, ThreadScaling(2, 1.1, 2.0)) == 0.0  # nor a hand-off
+    # Two 2-thread ranks on 2 cores: each wake-up waits behind the other rank's threads.
+    assert kernel_handoff("relu", Placement(2, 2, 2, 2), CALIBRATED, scaling) == pytest.approx(2e-4)
+    # A calibration whose ranks ran several threads held the hand-offs in its samples.
+    assert kernel_handoff("relu", one_process, one_process, scaling) == 0.0
+    assert ThreadScaling.from_dict(scaling.to_dict()) == scaling
+
+
+def test_a_one_process_job_predicts_its_parallel_loops_with_their_hand_offs():
+    """Kernels without a model take their roofline time (peak 1e11 FLOP/s, 1e10 B/s) on the
+    calibration's one-thread ranks; one process on both cores halves it, the measured
+    shortfall multiplies it back, and each parallel loop's call adds the hand-off."""
+    calibration = Calibration(machine={"ranks": 2, "usable_cores": 2}, peak_flops=1e11, memory_bandwidth=1e10,
+                              kernel_models={}, allreduce_samples=[],
+                              thread_scaling=ThreadScaling(2, gemm=1.2, memory=2.0, handoff=1e-4))
+    one_process = adjusted_machine(CalibratedMachine(calibration, None), Placement(1, 1, 2, 2))
+    relu, gemm = KernelCost(Stage.FP, "relu", 0.0, 1e4), KernelCost(Stage.FP, "gemm", 1e8, 1e4)
+    assert one_process.kernel_seconds("relu", relu) == pytest.approx(1e-6 * 0.5 * 2.0 + 1e-4)
+    assert one_process.kernel_seconds("gemm", gemm) == pytest.approx(1e-3 * 0.5 * 1.2)
+    assert adjusted_machine(CalibratedMachine(calibration, None)).kernel_seconds("relu", relu) == pytest.approx(1e-6)
 
 
 def test_threads_beyond_the_cores_share_them():

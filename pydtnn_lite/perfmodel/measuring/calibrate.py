@@ -138,7 +138,8 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     phase_done("roofs", f"GEMM peak {peak / 1e9:.1f} GFLOP/s, memory bandwidth {bandwidth / 1e9:.1f} GB/s per rank")
     scaling = measure_thread_scaling(comm, blas_threads) if backend.device == "cpu" else None
     phase_done("threads", f"one rank on {scaling.threads} threads: GEMM x{scaling.gemm:.2f}, memory-bound loops "
-                          f"x{scaling.memory:.2f} the time of one-thread ranks" if scaling else
+                          f"x{scaling.memory:.2f} the time of one-thread ranks, a parallel loop's hand-off "
+                          f"{1e3 * (scaling.handoff or 0.0):.3f} ms" if scaling else
                "skipped: the ranks do not run one per core on one thread each")
 
     grid = calibration_grid(settings.batch_sizes, settings.grid, settings.seed) + job_probes(settings.jobs)

@@ -9,6 +9,9 @@ twice the time that two one-thread ranks took for their halves at the same time
 thread alone streamed 25 GB/s, two threads of one process 30). So the calibration times
 both: every rank running its share of a piece of work on one thread, all at once; then
 its first rank running the whole on all of the host's cores while the others wait idly.
+It also times the hand-off of a parallel loop to Numba's pool, which a call on more than
+one thread pays whatever its size (about 0.1 ms here, where a ReLU of 64 KB takes 6 us in
+place): the small kernels of a one-process job are mostly hand-off.
 """
 from __future__ import annotations
 
@@ -24,6 +27,9 @@ from pydtnn_lite.runtime import set_blas_threads, usable_cores
 
 GEMM_SHARE = (2048, 1152, 128)  # rows, depth, columns of a thread's share: a convolution's product, ~7 ms
 MEMORY_SHARE = 4 << 20  # float32 elements of a thread's share of the loops: 16 MB, beyond the caches
+MEMORY_LOOPS = 2  # parallel loop calls in the memory-bound work, each with its hand-off
+HANDOFF_ELEMENTS = 1024  # a ReLU that takes microseconds in place: on the pool, its time is the hand-off
+HANDOFF_REPEATS = 101
 ROUNDS = 5  # the ratio's median over rounds: one round's GEMM ratio moved 0.96-1.59 within minutes
 
 
@@ -47,26 +53,32 @@ def measure_thread_scaling(comm: Communicator, blas_threads: int) -> ThreadScali
     shares = _work(1)
     whole = _work(cores) if comm.rank == 0 else {}
     ratios = [_ratios(comm, shares, whole, cores, blas_threads) for _ in range(ROUNDS)]
-    return ThreadScaling(cores, float(np.median([r["gemm"] for r in ratios])),
-                         float(np.median([r["memory"] for r in ratios])))
+    gemm, memory, handoff = (float(np.median([r[name] for r in ratios])) for name in ("gemm", "memory", "handoff"))
+    return ThreadScaling(cores, gemm, memory, handoff)
 
 
 def _ratios(comm: Communicator, shares: dict[str, Callable[[], object]], whole: dict[str, Callable[[], object]],
             cores: int, blas_threads: int) -> dict[str, float]:
-    """One round: each of ``whole`` (rank 0's) on ``cores`` threads over ``shares`` on one
-    thread, every rank at once (collective)."""
+    """One round: each of ``whole`` (rank 0's) on ``cores`` threads, less its hand-offs, over
+    ``shares`` on one thread, every rank at once; and the hand-off (collective)."""
     wait_idly(comm)
     mine = {name: timed_median(run, REPEATS)[0] for name, run in shares.items()}
     share_seconds = comm.allgather_object(mine)
     wait_idly(comm)
     whole_seconds: dict[str, float] = {}
     if comm.rank == 0:
+        tiny = np.ones(HANDOFF_ELEMENTS, dtype=np.float32)
+        in_place = timed_median(lambda: kernels.relu(tiny), HANDOFF_REPEATS)[0]
         set_blas_threads(cores)
         try:
             whole_seconds = {name: timed_median(run, REPEATS)[0] for name, run in whole.items()}
+            whole_seconds["handoff"] = max(0.0, timed_median(lambda: kernels.relu(tiny), HANDOFF_REPEATS)[0] - in_place)
         finally:
             set_blas_threads(blas_threads)
     wait_idly(comm)
     whole_seconds = comm.broadcast_object(whole_seconds)
-    return {name: seconds / float(np.median([rank[name] for rank in share_seconds]))
-            for name, seconds in whole_seconds.items()}
+    handoff = whole_seconds.pop("handoff")
+    whole_seconds["memory"] -= MEMORY_LOOPS * handoff
+    ratios = {name: seconds / float(np.median([rank[name] for rank in share_seconds]))
+              for name, seconds in whole_seconds.items()}
+    return {**ratios, "handoff": handoff}

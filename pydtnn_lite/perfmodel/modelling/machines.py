@@ -29,7 +29,7 @@ from pydtnn_lite.perfmodel.modelling.drift import (
     probe_moves,
     work_ratio,
 )
-from pydtnn_lite.perfmodel.modelling.placement import Placement, kernel_scale
+from pydtnn_lite.perfmodel.modelling.placement import Placement, kernel_handoff, kernel_scale
 from pydtnn_lite.perfmodel.modelling.prediction import RooflineMachine
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline
@@ -110,7 +110,9 @@ class AdjustedMachine:
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         seconds = self.base.kernel_seconds(kernel, cost)
-        return seconds * self._scale(kernel, cost.flops, seconds)
+        calibration = self.base.calibration
+        handoff = kernel_handoff(kernel, self.placement, calibration.placement, calibration.thread_scaling)
+        return seconds * self._scale(kernel, cost.flops, seconds) + handoff
 
     def allreduce_seconds(self, nbytes: float, procs: int) -> float:
         return self.base.allreduce_seconds(nbytes, procs) * self.drift.communication

@@ -70,7 +70,9 @@ def merge_calibrations(calibrations: Sequence[Calibration]) -> Calibration:
 
 
 def _geometric_mean(values: Sequence[float]) -> float:
-    return math.exp(statistics.fmean(math.log(value) for value in values)) if min(values) > 0 else values[0]
+    if len(values) == 1 or min(values) <= 0:
+        return values[0]
+    return math.exp(statistics.fmean(math.log(value) for value in values))
 
 
 def _mean_scaling(scalings: Sequence[ThreadScaling | None]) -> ThreadScaling | None:
@@ -78,8 +80,9 @@ def _mean_scaling(scalings: Sequence[ThreadScaling | None]) -> ThreadScaling | N
     known = [scaling for scaling in scalings if scaling is not None]
     if not known:
         return None
+    handoffs = [s.handoff for s in known if s.handoff is not None]
     return ThreadScaling(known[0].threads, _geometric_mean([s.gemm for s in known]),
-                         _geometric_mean([s.memory for s in known]))
+                         _geometric_mean([s.memory for s in known]), _geometric_mean(handoffs) if handoffs else None)
 
 
 def _pooled(dicts: Sequence[dict]) -> dict:

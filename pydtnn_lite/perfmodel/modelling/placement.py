@@ -50,11 +50,16 @@ class ThreadScaling:
     ranks waited idly; before it, every rank ran its share (1 / ``threads`` of the work) on
     one thread, all at once, as the calibration's ranks run their kernels. ``gemm`` and
     ``memory`` are the first time over the second for a GEMM and for the memory-bound
-    parallel loops: 1 where threads scale with the cores they get."""
+    parallel loops (less their hand-offs): 1 where threads scale with the cores they get.
+    ``handoff`` is the seconds a parallel loop's call costs on ``threads`` threads beyond its
+    work, whatever its size: Numba's pool wakes its workers and the caller sleeps until they
+    end (about 0.1 ms on the development machine, where a ReLU of 64 KB takes 6 us in place).
+    None in files from before it was measured."""
 
     threads: int
     gemm: float
     memory: float
+    handoff: float | None = None
 
     def factor(self, kernel: str, threads: int) -> float:
         """The shortfall at ``threads`` threads per rank: none at one, the measured one at
@@ -64,12 +69,22 @@ class ThreadScaling:
         measured = self.gemm if kernel == GEMM else self.memory
         return 1.0 + (measured - 1.0) * min(1.0, (threads - 1) / (self.threads - 1))
 
+    def handoff_seconds(self, kernel: str, threads: int) -> float:
+        """What a call of ``kernel`` costs on ``threads`` threads beyond its work: a parallel
+        loop's hand-off to the pool; none on one thread (the loop runs in place) nor for GEMM
+        (OpenBLAS's threads are its own, and its samples hold them)."""
+        if threads <= 1 or kernel == GEMM or kernel not in THREADED_KERNELS or self.handoff is None:
+            return 0.0
+        return self.handoff
+
     def to_dict(self) -> dict:
-        return {"threads": self.threads, "gemm": self.gemm, "memory": self.memory}
+        return {"threads": self.threads, "gemm": self.gemm, "memory": self.memory, "handoff": self.handoff}
 
     @classmethod
     def from_dict(cls, data: dict) -> ThreadScaling:
-        return cls(int(data["threads"]), float(data["gemm"]), float(data["memory"]))
+        handoff = data.get("handoff")
+        return cls(int(data["threads"]), float(data["gemm"]), float(data["memory"]),
+                   None if handoff is None else float(handoff))
 
 
 @dataclass(frozen=True)
@@ -135,3 +150,13 @@ def kernel_scale(kernel: str, job: Placement, calibrated: Placement,
     if scaling is not None:
         scale *= scaling.factor(kernel, job.threads_per_rank) / scaling.factor(kernel, calibrated.threads_per_rank)
     return scale
+
+
+def kernel_handoff(kernel: str, job: Placement, calibrated: Placement, scaling: ThreadScaling | None) -> float:
+    """The seconds a call of ``kernel`` on a rank of ``job`` adds to its scaled time
+    (:func:`kernel_scale`): the parallel loops' hand-offs, which a calibration's one-thread
+    ranks (the only ones that measure ``scaling``) never paid. Where threads share cores,
+    each wake-up waits its turn as the work does."""
+    if scaling is None or calibrated.threads_per_rank > 1:
+        return 0.0
+    return scaling.handoff_seconds(kernel, job.threads_per_rank) * job.time_sharing
