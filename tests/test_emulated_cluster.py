@@ -199,4 +199,7 @@ def test_allreduce_is_timed_between_and_inside_the_emulated_nodes(tmp_path):
     assert bool(network.straggler_waits) == (usable_cores() < 4)
     works = [work for work, _ in network.straggler_waits]
     assert len(works) in (0, len(SEGMENTS) * REPEATS)
-    assert all(SEGMENTS[0] / 2 < work < 4 * SEGMENTS[-1] and 0 <= wait < work for work, wait in network.straggler_waits)
+    # A wait is at most the others' work on the shared cores: the slowest of the 4 ranks may start its
+    # stretch after the others ended theirs (under another job's load, more than one stretch late).
+    assert all(SEGMENTS[0] / 2 < work < 4 * SEGMENTS[-1] and 0 <= wait < network.ranks_per_host * work
+               for work, wait in network.straggler_waits)
