@@ -16,7 +16,9 @@ speed:
   kernels run on one. With more (or fewer) cores per rank than in the calibration, a
   threaded kernel scales by the ratio of the cores it gets, times what the calibration
   measured of that ratio (:class:`ThreadScaling`): one rank of two threads ran the
-  memory-bound loops at about half the speed the ratio says.
+  memory-bound loops at about half the speed the ratio says. On several threads each
+  parallel loop's call also pays the pool's hand-off (:func:`kernel_handoff`), which a
+  one-thread rank, calling its loops in place, does not.
 
 - **Background threads.** A rank that reads its batches ahead does so on a thread of its
   own. Where the node has a core to spare for it, that work is hidden from the step;
