@@ -66,18 +66,22 @@ def _ratios(comm: Communicator, shares: dict[str, Callable[[], object]], whole: 
     share_seconds = comm.allgather_object(mine)
     wait_idly(comm)
     whole_seconds: dict[str, float] = {}
+    handoff = 0.0
     if comm.rank == 0:
         tiny = np.ones(HANDOFF_ELEMENTS, dtype=np.float32)
-        in_place = timed_median(lambda: kernels.relu(tiny), HANDOFF_REPEATS)[0]
+
+        def tiny_loop() -> object:
+            return kernels.relu(tiny)
+
+        in_place = timed_median(tiny_loop, HANDOFF_REPEATS)[0]
         set_blas_threads(cores)
         try:
             whole_seconds = {name: timed_median(run, REPEATS)[0] for name, run in whole.items()}
-            whole_seconds["handoff"] = max(0.0, timed_median(lambda: kernels.relu(tiny), HANDOFF_REPEATS)[0] - in_place)
+            handoff = max(0.0, timed_median(tiny_loop, HANDOFF_REPEATS)[0] - in_place)
         finally:
             set_blas_threads(blas_threads)
     wait_idly(comm)
-    whole_seconds = comm.broadcast_object(whole_seconds)
-    handoff = whole_seconds.pop("handoff")
+    whole_seconds, handoff = comm.broadcast_object((whole_seconds, handoff))
     whole_seconds["memory"] -= MEMORY_LOOPS * handoff
     ratios = {name: seconds / float(np.median([rank[name] for rank in share_seconds]))
               for name, seconds in whole_seconds.items()}
