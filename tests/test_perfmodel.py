@@ -417,7 +417,10 @@ def test_a_batch_read_ahead_costs_the_step_only_what_it_takes_from_its_cores_or_
     assert spare_core.stage_seconds["DATA"] == pytest.approx(load + copy)  # the reading itself, as without prefetch
     assert spare_core.step_with_overlap == pytest.approx(bare.step_with_overlap + copy)  # hidden: only the copy
     assert busy_cores.step_with_overlap == pytest.approx(bare.step_with_overlap + copy + 0.5 * load)
-    assert busy_cores.data_in_step(True) == pytest.approx(copy + 0.5 * load)
+    assert busy_cores.data_in_step(True) == pytest.approx(copy)
+    # What the reading takes lands on the step's first kernels, each at most doubled.
+    first_kernels = sorted((k for k in busy_cores.kernels if k.stage == "FP"), key=lambda k: k.layer)[:3]
+    assert [k.seconds for k in first_kernels] == pytest.approx([2e-3, 1e-3 + (0.5 * load - 1e-3), 1e-3])
     # Reading slower than the step's own work: the step lasts as long as the reading.
     slow = ahead(0.0, per_sample=1.0)
     assert slow.step_with_overlap == pytest.approx(16.0) and slow.step_without_overlap == pytest.approx(16.0)
