@@ -360,6 +360,12 @@ def test_merged_thread_scalings_are_their_geometric_mean(tiny):
     assert merge_calibrations([first, older]).thread_scaling.handoff == pytest.approx(4e-5)
     assert merge_calibrations([first, dataclasses.replace(second, thread_scaling=None)]).thread_scaling == \
         first.thread_scaling
+    # GEMM shapes: each one's ratio over the files that timed it.
+    shaped = dataclasses.replace(first, thread_scaling=ThreadScaling(2, 1.0, 1.5, 4e-5, {(8, 8, 8, 0, 0): 2.0,
+                                                                                        (64, 64, 64, 0, 0): 1.5}))
+    other = dataclasses.replace(second, thread_scaling=ThreadScaling(2, 1.21, 2.4, 1e-4, {(8, 8, 8, 0, 0): 1.28}))
+    shapes = merge_calibrations([shaped, other]).thread_scaling.gemm_shapes
+    assert shapes == pytest.approx({(8, 8, 8, 0, 0): 1.6, (64, 64, 64, 0, 0): 1.5})
 
 
 def test_merging_keeps_each_network_sampled_whole_last_as_the_files_mean(tiny):
@@ -439,6 +445,9 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
         assert scaling is not None and scaling.threads == 2 and scaling.gemm > 0 and scaling.memory > 0
         assert scaling.handoff is not None and scaling.handoff >= 0
         assert "one rank on 2 threads" in result.stdout and "hand-off" in result.stdout
+        # Every GEMM shape of the samples timed on both threads.
+        assert set(scaling.gemm_shapes) == {sample.dims for sample in calibration.kernel_samples["gemm"]}
+        assert all(ratio > 0 for ratio in scaling.gemm_shapes.values()) and "GEMM shapes" in result.stdout
     # The state a run's Allreduce probe is set against: the probe's reduction on the calibration's ranks.
     state = calibration.machine_state
     assert state is not None and (state.allreduce_ranks, state.allreduce_bytes) == (2, ALLREDUCE_BYTES)

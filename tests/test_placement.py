@@ -56,6 +56,29 @@ def test_one_rank_with_every_core_runs_its_threaded_kernels_as_the_calibration_m
     assert kernel_scale("gemm", CALIBRATED, job, scaling) == pytest.approx(2.0 / 1.1)
 
 
+def test_a_gemm_scales_with_threads_as_the_measured_shapes_nearest_it():
+    small = {(128, 256, 128, 0, 0): 1.8, (128, 256, 256, 0, 0): 1.7, (64, 256, 128, 0, 0): 1.9,
+             (128, 128, 128, 0, 0): 1.8, (128, 256, 128, 1, 0): 5.0}  # the last timed in a slow moment
+    large = {(2048, 128, 1152, 0, 0): 1.04, (4096, 128, 1152, 0, 0): 1.02, (2048, 256, 1152, 0, 0): 1.06,
+             (2048, 128, 2304, 0, 0): 1.05, (1024, 128, 1152, 0, 0): 1.03}
+    scaling = ThreadScaling(threads=2, gemm=1.1, memory=2.0, gemm_shapes={**small, **large})
+    job = Placement(1, 1, 2, 2)
+    # The median of the five nearest: one shape timed in a slow moment moves nothing.
+    assert kernel_scale("gemm", job, CALIBRATED, scaling, (128, 256, 128, 0, 0)) == pytest.approx(0.9)  # 1.8 / 2
+    assert kernel_scale("gemm", job, CALIBRATED, scaling, (128, 256, 128, 1, 0)) == pytest.approx(0.9)
+    assert kernel_scale("gemm", job, CALIBRATED, scaling, (2048, 128, 1152, 0, 0)) == pytest.approx(0.52)
+    # Unmeasured shapes take their neighbours', by the sizes' logarithms.
+    assert scaling.factor("gemm", 2, (96, 256, 192, 0, 0)) == pytest.approx(1.8)
+    assert scaling.factor("gemm", 2, (8192, 128, 1152, 0, 1)) == pytest.approx(1.04)
+    assert scaling.factor("gemm", 2) == pytest.approx(1.1)  # no shape given: the one GEMM's ratio
+    assert scaling.factor("relu", 2, (128, 256, 128, 0, 0)) == pytest.approx(2.0)  # the loops keep theirs
+    assert kernel_scale("gemm", CALIBRATED, CALIBRATED, scaling, (128, 256, 128, 0, 0)) == 1.0  # one thread
+    assert ThreadScaling.from_dict(scaling.to_dict()) == scaling
+    without = scaling.to_dict()
+    del without["gemm_shapes"]  # a file from before the shapes were timed
+    assert ThreadScaling.from_dict(without).factor("gemm", 2, (128, 256, 128, 0, 0)) == pytest.approx(1.1)
+
+
 def test_the_parallel_loops_of_a_rank_of_several_threads_pay_the_hand_off_per_call():
     scaling = ThreadScaling(threads=2, gemm=1.1, memory=2.0, handoff=1e-4)
     one_process = Placement(1, 1, 2, 2)

@@ -25,6 +25,7 @@ from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.comm.mpi import MPICommunicator
 from pydtnn_lite.comm.nodes import node_name
+from pydtnn_lite.costs import GEMM
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, allreduce_samples
 from pydtnn_lite.perfmodel.measuring.data_loading import (
     READ_AHEAD_DATASET,
@@ -46,7 +47,7 @@ from pydtnn_lite.perfmodel.measuring.network_timing import network_timings
 from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, calibration_grid, job_probes
 from pydtnn_lite.perfmodel.measuring.process_counts import samples_beyond
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe, median_over_ranks, rounded
-from pydtnn_lite.perfmodel.measuring.thread_scaling import measure_thread_scaling
+from pydtnn_lite.perfmodel.measuring.thread_scaling import measure_gemm_shapes, measure_thread_scaling
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.drift import MachineState, mean_allreduce
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
@@ -177,6 +178,11 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                         for calls in zip(*comm.allgather_object(my_overheads), strict=True)]
     phase_done("kernels", f"{len(grid)} probe networks, {sum(map(len, samples.values()))} samples of "
                           f"{len(samples)} kernels")
+    if scaling is not None:
+        shapes = measure_gemm_shapes(comm, [s.dims for s in samples.get(GEMM, [])], scaling.threads, blas_threads)
+        scaling = dataclasses.replace(scaling, gemm_shapes=shapes)
+        phase_done("GEMM shapes", f"{len(shapes)} shapes on {scaling.threads} threads: x{min(shapes.values()):.2f} "
+                                  f"to x{max(shapes.values()):.2f} the time of one-thread ranks" if shapes else "none")
     data_load_samples = time_data_loading(comm)
     read_ahead_samples = time_read_ahead(comm, fit_affine(data_load_samples[READ_AHEAD_DATASET]).seconds(
         READ_AHEAD_SAMPLES), settings.read_ahead_steps, settings.read_ahead_rounds)

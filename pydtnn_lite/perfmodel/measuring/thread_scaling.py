@@ -11,17 +11,24 @@ both: every rank running its share of a piece of work on one thread, all at once
 its first rank running the whole on all of the host's cores while the others wait idly.
 It also times the hand-off of a parallel loop to Numba's pool, which a call on more than
 one thread pays whatever its size (about 0.1 ms here, where a ReLU of 64 KB takes 6 us in
-place): the small kernels of a one-process job are mostly hand-off.
+place): the small kernels of a one-process job are mostly hand-off. And after the kernel
+samples, it times every GEMM shape they hold both ways (:func:`measure_gemm_shapes`):
+OpenBLAS splits a small product between threads at a loss, so one GEMM's ratio does not
+hold for the rest (one process of two threads ran the 36 products of a Winograd layer of
+VGG11 at batch 32 in 0.117 ms a call, where the ratio of a large GEMM predicted 0.068).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+import math
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from pydtnn_lite import kernels
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.perfmodel.measuring.machine_state import REPEATS, timed_median, wait_idly
+from pydtnn_lite.perfmodel.measuring.sampling import rounded
 from pydtnn_lite.perfmodel.modelling.placement import ThreadScaling
 from pydtnn_lite.runtime import set_blas_threads, usable_cores
 
@@ -31,6 +38,12 @@ MEMORY_LOOPS = 2  # parallel loop calls in the memory-bound work, each with its 
 HANDOFF_ELEMENTS = 1024  # a ReLU that takes microseconds in place: on the pool, its time is the hand-off
 HANDOFF_REPEATS = 101
 ROUNDS = 5  # the ratio's median over rounds: one round's GEMM ratio moved 0.96-1.59 within minutes
+SHAPE_SECONDS = 0.02  # each GEMM shape is timed over about this long, in 3 to 50 calls
+# Operands are taken in turn from a pool twice this machine's last-level cache, as a
+# layer's products each read their own from memory: with operands in the cache, the 36
+# products of a Winograd layer gained 1.7x from a second thread; from memory, 1.2x.
+POOL_BYTES = 64 << 20
+MAX_COPIES = 1024
 
 
 def _work(shares: int) -> dict[str, Callable[[], object]]:
@@ -86,3 +99,56 @@ def _ratios(comm: Communicator, shares: dict[str, Callable[[], object]], whole: 
     ratios = {name: seconds / float(np.median([rank[name] for rank in share_seconds]))
               for name, seconds in whole_seconds.items()}
     return {**ratios, "handoff": handoff}
+
+
+def _gemm_call(dims: tuple[int, ...], pool: np.ndarray) -> Callable[[], object]:
+    """A call of the GEMM of ``dims`` (rows, columns, depth, A transposed, B transposed) on
+    operands stored as the layers store theirs, each call on the next ones of ``pool``
+    (operands larger than the pool: their own, which no cache holds either)."""
+    rows, columns, depth, transposed_a, transposed_b = dims
+    shape_a = (depth, rows) if transposed_a else (rows, depth)
+    shape_b = (columns, depth) if transposed_b else (depth, columns)
+    size_a, size = rows * depth, rows * depth + depth * columns
+    starts = range(0, pool.size - size + 1, size)[:MAX_COPIES] if size <= pool.size else range(0)
+    operands = ([(pool[start:start + size_a].reshape(shape_a), pool[start + size_a:start + size].reshape(shape_b))
+                 for start in starts]
+                or [(np.ones(shape_a, dtype=np.float32), np.ones(shape_b, dtype=np.float32))])
+    turns = itertools.cycle(operands)
+
+    def call() -> object:
+        a, b = next(turns)
+        return kernels.gemm(a, b, trans_a=bool(transposed_a), trans_b=bool(transposed_b))
+    return call
+
+
+def _shape_seconds(shapes: Sequence[tuple[int, ...]]) -> list[float]:
+    """The median seconds of each shape's GEMM on this rank's threads as they are set."""
+    pool = np.random.default_rng(0).random(POOL_BYTES // 4, dtype=np.float32)
+    seconds = []
+    for dims in shapes:
+        call = _gemm_call(dims, pool)
+        estimate, _ = timed_median(call, 2)
+        seconds.append(timed_median(call, min(50, max(3, math.ceil(SHAPE_SECONDS / max(estimate, 1e-6)))))[0])
+    return seconds
+
+
+def measure_gemm_shapes(comm: Communicator, shapes: Sequence[tuple[int, ...]], cores: int,
+                        blas_threads: int) -> dict[tuple[int, ...], float]:
+    """Each GEMM shape's ratio (:class:`ThreadScaling`'s ``gemm_shapes``): rank 0 alone on
+    ``cores`` threads, over the whole on one thread as ``cores`` ranks run it at once, whose
+    time is the ranks' median of theirs (collective; every rank gets the ratios)."""
+    distinct = sorted(set(shapes))
+    wait_idly(comm)
+    alone = comm.allgather_object(_shape_seconds(distinct))
+    wait_idly(comm)
+    threaded: list[float] = []
+    if comm.rank == 0:
+        set_blas_threads(cores)
+        try:
+            threaded = _shape_seconds(distinct)
+        finally:
+            set_blas_threads(blas_threads)
+    wait_idly(comm)
+    threaded = comm.broadcast_object(threaded)
+    return {dims: rounded(cores * threaded[i] / float(np.median([rank[i] for rank in alone])))
+            for i, dims in enumerate(distinct)}

@@ -103,16 +103,16 @@ class AdjustedMachine:
     def starts_inside_calls(self) -> bool:
         return self.base.starts_inside_calls
 
-    def _scale(self, kernel: str, flops: float = 0.0, seconds: float = 0.0) -> float:
+    def _scale(self, kernel: str, flops: float = 0.0, seconds: float = 0.0, dims: tuple = ()) -> float:
         calibration = self.base.calibration
-        return (kernel_scale(kernel, self.placement, calibration.placement, calibration.thread_scaling)
+        return (kernel_scale(kernel, self.placement, calibration.placement, calibration.thread_scaling, dims)
                 * self.drift.scale(kernel, flops=flops, seconds=seconds))
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         seconds = self.base.kernel_seconds(kernel, cost)
         calibration = self.base.calibration
         handoff = kernel_handoff(kernel, self.placement, calibration.placement, calibration.thread_scaling)
-        return seconds * self._scale(kernel, cost.flops, seconds) + handoff
+        return seconds * self._scale(kernel, cost.flops, seconds, tuple(cost.dims)) + handoff
 
     def allreduce_seconds(self, nbytes: float, procs: int) -> float:
         return self.base.allreduce_seconds(nbytes, procs) * self.drift.communication

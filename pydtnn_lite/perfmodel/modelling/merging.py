@@ -81,8 +81,13 @@ def _mean_scaling(scalings: Sequence[ThreadScaling | None]) -> ThreadScaling | N
     if not known:
         return None
     handoffs = [s.handoff for s in known if s.handoff is not None]
+    shapes: dict[tuple[int, ...], list[float]] = {}
+    for scaling in known:
+        for dims, ratio in scaling.gemm_shapes.items():
+            shapes.setdefault(dims, []).append(ratio)
     return ThreadScaling(known[0].threads, _geometric_mean([s.gemm for s in known]),
-                         _geometric_mean([s.memory for s in known]), _geometric_mean(handoffs) if handoffs else None)
+                         _geometric_mean([s.memory for s in known]), _geometric_mean(handoffs) if handoffs else None,
+                         {dims: _geometric_mean(ratios) for dims, ratios in shapes.items()})
 
 
 def _pooled(dicts: Sequence[dict]) -> dict:

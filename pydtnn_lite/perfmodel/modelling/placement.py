@@ -31,9 +31,12 @@ it measured.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
 
 from pydtnn_lite.costs import GEMM
+
+SHAPE_NEIGHBOURS = 5  # measured GEMM shapes whose median ratio a shape takes
 
 # Kernels that run on all of the rank's threads (BLAS's, and the same number of Numba's).
 THREADED_KERNELS = frozenset({GEMM, "im2col", "col2im", "batchnorm_sums", "batchnorm_normalize",
@@ -56,20 +59,38 @@ class ThreadScaling:
     ``handoff`` is the seconds a parallel loop's call costs on ``threads`` threads beyond its
     work, whatever its size: Numba's pool wakes its workers and the caller sleeps until they
     end (about 0.1 ms on the development machine, where a ReLU of 64 KB takes 6 us in place).
-    None in files from before it was measured."""
+    None in files from before it was measured. ``gemm_shapes`` is ``gemm``'s ratio for each
+    GEMM shape the calibration sampled (its ``dims``), timed the same way: small products
+    gain little from a second thread (36 products of 128 x 128 x 256, a Winograd layer's,
+    took 0.138 ms a call on one thread and 0.117 on two), large ones all of it. Empty in
+    files from before it was measured, which use ``gemm`` for every shape."""
 
     threads: int
     gemm: float
     memory: float
     handoff: float | None = None
+    gemm_shapes: dict[tuple[int, ...], float] = field(default_factory=dict)
+    _nearest: dict[tuple, float] = field(default_factory=dict, compare=False, repr=False)  # by dims asked
 
-    def factor(self, kernel: str, threads: int) -> float:
+    def factor(self, kernel: str, threads: int, dims: tuple = ()) -> float:
         """The shortfall at ``threads`` threads per rank: none at one, the measured one at
-        :attr:`threads`, in proportion between (held beyond)."""
+        :attr:`threads`, in proportion between (held beyond). A GEMM's is that of the
+        measured shape nearest ``dims`` where :attr:`gemm_shapes` has any."""
         if self.threads <= 1:
             return 1.0
-        measured = self.gemm if kernel == GEMM else self.memory
+        measured = (self.gemm_shape_ratio(dims) if kernel == GEMM and self.gemm_shapes and len(dims) == 5
+                    else self.gemm if kernel == GEMM else self.memory)
         return 1.0 + (measured - 1.0) * min(1.0, (threads - 1) / (self.threads - 1))
+
+    def gemm_shape_ratio(self, dims: tuple) -> float:
+        """The median ratio of the :data:`SHAPE_NEIGHBOURS` measured GEMM shapes nearest
+        ``dims`` (rows, columns, depth and the two transpose flags): nearest by the sizes'
+        logarithms, a transpose flag that differs counting as a factor of two in one size.
+        Each shape is timed for milliseconds, so a single one moves with the machine."""
+        if dims not in self._nearest:
+            nearest = sorted(self.gemm_shapes.items(), key=lambda item: _shape_distance(item[0], dims))
+            self._nearest[dims] = statistics.median(ratio for _, ratio in nearest[:SHAPE_NEIGHBOURS])
+        return self._nearest[dims]
 
     def handoff_seconds(self, kernel: str, threads: int) -> float:
         """What a call of ``kernel`` costs on ``threads`` threads beyond its work: a parallel
@@ -80,13 +101,20 @@ class ThreadScaling:
         return self.handoff
 
     def to_dict(self) -> dict:
-        return {"threads": self.threads, "gemm": self.gemm, "memory": self.memory, "handoff": self.handoff}
+        return {"threads": self.threads, "gemm": self.gemm, "memory": self.memory, "handoff": self.handoff,
+                "gemm_shapes": [[*dims, ratio] for dims, ratio in sorted(self.gemm_shapes.items())]}
 
     @classmethod
     def from_dict(cls, data: dict) -> ThreadScaling:
         handoff = data.get("handoff")
+        shapes = {tuple(int(d) for d in row[:-1]): float(row[-1]) for row in data.get("gemm_shapes") or []}
         return cls(int(data["threads"]), float(data["gemm"]), float(data["memory"]),
-                   None if handoff is None else float(handoff))
+                   None if handoff is None else float(handoff), shapes)
+
+
+def _shape_distance(measured: tuple, dims: tuple) -> float:
+    sizes = sum((math.log2(a) - math.log2(b)) ** 2 for a, b in zip(measured[:3], dims[:3], strict=True))
+    return sizes + sum(a != b for a, b in zip(measured[3:], dims[3:], strict=True))
 
 
 @dataclass(frozen=True)
@@ -138,7 +166,7 @@ class Placement:
 
 
 def kernel_scale(kernel: str, job: Placement, calibrated: Placement,
-                 scaling: ThreadScaling | None = None) -> float:
+                 scaling: ThreadScaling | None = None, dims: tuple = ()) -> float:
     """How many times longer ``kernel`` runs on a rank of ``job`` than it did in the calibration,
     threaded kernels by the calibration's ``scaling`` where it measured one (linearly without).
 
@@ -150,7 +178,8 @@ def kernel_scale(kernel: str, job: Placement, calibrated: Placement,
         return job.time_sharing
     scale = calibrated.threads_per_rank / job.blas_cores
     if scaling is not None:
-        scale *= scaling.factor(kernel, job.threads_per_rank) / scaling.factor(kernel, calibrated.threads_per_rank)
+        scale *= (scaling.factor(kernel, job.threads_per_rank, dims)
+                  / scaling.factor(kernel, calibrated.threads_per_rank, dims))
     return scale
 
 
