@@ -70,12 +70,12 @@ class ThreadScaling:
     memory: float
     handoff: float | None = None
     gemm_shapes: dict[tuple[int, ...], float] = field(default_factory=dict)
-    _nearest: dict[tuple, float] = field(default_factory=dict, compare=False, repr=False)  # by dims asked
+    _nearest: dict[tuple, float] = field(default_factory=dict, init=False, compare=False, repr=False)  # by dims
 
     def factor(self, kernel: str, threads: int, dims: tuple = ()) -> float:
         """The shortfall at ``threads`` threads per rank: none at one, the measured one at
         :attr:`threads`, in proportion between (held beyond). A GEMM's is that of the
-        measured shape nearest ``dims`` where :attr:`gemm_shapes` has any."""
+        measured shapes nearest ``dims`` (:meth:`gemm_shape_ratio`) where there are any."""
         if self.threads <= 1:
             return 1.0
         measured = (self.gemm_shape_ratio(dims) if kernel == GEMM and self.gemm_shapes and len(dims) == 5
