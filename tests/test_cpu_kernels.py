@@ -272,3 +272,15 @@ def test_one_thread_runs_every_loop_in_place_with_the_same_results():
         assert [loop.__name__ for loop in loops if not loop.serial.signatures] == []
     finally:
         numba.set_num_threads(before)
+
+
+def test_in_place_calls_the_serial_loops_meanwhile_and_gives_the_threads_back():
+    """A kernel model's MLP makes thousands of tiny calls: inside ``in_place`` each runs on
+    the calling thread, and the process's threads are back afterwards, an error or not."""
+    before = numba.get_num_threads()
+    x = np.linspace(-1.0, 1.0, 64, dtype=np.float32)
+    with pytest.raises(RuntimeError), cpu.in_place():
+        assert numba.get_num_threads() == 1
+        np.testing.assert_array_equal(cpu.relu(x), np.maximum(x, 0))
+        raise RuntimeError("a failing forward pass")
+    assert numba.get_num_threads() == before

@@ -32,6 +32,7 @@ from typing import TypeVar
 import numpy as np
 
 from pydtnn_lite.backend import make_backend
+from pydtnn_lite.kernels.cpu import in_place
 from pydtnn_lite.layers import Dense, MeanSquaredError, ReLU, StepContext
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Adam
@@ -296,8 +297,9 @@ class MLPRegressor(KernelModel):
         order = rng.permutation(len(samples))
         cut = max(1, int(round(HELD_OUT * len(samples))))
         validation, training = order[:cut], order[cut:]
-        model._train(inputs[training], targets[training], inputs[validation], targets[validation], rng,
-                     batch_size, lr, max_epochs, patience, decay_patience)
+        with in_place():
+            model._train(inputs[training], targets[training], inputs[validation], targets[validation], rng,
+                         batch_size, lr, max_epochs, patience, decay_patience)
         model.samples = len(samples)
         return model
 
@@ -329,7 +331,8 @@ class MLPRegressor(KernelModel):
 
     def _forward(self, inputs: np.ndarray) -> np.ndarray:
         ctx = StepContext(training=False, global_batch=len(inputs))
-        return self.network.forward(inputs, ctx)
+        with in_place():
+            return self.network.forward(inputs, ctx)
 
     def predict_features(self, x: np.ndarray) -> np.ndarray:
         _check_inputs(x, len(self.x_mean))
