@@ -22,11 +22,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
 from pydtnn_lite import kernels
 from pydtnn_lite.comm import Communicator
+from pydtnn_lite.kernels.cpu import in_place
 from pydtnn_lite.perfmodel.measuring.machine_state import REPEATS, timed_median, wait_idly
 from pydtnn_lite.perfmodel.measuring.sampling import rounded
 from pydtnn_lite.perfmodel.modelling.placement import ThreadScaling
@@ -44,6 +46,8 @@ SHAPE_SECONDS = 0.02  # each GEMM shape is timed over about this long, in 3 to 5
 # x 256) ran 2.0x as fast on two threads with their operands in the cache, 1.2x from memory.
 POOL_BYTES = 64 << 20
 MAX_COPIES = 1024
+
+T = TypeVar("T")
 
 
 def _work(shares: int) -> dict[str, Callable[[], object]]:
@@ -77,28 +81,37 @@ def _ratios(comm: Communicator, shares: dict[str, Callable[[], object]], whole: 
     wait_idly(comm)
     mine = {name: timed_median(run, REPEATS)[0] for name, run in shares.items()}
     share_seconds = comm.allgather_object(mine)
-    wait_idly(comm)
-    whole_seconds: dict[str, float] = {}
-    handoff = 0.0
-    if comm.rank == 0:
-        tiny = np.ones(HANDOFF_ELEMENTS, dtype=np.float32)
+    tiny = np.ones(HANDOFF_ELEMENTS, dtype=np.float32)
 
-        def tiny_loop() -> object:
-            return kernels.relu(tiny)
+    def tiny_loop() -> object:
+        return kernels.relu(tiny)
 
-        in_place = timed_median(tiny_loop, HANDOFF_REPEATS)[0]
-        set_blas_threads(cores)
-        try:
-            whole_seconds = {name: timed_median(run, REPEATS)[0] for name, run in whole.items()}
-            handoff = max(0.0, timed_median(tiny_loop, HANDOFF_REPEATS)[0] - in_place)
-        finally:
-            set_blas_threads(blas_threads)
-    wait_idly(comm)
-    whole_seconds, handoff = comm.broadcast_object((whole_seconds, handoff))
+    def whole_and_handoff() -> tuple[dict[str, float], float]:
+        with in_place():
+            alone = timed_median(tiny_loop, HANDOFF_REPEATS)[0]
+        whole_seconds = {name: timed_median(run, REPEATS)[0] for name, run in whole.items()}
+        return whole_seconds, max(0.0, timed_median(tiny_loop, HANDOFF_REPEATS)[0] - alone)
+
+    whole_seconds, handoff = _on_every_core(comm, cores, blas_threads, whole_and_handoff)
     whole_seconds["memory"] -= MEMORY_LOOPS * handoff
     ratios = {name: seconds / float(np.median([rank[name] for rank in share_seconds]))
               for name, seconds in whole_seconds.items()}
     return {**ratios, "handoff": handoff}
+
+
+def _on_every_core(comm: Communicator, cores: int, blas_threads: int, run: Callable[[], T]) -> T:
+    """``run()`` on rank 0 with its BLAS and loops on ``cores`` threads while the other ranks
+    wait idly, then back on ``blas_threads``; its result on every rank (collective)."""
+    wait_idly(comm)
+    result = None
+    if comm.rank == 0:
+        set_blas_threads(cores)
+        try:
+            result = run()
+        finally:
+            set_blas_threads(blas_threads)
+    wait_idly(comm)
+    return comm.broadcast_object(result)
 
 
 def _gemm_call(dims: tuple[int, ...], pool: np.ndarray) -> Callable[[], object]:
@@ -140,15 +153,6 @@ def measure_gemm_shapes(comm: Communicator, shapes: Sequence[tuple[int, ...]], c
     distinct = sorted(set(shapes))
     wait_idly(comm)
     alone = comm.allgather_object(_shape_seconds(distinct))
-    wait_idly(comm)
-    threaded: list[float] = []
-    if comm.rank == 0:
-        set_blas_threads(cores)
-        try:
-            threaded = _shape_seconds(distinct)
-        finally:
-            set_blas_threads(blas_threads)
-    wait_idly(comm)
-    threaded = comm.broadcast_object(threaded)
+    threaded = _on_every_core(comm, cores, blas_threads, lambda: _shape_seconds(distinct))
     return {dims: rounded(cores * threaded[i] / float(np.median([rank[i] for rank in alone])))
             for i, dims in enumerate(distinct)}
