@@ -30,6 +30,7 @@ it measured.
 """
 from __future__ import annotations
 
+import heapq
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -88,8 +89,9 @@ class ThreadScaling:
         logarithms, a transpose flag that differs counting as a factor of two in one size.
         Each shape is timed for milliseconds, so a single one moves with the machine."""
         if dims not in self._nearest:
-            nearest = sorted(self.gemm_shapes.items(), key=lambda item: _shape_distance(item[0], dims))
-            self._nearest[dims] = statistics.median(ratio for _, ratio in nearest[:SHAPE_NEIGHBOURS])
+            nearest = heapq.nsmallest(SHAPE_NEIGHBOURS, self.gemm_shapes.items(),
+                                      key=lambda item: _shape_distance(item[0], dims))
+            self._nearest[dims] = statistics.median(ratio for _, ratio in nearest)
         return self._nearest[dims]
 
     def handoff_seconds(self, kernel: str, threads: int) -> float:
