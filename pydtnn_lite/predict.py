@@ -85,10 +85,11 @@ def placed(machine: CalibratedMachine, args: argparse.Namespace, procs: int) -> 
 
 
 def prediction_json(prediction: StepPrediction, model: str, dataset: str, machine_name: str,
-                    global_batch: int) -> dict:
+                    global_batch: int, warnings: Sequence[str] = ()) -> dict:
     """One JSON object: the run and machine, the step (``step_seconds``: with overlap, as
     training runs by default), the stages, the waits, what loading adds to the step (with
-    batches read ahead, less than the DATA stage), every bucket and every kernel."""
+    batches read ahead, less than the DATA stage), every bucket and every kernel, and the
+    ``warnings`` (what the calibration lacks for this placement)."""
     return {"model": model, "dataset": dataset, "global_batch": global_batch, "procs": prediction.procs,
             "local_batch": prediction.batch, "machine": machine_name, "step_seconds": prediction.step_with_overlap,
             "step_seconds_with_overlap": prediction.step_with_overlap,
@@ -98,10 +99,10 @@ def prediction_json(prediction: StepPrediction, model: str, dataset: str, machin
             "data_in_step_seconds": prediction.data_in_step_with_overlap,
             "buckets": [{"bytes": n, "seconds": s}
                         for n, s in zip(prediction.bucket_bytes, prediction.bucket_seconds, strict=True)],
-            "kernels": [k.__dict__ for k in prediction.kernels]}
+            "kernels": [k.__dict__ for k in prediction.kernels], "warnings": list(warnings)}
 
 
-def prediction_text(prediction: StepPrediction, title: str, global_batch: int) -> str:
+def prediction_text(prediction: StepPrediction, title: str, global_batch: int, warnings: Sequence[str] = ()) -> str:
     table = format_table(("layer", "FP ms", "BP ms", "WU ms"),
                          [(f"{index} {name}", *(f"{stages.get(s, 0.0) * 1e3:.3f}" for s in COMPUTE_STAGES))
                           for (index, name), stages in sorted(prediction.layer_table().items()) if index >= 0])
@@ -120,7 +121,7 @@ def prediction_text(prediction: StepPrediction, title: str, global_batch: int) -
         step = prediction.step_seconds(overlap)
         lines.append(f"step {'with' if overlap else 'without'} overlap: {step * 1e3:.3f} ms, "
                      f"{global_batch / step:.1f} img/s")
-    return "\n".join(lines)
+    return "\n".join(lines + [f"warning: {line}" for line in warnings])
 
 
 def heterogeneous_prediction(args: argparse.Namespace) -> dict:
@@ -186,13 +187,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 2
+    warnings = machine.warnings if isinstance(machine, AdjustedMachine) else []
     if args.json:
         print_output(json.dumps(prediction_json(prediction, args.model, args.dataset, machine_name,
-                                                args.batch_size), indent=1))
+                                                args.batch_size, warnings), indent=1))
     else:
         print_output(prediction_text(prediction, f"{args.model} on {args.dataset}, global batch {args.batch_size} "
                                                  f"over {procs} ranks ({local_batch} per rank), {machine_name}",
-                                     args.batch_size))
+                                     args.batch_size, warnings))
     return 0
 
 

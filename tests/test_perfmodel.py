@@ -460,6 +460,11 @@ def test_predict_and_validate_with_the_reference_calibration(tmp_path):
     # VGG11 has no batch norm: its ranks synchronise once, at the end of the step, and wait there.
     assert document["synchronisations"] == 1 and document["wait_seconds"] > 0
     assert [k["seconds"] for k in document["kernels"] if k["kernel"] == "sync_wait"] == [document["wait_seconds"]]
+    assert document["warnings"] == []
+    # One process on both cores: the shipped file measured how its threads scale.
+    one_process = json.loads(run("pydtnn_lite.predict", "--model", "vgg11", "--batch-size", "64", "--procs", "1",
+                                 "--calibration", calibration, "--json").stdout)
+    assert "2 BLAS thread(s)" in one_process["machine"] and one_process["warnings"] == []
     fit = json.loads(run("pydtnn_lite.predict", "--model", "vgg11", "--batch-size", "64", "--procs", "2",
                          "--calibration", calibration, "--allreduce-model", "fit", "--json").stdout)
     assert fit["stage_seconds"]["FP"] == document["stage_seconds"]["FP"]
@@ -479,7 +484,7 @@ def test_predict_cli_prints_a_table_and_json():
     document = json.loads(run("pydtnn_lite.predict", "--model", "resnet18", "--preset", "altec", "--json").stdout)
     assert {"model", "dataset", "global_batch", "procs", "local_batch", "machine", "step_seconds",
             "step_seconds_with_overlap", "step_seconds_without_overlap", "stage_seconds", "wait_seconds",
-            "synchronisations", "overhead_seconds", "buckets", "kernels"} <= set(document)
+            "synchronisations", "overhead_seconds", "buckets", "kernels", "warnings"} <= set(document)
     assert (document["model"], document["dataset"], document["machine"]) == ("resnet18", "cifar10", "altec")
     assert document["procs"] == 8 and document["local_batch"] == 16 and document["global_batch"] == 128
     assert document["step_seconds"] == document["step_seconds_with_overlap"] > 0
@@ -633,6 +638,7 @@ def test_validate_prints_its_figures_as_one_json_object(traced_run, tmp_path):
         assert set(document[key]) == {"DATA", "FP", "BP", "WU", "COMM"}
     assert set(document["split_half"]) == {"step_difference", "stage_differences", "wre"}
     assert isinstance(document["unmatched_calls"], int)
+    assert document["warnings"] == []  # one-thread ranks, as calibrated
     assert document["report"] and all(os.path.isfile(path) for path in document["report"])
 
 

@@ -7,7 +7,13 @@ from pydtnn_lite.costs import KernelCost, Stage
 from pydtnn_lite.perfmodel.measuring.data_loading import read_ahead_share
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, allreduce_models
-from pydtnn_lite.perfmodel.modelling.placement import Placement, ThreadScaling, kernel_handoff, kernel_scale
+from pydtnn_lite.perfmodel.modelling.placement import (
+    Placement,
+    ThreadScaling,
+    kernel_handoff,
+    kernel_scale,
+    thread_scaling_gap,
+)
 
 CALIBRATED = Placement(ranks=2, ranks_per_node=2, cores_per_node=2, threads_per_rank=1)
 
@@ -108,6 +114,22 @@ def test_a_one_process_job_predicts_its_parallel_loops_with_their_hand_offs():
     assert one_process.kernel_seconds("relu", relu) == pytest.approx(1e-6 * 0.5 * 2.0 + 1e-4)
     assert one_process.kernel_seconds("gemm", gemm) == pytest.approx(1e-3 * 0.5 * 1.2)
     assert adjusted_machine(CalibratedMachine(calibration, None)).kernel_seconds("relu", relu) == pytest.approx(1e-6)
+
+
+def test_a_calibration_without_what_predicts_a_job_s_threads_says_so():
+    one_process = Placement(1, 1, 2, 2)
+    measured = ThreadScaling(2, gemm=1.1, memory=2.0, handoff=1e-4, gemm_shapes={(64, 64, 64, 0, 0): 1.3})
+    assert thread_scaling_gap(one_process, CALIBRATED, measured) is None
+    assert thread_scaling_gap(CALIBRATED, CALIBRATED, None) is None  # one-thread ranks, as calibrated
+    assert thread_scaling_gap(one_process, one_process, None) is None  # calibrated on the same threads
+    assert "no measure of how threads scale" in thread_scaling_gap(one_process, CALIBRATED, None)
+    for older in (ThreadScaling(2, gemm=1.1, memory=2.0), ThreadScaling(2, 1.1, 2.0, handoff=1e-4)):
+        assert "one GEMM ratio for every shape" in thread_scaling_gap(one_process, CALIBRATED, older)
+    calibration = Calibration(machine={"ranks": 2, "usable_cores": 2}, peak_flops=1e11, memory_bandwidth=1e10,
+                              kernel_models={}, allreduce_samples=[])
+    machine = CalibratedMachine(calibration, None)
+    assert adjusted_machine(machine, one_process).warnings == [thread_scaling_gap(one_process, CALIBRATED, None)]
+    assert adjusted_machine(machine).warnings == []
 
 
 def test_threads_beyond_the_cores_share_them():

@@ -29,7 +29,7 @@ from pydtnn_lite.perfmodel.modelling.drift import (
     probe_moves,
     work_ratio,
 )
-from pydtnn_lite.perfmodel.modelling.placement import Placement, kernel_handoff, kernel_scale
+from pydtnn_lite.perfmodel.modelling.placement import Placement, kernel_handoff, kernel_scale, thread_scaling_gap
 from pydtnn_lite.perfmodel.modelling.prediction import RooflineMachine
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline
@@ -107,6 +107,13 @@ class AdjustedMachine:
         calibration = self.base.calibration
         return (kernel_scale(kernel, self.placement, calibration.placement, calibration.thread_scaling, dims)
                 * self.drift.scale(kernel, flops=flops, seconds=seconds))
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the calibration lacks to predict this placement, one line each (none usually)."""
+        calibration = self.base.calibration
+        gap = thread_scaling_gap(self.placement, calibration.placement, calibration.thread_scaling)
+        return [gap] if gap else []
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         seconds = self.base.kernel_seconds(kernel, cost)

@@ -193,3 +193,22 @@ def kernel_handoff(kernel: str, job: Placement, calibrated: Placement, scaling: 
     if scaling is None or calibrated.threads_per_rank > 1:
         return 0.0
     return scaling.handoff_seconds(kernel, job.threads_per_rank) * job.time_sharing
+
+
+def thread_scaling_gap(job: Placement, calibrated: Placement, scaling: ThreadScaling | None) -> str | None:
+    """One line for the user where ``job``'s ranks run more threads than the calibration's
+    and the calibration lacks what predicts them (a file from an older version), else None.
+    Without any measure of thread scaling, one process of two threads came out 22-44 % short
+    across the zoo on the development machine; with one GEMM ratio for every shape and no
+    hand-offs, about 14 % (docs/performance-model.md)."""
+    if job.threads_per_rank <= calibrated.threads_per_rank:
+        return None
+    if scaling is None:
+        return (f"the calibration holds no measure of how threads scale: ranks of {job.threads_per_rank} threads are "
+                "predicted as if every thread added a whole core, which predicts them short; calibrate again "
+                "with this version")
+    if scaling.handoff is None or not scaling.gemm_shapes:
+        return (f"the calibration predates the timing of each GEMM shape and of a parallel loop's hand-off on "
+                f"several threads: ranks of {job.threads_per_rank} threads are predicted with one GEMM ratio for "
+                "every shape; calibrate again with this version")
+    return None

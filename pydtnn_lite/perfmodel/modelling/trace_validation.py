@@ -11,7 +11,7 @@ import dataclasses
 import os
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.drift import Drift, MachineState, ProbedWork
@@ -113,6 +113,7 @@ class CheckedTrace:
     raw: Validation | None = None  # before the drift correction, where one was made
     drift: Drift | None = None
     traced_seconds: float = 0.0  # the span of the traced steps (the longest rank's)
+    warnings: list[str] = field(default_factory=list)  # what the calibration lacks for the run's placement
 
     def text(self) -> str:
         """The title, the step and stage table, the drift, and where the report went."""
@@ -123,6 +124,7 @@ class CheckedTrace:
             if self.drift.moved:
                 lines.append(f"warning: the probes measured a move of {100 * self.drift.measured:.0f} % since the "
                              "calibration (more than 10 %): calibrate again for figures that need no correction")
+        lines += [f"warning: {line}" for line in self.warnings]
         if self.traced_seconds < MIN_TRACED_SECONDS:
             lines.append(f"warning: the traced steps span {self.traced_seconds:.2f} s, less than "
                          f"{MIN_TRACED_SECONDS:g} s: they measure a moment of the machine more than the model; "
@@ -136,7 +138,8 @@ class CheckedTrace:
                 "global_batch": meta["global_batch"], "procs": int(meta["ranks"]),
                 "overlap": bool(meta.get("overlap", True)), "machine": self.machine_name,
                 "traced_seconds": self.traced_seconds,
-                **validation_figures(self.validation, self.raw, self.drift), "report": self.paths}
+                **validation_figures(self.validation, self.raw, self.drift), "warnings": self.warnings,
+                "report": self.paths}
 
 
 def check_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, machine_name: str,
@@ -157,7 +160,8 @@ def check_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, m
     spans: defaultdict[int, float] = defaultdict(float)
     for step in loaded[1]:
         spans[step.rank] += step.duration
-    return CheckedTrace(trace, meta, machine_name, validation, title, paths, raw, drift, max(spans.values()))
+    warnings = machine.warnings if isinstance(machine, AdjustedMachine) else []
+    return CheckedTrace(trace, meta, machine_name, validation, title, paths, raw, drift, max(spans.values()), warnings)
 
 
 def validate_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, machine_name: str,
