@@ -187,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 2
-    warnings = machine.warnings if isinstance(machine, AdjustedMachine) else []
+    warnings = (machine.warnings(k.kernel for k in prediction.kernels if k.stage in COMPUTE_STAGES)
+                if isinstance(machine, AdjustedMachine) else [])
     if args.json:
         print_output(json.dumps(prediction_json(prediction, args.model, args.dataset, machine_name,
                                                 args.batch_size, warnings), indent=1))

@@ -473,6 +473,20 @@ def test_predict_and_validate_with_the_reference_calibration(tmp_path):
     assert no_mpi.returncode == 2 and "cannot read calibration file" in no_mpi.stderr
 
 
+def test_predict_warns_of_kernels_its_calibration_never_sampled(tmp_path):
+    with open(REFERENCE_CALIBRATION, encoding="utf-8") as handle:
+        document = json.load(handle)
+    for section in ("kernel_models", "kernel_samples"):
+        document[section].pop("winograd_filter", None)
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps(document), encoding="utf-8")
+    result = run("pydtnn_lite.predict", "--model", "vgg11", "--batch-size", "64", "--procs", "2",
+                 "--calibration", str(older))
+    assert result.returncode == 0, result.stderr
+    assert ("warning: the calibration holds no samples of winograd_filter (a file older than these kernels)"
+            in result.stdout)
+
+
 def run(module: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=120)
 

@@ -14,6 +14,7 @@ from pydtnn_lite.perfmodel.modelling.placement import (
     kernel_scale,
     thread_scaling_gap,
 )
+from pydtnn_lite.perfmodel.modelling.regression import RateModel
 
 CALIBRATED = Placement(ranks=2, ranks_per_node=2, cores_per_node=2, threads_per_rank=1)
 
@@ -128,8 +129,23 @@ def test_a_calibration_without_what_predicts_a_job_s_threads_says_so():
     calibration = Calibration(machine={"ranks": 2, "usable_cores": 2}, peak_flops=1e11, memory_bandwidth=1e10,
                               kernel_models={}, allreduce_samples=[])
     machine = CalibratedMachine(calibration, None)
-    assert adjusted_machine(machine, one_process).warnings == [thread_scaling_gap(one_process, CALIBRATED, None)]
-    assert adjusted_machine(machine).warnings == []
+    assert adjusted_machine(machine, one_process).warnings([]) == [thread_scaling_gap(one_process, CALIBRATED, None)]
+    assert adjusted_machine(machine).warnings([]) == []
+
+
+def test_a_calibration_without_samples_of_a_job_s_kernels_says_so():
+    model = RateModel(0.0, 0.0, 1e-9)
+    calibration = Calibration(machine={"ranks": 2, "usable_cores": 2}, peak_flops=1e11, memory_bandwidth=1e10,
+                              kernel_models={"gemm": model, "relu": model, "batchnorm_normalize": model},
+                              allreduce_samples=[])
+    # A fused kernel is predicted from its parts' models; a reduction from the Allreduce timings.
+    assert calibration.unmodelled(["gemm", "relu", "allreduce", "batchnorm_relu_normalize"]) == []
+    assert calibration.unmodelled(["winograd_input", "gemm", "batchnorm_relu_grad_sums", "winograd_input"]) == [
+        "batchnorm_grad_sums", "relu_grad", "winograd_input"]
+    machine = adjusted_machine(CalibratedMachine(calibration, None))
+    [line] = machine.warnings(["gemm", "winograd_input"])
+    assert "no samples of winograd_input" in line and "roofline" in line
+    assert machine.warnings(["gemm", "relu"]) == []
 
 
 def test_threads_beyond_the_cores_share_them():

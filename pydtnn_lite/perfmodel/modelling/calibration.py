@@ -11,11 +11,12 @@ import json
 import os
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from pydtnn_lite.costs import KernelCost, Stage
+from pydtnn_lite.costs import ALLREDUCE, FUSED_KERNELS, TRANSFER_CPU, KernelCost, Stage
 from pydtnn_lite.perfmodel.modelling.drift import COMPUTE_BOUND, STREAMING, MachineState, ProbedWork
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
 from pydtnn_lite.perfmodel.modelling.outside_kernels import NO_COST, AffineCost
@@ -107,6 +108,17 @@ class Calibration:
         return Placement(ranks, int(self.machine.get("ranks_per_node", ranks)),
                          int(self.machine.get("usable_cores") or self.machine.get("cores") or 1),
                          int(self.machine.get("blas_threads", 1)))
+
+    def unmodelled(self, kernels: Iterable[str]) -> list[str]:
+        """Those of ``kernels`` the calibration holds no model of (a file older than them),
+        sorted: they are predicted at the roofline. A fused kernel without a model of its own
+        counts as the unfused kernels it replaces, from whose models it is predicted; the
+        reductions and the network's CPU time come from the Allreduce and network timings."""
+        missing: set[str] = set()
+        for kernel in kernels:
+            if kernel not in self.kernel_models and kernel not in (ALLREDUCE, TRANSFER_CPU):
+                missing.update(part for part in FUSED_KERNELS.get(kernel, (kernel,)) if part not in self.kernel_models)
+        return sorted(missing)
 
     def data_load_seconds(self, dataset: str, samples: int) -> float:
         """Seconds of loading ``samples`` of ``dataset``: its fitted cost, or 0 for a data set the

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from pydtnn_lite.costs import DATA_LOAD, FUSED_KERNELS, GEMM, KernelCost, Stage
@@ -108,12 +108,19 @@ class AdjustedMachine:
         return (kernel_scale(kernel, self.placement, calibration.placement, calibration.thread_scaling, dims)
                 * self.drift.scale(kernel, flops=flops, seconds=seconds))
 
-    @property
-    def warnings(self) -> list[str]:
-        """What the calibration lacks to predict this placement, one line each (none usually)."""
+    def warnings(self, kernels: Iterable[str]) -> list[str]:
+        """What the calibration lacks to predict a step of ``kernels`` (their names) on this
+        placement, one line each (none usually)."""
         calibration = self.base.calibration
+        lines = []
         gap = thread_scaling_gap(self.placement, calibration.placement, calibration.thread_scaling)
-        return [gap] if gap else []
+        if gap:
+            lines.append(gap)
+        unmodelled = calibration.unmodelled(kernels)
+        if unmodelled:
+            lines.append(f"the calibration holds no samples of {', '.join(unmodelled)} (a file older than these "
+                         "kernels): they are predicted at the roofline; calibrate again with this version")
+        return lines
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         seconds = self.base.kernel_seconds(kernel, cost)

@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.drift import Drift, MachineState, ProbedWork
 from pydtnn_lite.perfmodel.modelling.machines import AdjustedMachine, CalibratedMachine, adjusted_machine
@@ -160,7 +161,8 @@ def check_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, m
     spans: defaultdict[int, float] = defaultdict(float)
     for step in loaded[1]:
         spans[step.rank] += step.duration
-    warnings = machine.warnings if isinstance(machine, AdjustedMachine) else []
+    warnings = (machine.warnings(k.kernel for k in validation.kernels if k.stage in COMPUTE_STAGES)
+                if isinstance(machine, AdjustedMachine) else [])
     return CheckedTrace(trace, meta, machine_name, validation, title, paths, raw, drift, max(spans.values()), warnings)
 
 
