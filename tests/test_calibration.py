@@ -23,7 +23,7 @@ from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
 from pydtnn_lite.perfmodel.measuring.machine_state import ALLREDUCE_BYTES
 from pydtnn_lite.perfmodel.measuring.probes import QUICK, Probe, calibration_grid
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe
-from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.calibration import MIN_UPDATE_SAMPLES, Calibration
 from pydtnn_lite.perfmodel.modelling.merging import merge_calibrations
 from pydtnn_lite.perfmodel.modelling.placement import ThreadScaling
 from pydtnn_lite.perfmodel.modelling.regression import (
@@ -243,6 +243,20 @@ def test_a_call_sampled_at_its_exact_sizes_is_predicted_as_its_samples_median(ti
                   KernelCost(Stage.FP, "gemm", sample.flops, 2 * sample.bytes, sample.dims)):
         assert calibration.kernel_seconds("gemm", other) == calibration.kernel_models["gemm"].predict(
             other.dims, other.flops, other.bytes)
+
+
+def test_an_update_is_predicted_by_its_samples_only_where_many_were_pooled(tiny):
+    calibration = Calibration.load(tiny[1])
+    n = 70000
+    cost = KernelCost(Stage.WU, "sgd_update", 4.0 * n, 20.0 * n, (n,))
+    fitted = calibration.kernel_models["sgd_update"].predict(cost.dims, cost.flops, cost.bytes)
+    pooled = [KernelSample(cost.dims, cost.flops, cost.bytes, 3.0 * fitted)] * (MIN_UPDATE_SAMPLES - 1)
+    calibration.kernel_samples["sgd_update"] = pooled
+    calibration._sampled.clear()
+    assert calibration.warm_seconds("sgd_update", cost) == pytest.approx(fitted)  # a few minutes' samples
+    calibration.kernel_samples["sgd_update"] = [*pooled, pooled[0]]
+    calibration._sampled.clear()
+    assert calibration.warm_seconds("sgd_update", cost) == pytest.approx(3.0 * fitted)
 
 
 def test_a_call_after_other_work_adds_the_median_time_such_calls_took_beyond_their_prediction(tiny):

@@ -33,6 +33,13 @@ from pydtnn_lite.perfmodel.modelling.workload import DATASET_SHAPES
 
 FORMAT, VERSION = "pydtnn_lite calibration", 4
 
+# An update's count sampled this often (several calibrations pooled by ``--merge``) is
+# predicted as its samples' median rather than by the fit over the grid: pooled over hours
+# they stand for the machine, not for one minute of it. In the merge of eight calibrations
+# shipped on 2026-11-27 VGG's 2.36 M-element updates had 184 samples, median 1.63 ms, where
+# the fit gave 1.47 ms and the 2-rank runs of 09:07 measured 1.78-2.12 ms.
+MIN_UPDATE_SAMPLES = 60
+
 
 def _call_sizes(dims: tuple, nbytes: float) -> tuple:
     """What tells one call's sizes from another's: its dims and its bytes (the dtype)."""
@@ -98,7 +105,8 @@ class Calibration:
     thread_scaling: ThreadScaling | None = None
     _cold_start: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _widest: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
-    _sampled: dict[str, dict[tuple, float]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _sampled: dict[str, dict[tuple, tuple[float, int]]] = field(  # by sizes: (median, count)
+        default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def placement(self) -> Placement:
@@ -189,15 +197,16 @@ class Calibration:
         A call the calibration sampled at exactly these sizes (a job's own network sampled
         whole, ``calibrate --models``) gets the median of its samples: a measurement of the
         call itself is closer than any fit over the grid (the GEMM model holds out 6-7 %).
-        Not so the updates (:data:`STREAMING`): their time follows the element count alone,
-        which the grid samples from 6 to 4 M all along the kernel phase, where a job's few
-        samples of one count come from one minute of a memory system that wanders (on
-        2026-11-26 VGG's 2.36 M-element updates: 2.39-4.09 ms in the jobs of the 08:23
-        calibration, 2.46 ms from its fit, 2.50-2.67 ms in a run at 08:43).
+        Not so the updates (:data:`STREAMING`) with fewer than :data:`MIN_UPDATE_SAMPLES`
+        samples of their count: their time follows the element count alone, which the grid
+        samples from 6 to 4 M all along the kernel phase, where a job's few samples of one
+        count come from one minute of a memory system that wanders (on 2026-11-26 VGG's
+        2.36 M-element updates: 2.39-4.09 ms in the jobs of the 08:23 calibration, 2.46 ms
+        from its fit, 2.50-2.67 ms in a run at 08:43).
         A call beyond the largest batch sampled (the leading dim of every kernel but GEMM
         grows with the batch) is predicted as that many calls at the largest one: its work
         grows in proportion, where a fitted model's curve past its samples may not."""
-        sampled = None if kernel in STREAMING else self._sampled_seconds(kernel, cost)
+        sampled = self._sampled_seconds(kernel, cost, MIN_UPDATE_SAMPLES if kernel in STREAMING else 1)
         if sampled is not None:
             return sampled
         model = self.kernel_models.get(kernel)
@@ -220,14 +229,17 @@ class Calibration:
         seconds = sum(self.kernel_seconds(part.kernel, part) for part in parts)
         return seconds * cost.bytes / sum(part.bytes for part in parts)
 
-    def _sampled_seconds(self, kernel: str, cost: KernelCost) -> float | None:
-        """The median seconds of ``kernel``'s samples of exactly ``cost``'s dims and bytes, or None."""
+    def _sampled_seconds(self, kernel: str, cost: KernelCost, least: int = 1) -> float | None:
+        """The median seconds of ``kernel``'s samples of exactly ``cost``'s dims and bytes, or
+        None where there are fewer than ``least``."""
         if kernel not in self._sampled:
             calls: dict[tuple, list[float]] = defaultdict(list)
             for sample in self.kernel_samples.get(kernel, []):
                 calls[_call_sizes(sample.dims, sample.bytes)].append(sample.seconds)
-            self._sampled[kernel] = {sizes: statistics.median(seconds) for sizes, seconds in calls.items()}
-        return self._sampled[kernel].get(_call_sizes(cost.dims, cost.bytes))
+            self._sampled[kernel] = {sizes: (statistics.median(seconds), len(seconds))
+                                     for sizes, seconds in calls.items()}
+        median, count = self._sampled[kernel].get(_call_sizes(cost.dims, cost.bytes), (None, 0))
+        return median if count >= least else None
 
     def _widest_sampled(self, kernel: str) -> int:
         """The largest leading dim among ``kernel``'s samples (0 without samples)."""
