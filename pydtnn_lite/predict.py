@@ -89,7 +89,7 @@ def prediction_json(prediction: StepPrediction, model: str, dataset: str, machin
     """One JSON object: the run and machine, the step (``step_seconds``: with overlap, as
     training runs by default), the stages, the waits, what loading adds to the step (with
     batches read ahead, less than the DATA stage), every bucket and every kernel, and the
-    ``warnings`` (what the calibration lacks for this placement)."""
+    ``warnings`` (what the calibration lacks for this job: its kernels, its threads)."""
     return {"model": model, "dataset": dataset, "global_batch": global_batch, "procs": prediction.procs,
             "local_batch": prediction.batch, "machine": machine_name, "step_seconds": prediction.step_with_overlap,
             "step_seconds_with_overlap": prediction.step_with_overlap,

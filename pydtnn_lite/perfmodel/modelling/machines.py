@@ -112,10 +112,8 @@ class AdjustedMachine:
         """What the calibration lacks to predict a step of ``kernels`` (their names) on this
         placement, one line each (none usually)."""
         calibration = self.base.calibration
-        lines = []
         gap = thread_scaling_gap(self.placement, calibration.placement, calibration.thread_scaling)
-        if gap:
-            lines.append(gap)
+        lines = [gap] if gap else []
         unmodelled = calibration.unmodelled(kernels)
         if unmodelled:
             lines.append(f"the calibration holds no samples of {', '.join(unmodelled)} (a file older than these "

@@ -114,7 +114,7 @@ class CheckedTrace:
     raw: Validation | None = None  # before the drift correction, where one was made
     drift: Drift | None = None
     traced_seconds: float = 0.0  # the span of the traced steps (the longest rank's)
-    warnings: list[str] = field(default_factory=list)  # what the calibration lacks for the run's placement
+    warnings: list[str] = field(default_factory=list)  # what the calibration lacks for the run (kernels, threads)
 
     def text(self) -> str:
         """The title, the step and stage table, the drift, and where the report went."""
