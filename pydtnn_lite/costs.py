@@ -7,7 +7,8 @@ they make them, and the tracer records the calls it times in the same order. So 
 i-th call of a kernel by a layer in a stage, traced, sampled or predicted, is the i-th
 cost listed for that (layer, stage, kernel): :class:`CallKey` is that key and
 :class:`CallCounter` numbers the calls of a step by it. The fused kernels are named here
-too, with the unfused kernels they replace (:data:`FUSED_KERNELS`).
+too, with the unfused kernels they replace (:data:`FUSED_KERNELS`), and the kernels whose
+code changed their time since their first version (:data:`KERNEL_REVISIONS`).
 """
 from __future__ import annotations
 
@@ -77,6 +78,16 @@ FUSED_KERNELS: dict[str, tuple[str, ...]] = {
     "batchnorm_relu_normalize": ("batchnorm_normalize", "relu"),
     "batchnorm_relu_grad_sums": ("relu_grad", "batchnorm_grad_sums"),
     "batchnorm_relu_grad_input": ("batchnorm_grad_input",),
+}
+
+
+# A kernel's revision, raised when a change to its code moves its time; kernels not named
+# here are at revision 1. A calibration records the revisions it timed: merging keeps each
+# kernel's samples from the files that timed its newest revision, and a prediction warns
+# where its calibration timed an older one.
+KERNEL_REVISIONS: dict[str, int] = {
+    "batchnorm_relu_grad_sums": 2,  # the ReLU's mask computed from the input, not read from the output
+    "batchnorm_relu_grad_input": 2,
 }
 
 

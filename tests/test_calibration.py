@@ -13,7 +13,7 @@ import pytest
 
 from pydtnn_lite.backend import CACHE_VARIABLE, cache_size_bytes, host_last_level_cache_bytes, make_backend
 from pydtnn_lite.comm import SerialCommunicator
-from pydtnn_lite.costs import ALLREDUCE, H2D_COPY, KernelCost, Stage
+from pydtnn_lite.costs import ALLREDUCE, H2D_COPY, KERNEL_REVISIONS, KernelCost, Stage
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.models import create_model
 from pydtnn_lite.optim import SGD, Adam
@@ -380,6 +380,27 @@ def test_merged_thread_scalings_are_their_geometric_mean(tiny):
     other = dataclasses.replace(second, thread_scaling=ThreadScaling(2, 1.21, 2.4, 1e-4, {(8, 8, 8, 0, 0): 1.28}))
     shapes = merge_calibrations([shaped, other]).thread_scaling.gemm_shapes
     assert shapes == pytest.approx({(8, 8, 8, 0, 0): 1.6, (64, 64, 64, 0, 0): 1.5})
+
+
+def test_merging_keeps_a_changed_kernel_s_samples_from_the_files_of_its_newest_code(tiny):
+    calibration, _ = tiny
+    kernel = "relu"  # as if its code changed after the first file was measured
+    assert calibration.kernel_samples[kernel] and all(probe.calls[kernel] for probe in calibration.kernel_probes)
+    assert calibration.kernel_revisions == KERNEL_REVISIONS and kernel not in KERNEL_REVISIONS
+    newer = dataclasses.replace(a_later_calibration(calibration, slower=2.0),
+                                kernel_revisions={**KERNEL_REVISIONS, kernel: 2})
+    for files in ([calibration, newer], [newer, calibration]):
+        merged = merge_calibrations(files)
+        assert merged.kernel_revisions == newer.kernel_revisions and merged.revision(kernel) == 2
+        assert merged.kernel_samples[kernel] == newer.kernel_samples[kernel]  # the older file's left out
+        assert merged.kernel_rates[kernel] == newer.kernel_rates[kernel]
+        assert [bool(probe.calls.get(kernel)) for probe in merged.kernel_probes] == [
+            file is newer for file in files for _ in file.kernel_probes]
+        # Every other kernel pools both files.
+        assert len(merged.kernel_samples["im2col"]) == 2 * len(calibration.kernel_samples["im2col"])
+    assert merge_calibrations([calibration, calibration]).kernel_revisions == KERNEL_REVISIONS
+    newer.save(str(tiny[1]) + ".newer.json")
+    assert Calibration.load(str(tiny[1]) + ".newer.json").kernel_revisions == newer.kernel_revisions
 
 
 def test_merging_keeps_each_network_sampled_whole_last_as_the_files_mean(tiny):

@@ -44,10 +44,10 @@ def test_fused_kernels_equal_the_unfused_ones(module):
     assert (out > 0).any() and (out == 0).any()
     np.testing.assert_allclose(out, expected_out, rtol=1e-15, atol=1e-15)
     masked = relu_grad(grad, expected_out)
-    sums = module.batchnorm_relu_grad_sums(grad, out, x, mean, inv_std)
+    sums = module.batchnorm_relu_grad_sums(grad, x, mean, inv_std, gamma, beta)
     np.testing.assert_allclose(sums, module.batchnorm_grad_sums(masked, x, mean, inv_std), rtol=1e-13, atol=1e-13)
     rows = x.size // SHAPE[-1]
-    np.testing.assert_allclose(module.batchnorm_relu_grad_input(grad, out, x, mean, inv_std, gamma, sums, rows),
+    np.testing.assert_allclose(module.batchnorm_relu_grad_input(grad, x, mean, inv_std, gamma, beta, sums, rows),
                                module.batchnorm_grad_input(masked, x, mean, inv_std, gamma, sums, rows),
                                rtol=1e-13, atol=1e-13)
 

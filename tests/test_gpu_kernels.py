@@ -258,8 +258,9 @@ def test_channel_sums_give_the_numpy_sums(device: Device, dtype: type) -> None:
     sums to rounding (they add in another order)."""
     rng = np.random.default_rng(7)
     x = (rng.normal(size=(3, 5, 4, 6)) * 2 + 1e3).astype(dtype)  # far from 0: deviations must not cancel
-    grad, activated = (rng.normal(size=x.shape).astype(dtype) for _ in range(2))
+    grad = rng.normal(size=x.shape).astype(dtype)
     mean, inv_std = x.mean(axis=(0, 1, 2)).astype(dtype), (1 / x.std(axis=(0, 1, 2))).astype(dtype)
+    gamma, beta = (rng.normal(size=6).astype(dtype) for _ in range(2))
     rtol = 1e-5 if dtype == np.float32 else 1e-12
 
     def assert_near(actual: np.ndarray, expected: np.ndarray) -> None:
@@ -271,8 +272,8 @@ def test_channel_sums_give_the_numpy_sums(device: Device, dtype: type) -> None:
     assert_near(device.run("batchnorm_sums", x), normalization.batchnorm_sums(x))
     assert_near(device.run("batchnorm_grad_sums", grad, x, mean, inv_std),
                 normalization.batchnorm_grad_sums(grad, x, mean, inv_std))
-    assert_near(device.run("batchnorm_relu_grad_sums", grad, activated, x, mean, inv_std),
-                normalization.batchnorm_relu_grad_sums(grad, activated, x, mean, inv_std))
+    assert_near(device.run("batchnorm_relu_grad_sums", grad, x, mean, inv_std, gamma, beta),
+                normalization.batchnorm_relu_grad_sums(grad, x, mean, inv_std, gamma, beta))
     assert_same(device.run("batchnorm_sums", np.zeros((0, 6), dtype)), np.zeros((2, 6)))
 
 

@@ -1,9 +1,11 @@
 """Placement arithmetic against hand-computed cases."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from pydtnn_lite.costs import KernelCost, Stage
+from pydtnn_lite.costs import KERNEL_REVISIONS, KernelCost, Stage
 from pydtnn_lite.perfmodel.measuring.data_loading import read_ahead_share
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, allreduce_models
@@ -146,6 +148,21 @@ def test_a_calibration_without_samples_of_a_job_s_kernels_says_so():
     [line] = machine.warnings(["gemm", "winograd_input"])
     assert "no samples of winograd_input" in line and "roofline" in line
     assert machine.warnings(["gemm", "relu"]) == []
+
+
+def test_a_calibration_of_a_kernel_s_older_code_says_so():
+    model = RateModel(0.0, 0.0, 1e-9)
+    fused = {"gemm": model, "batchnorm_relu_grad_input": model}
+    older = Calibration(machine={"ranks": 2, "usable_cores": 2}, peak_flops=1e11, memory_bandwidth=1e10,
+                        kernel_models=fused, allreduce_samples=[])
+    assert KERNEL_REVISIONS["batchnorm_relu_grad_input"] > 1  # changed since its first version
+    assert older.outdated(["gemm", "batchnorm_relu_grad_input"]) == ["batchnorm_relu_grad_input"]
+    [line] = adjusted_machine(CalibratedMachine(older, None)).warnings(["gemm", "batchnorm_relu_grad_input"])
+    assert "older code of batchnorm_relu_grad_input" in line and "calibrate again" in line
+    current = dataclasses.replace(older, kernel_revisions=dict(KERNEL_REVISIONS))
+    assert current.outdated(["gemm", "batchnorm_relu_grad_input"]) == []
+    # A kernel the calibration has no model of is the unmodelled warning's, not this one's.
+    assert older.outdated(["batchnorm_relu_grad_sums"]) == []
 
 
 def test_threads_beyond_the_cores_share_them():

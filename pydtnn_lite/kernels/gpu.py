@@ -26,7 +26,6 @@ import numpy as np
 
 from pydtnn_lite.kernels import conv, normalization, pooling
 from pydtnn_lite.kernels.conv import output_size
-from pydtnn_lite.kernels.elementwise import relu_grad
 
 _THREADS = 256  # per block: a multiple of the warp size, ample for these memory-bound loops
 _MAX_BLOCKS = 65535  # more threads than any GPU keeps resident; the grid-stride loops do the rest
@@ -169,7 +168,7 @@ def batchnorm_grad_sums(grad_out: Any, x: Any, mean: Any, inv_std: Any) -> Any:
     return cupy.stack([column_sums(flat_grad), column_sums(product)])
 
 
-def batchnorm_relu_grad_sums(grad_out: Any, out: Any, x: Any, mean: Any, inv_std: Any) -> Any:
-    """:func:`batchnorm_grad_sums` of the upstream gradient masked by ``out > 0``, as
-    :func:`~pydtnn_lite.kernels.normalization.batchnorm_relu_grad_sums`."""
-    return batchnorm_grad_sums(relu_grad(grad_out, out), x, mean, inv_std)
+def batchnorm_relu_grad_sums(grad_out: Any, x: Any, mean: Any, inv_std: Any, gamma: Any, beta: Any) -> Any:
+    """:func:`batchnorm_grad_sums` of the upstream gradient masked as
+    :func:`~pydtnn_lite.kernels.normalization.batchnorm_relu_grad_sums` masks it."""
+    return batchnorm_grad_sums(normalization.relu_masked(grad_out, x, mean, inv_std, gamma, beta), x, mean, inv_std)

@@ -75,21 +75,29 @@ def batchnorm_grad_input(grad_out: Any, x: Any, mean: Any, inv_std: Any, gamma: 
 
 # The fused batch norm + ReLU kernels. These references define the results through the
 # unfused kernels; the host versions (kernels.cpu) make one pass each, never writing the
-# ReLU output or the masked gradient to a separate array.
+# ReLU output or the masked gradient to a separate array. The backward kernels take the
+# layer's input and parameters, not its output: the output's sign, which masks the
+# upstream gradient, is computed again as the forward computed it.
 def batchnorm_relu_normalize(x: Any, mean: Any, inv_std: Any, gamma: Any, beta: Any) -> Any:
     """Return max(gamma * x_hat + beta, 0) with x_hat = (x - mean) * inv_std."""
     out = batchnorm_normalize(x, mean, inv_std, gamma, beta)
     return array_module(x).maximum(out, 0, out=out)
 
 
-def batchnorm_relu_grad_sums(grad_out: Any, out: Any, x: Any, mean: Any, inv_std: Any) -> Any:
-    """:func:`batchnorm_grad_sums` of the upstream gradient masked by ``out > 0`` (``out`` is the
-    fused layer's output, after the ReLU)."""
-    return batchnorm_grad_sums(relu_grad(grad_out, out), x, mean, inv_std)
+def relu_masked(grad_out: Any, x: Any, mean: Any, inv_std: Any, gamma: Any, beta: Any) -> Any:
+    """``grad_out`` where the fused layer's output gamma * x_hat + beta is positive, 0 elsewhere."""
+    return relu_grad(grad_out, batchnorm_normalize(x, mean, inv_std, gamma, beta))
 
 
-def batchnorm_relu_grad_input(grad_out: Any, out: Any, x: Any, mean: Any, inv_std: Any, gamma: Any,
+def batchnorm_relu_grad_sums(grad_out: Any, x: Any, mean: Any, inv_std: Any, gamma: Any, beta: Any) -> Any:
+    """:func:`batchnorm_grad_sums` of the upstream gradient masked by the fused layer's output
+    being positive (:func:`relu_masked`)."""
+    return batchnorm_grad_sums(relu_masked(grad_out, x, mean, inv_std, gamma, beta), x, mean, inv_std)
+
+
+def batchnorm_relu_grad_input(grad_out: Any, x: Any, mean: Any, inv_std: Any, gamma: Any, beta: Any,
                               grad_sums: Any, rows: int) -> Any:
-    """:func:`batchnorm_grad_input` of the upstream gradient masked by ``out > 0``, given the
-    (all-rank) sums of :func:`batchnorm_relu_grad_sums`."""
-    return batchnorm_grad_input(relu_grad(grad_out, out), x, mean, inv_std, gamma, grad_sums, rows)
+    """:func:`batchnorm_grad_input` of the upstream gradient masked as in
+    :func:`batchnorm_relu_grad_sums`, given the (all-rank) sums of that kernel."""
+    return batchnorm_grad_input(relu_masked(grad_out, x, mean, inv_std, gamma, beta), x, mean, inv_std, gamma,
+                                grad_sums, rows)

@@ -31,7 +31,8 @@ class BatchNorm(Layer):
     ``activation="relu"`` applies a ReLU to the output, fused into the layer's kernels: the
     forward writes the activated output in the pass that normalises, and the backward masks
     the upstream gradient by ``out > 0`` as it reads it, so BatchNorm followed by ReLU makes
-    the memory passes of BatchNorm alone.
+    the memory passes of BatchNorm alone. The mask is computed again from the input, as the
+    forward computed the output, rather than read from the kept output.
     """
 
     kind = "bn"
@@ -75,11 +76,8 @@ class BatchNorm(Layer):
         # Kept for the backward, which normalises x again as it reads it.
         self.x, self.mean = x, mean.astype(x.dtype)
         self.inv_std = (1.0 / xp.sqrt(var + self.eps)).astype(x.dtype)
-        if self.activation:
-            out = kernels.batchnorm_relu_normalize(x, self.mean, self.inv_std, gamma, beta)
-            self.out = out  # the backward's ReLU mask
-        else:
-            out = kernels.batchnorm_normalize(x, self.mean, self.inv_std, gamma, beta)
+        normalize = kernels.batchnorm_relu_normalize if self.activation else kernels.batchnorm_normalize
+        out = normalize(x, self.mean, self.inv_std, gamma, beta)
         unbiased = var * (self.rows / max(self.rows - 1, 1))
         m = self.momentum
         self.buffers["running_mean"][...] = (1 - m) * self.buffers["running_mean"] + m * mean
@@ -109,7 +107,8 @@ class BatchNorm(Layer):
 
     def backward(self, grad_out: Any) -> Any:
         normalization = (self.x, self.mean, self.inv_std)
-        local = (kernels.batchnorm_relu_grad_sums(grad_out, self.out, *normalization) if self.activation
+        gamma, beta = self.params["gamma"], self.params["beta"]
+        local = (kernels.batchnorm_relu_grad_sums(grad_out, *normalization, gamma, beta) if self.activation
                  else kernels.batchnorm_grad_sums(grad_out, *normalization))
         # Parameter gradients stay local (the gradient Allreduce adds them); the input
         # gradient needs the all-rank sums.
@@ -118,11 +117,10 @@ class BatchNorm(Layer):
         grad_in = None
         if self.needs_input_grad:
             total = self.sum_across_ranks(local)
-            gamma = self.params["gamma"]
-            grad_in = (kernels.batchnorm_relu_grad_input(grad_out, self.out, *normalization, gamma, total, self.rows)
+            grad_in = (kernels.batchnorm_relu_grad_input(grad_out, *normalization, gamma, beta, total, self.rows)
                        if self.activation
                        else kernels.batchnorm_grad_input(grad_out, *normalization, gamma, total, self.rows))
-        self.x = self.out = None
+        self.x = None
         return grad_in
 
     def describe(self) -> str:
@@ -146,13 +144,13 @@ class BatchNorm(Layer):
         grad_sums_call = KernelCost(Stage.BP, "batchnorm_grad_sums", 5 * n, 2 * n * s, dims)
         grad_input = KernelCost(Stage.BP, "batchnorm_grad_input", 7 * n, 3 * n * s, dims)
         if self.activation:
-            # The fused calls read and write what the batch-norm calls do, plus the output
-            # (the ReLU mask) read by each backward call, and one FLOP an element for the ReLU.
+            # The fused calls read and write what the batch-norm calls do; the ReLU costs one
+            # FLOP an element, and the backward calls three more to compute its mask again.
             relu, relu_grad = relu_costs(n, s)
             normalize = fused_cost("batchnorm_relu_normalize", 5 * n, 2 * n * s, dims, [normalize, relu])
-            grad_sums_call = fused_cost("batchnorm_relu_grad_sums", 6 * n, 3 * n * s, dims,
+            grad_sums_call = fused_cost("batchnorm_relu_grad_sums", 8 * n, 2 * n * s, dims,
                                         [relu_grad, grad_sums_call])
-            grad_input = fused_cost("batchnorm_relu_grad_input", 8 * n, 4 * n * s, dims, [grad_input])
+            grad_input = fused_cost("batchnorm_relu_grad_input", 10 * n, 3 * n * s, dims, [grad_input])
         out += [normalize, grad_sums_call]
         if self.needs_input_grad:
             out += [KernelCost(Stage.BP, ALLREDUCE, 0.0, grad_sums, (grad_sums,)), grad_input]

@@ -25,7 +25,7 @@ from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.comm.mpi import MPICommunicator
 from pydtnn_lite.comm.nodes import node_name
-from pydtnn_lite.costs import GEMM
+from pydtnn_lite.costs import GEMM, KERNEL_REVISIONS
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, allreduce_samples
 from pydtnn_lite.perfmodel.measuring.data_loading import (
     READ_AHEAD_DATASET,
@@ -227,7 +227,8 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                        data_load={name: fit_affine(rows) for name, rows in data_load_samples.items()},
                        read_ahead_samples=read_ahead_samples, read_ahead_share=read_ahead,
                        machine_state=state, network=network, cold_start_samples=cold_starts,
-                       kernel_probes=[work for work in kernel_probes if work.calls], thread_scaling=scaling)
+                       kernel_probes=[work for work in kernel_probes if work.calls], thread_scaling=scaling,
+                       kernel_revisions=dict(KERNEL_REVISIONS))
 
 
 def _levels(network: NetworkTimings | None) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pydtnn_lite.costs import ALLREDUCE, FUSED_KERNELS, TRANSFER_CPU, KernelCost, Stage
+from pydtnn_lite.costs import ALLREDUCE, FUSED_KERNELS, KERNEL_REVISIONS, TRANSFER_CPU, KernelCost, Stage
 from pydtnn_lite.perfmodel.modelling.drift import COMPUTE_BOUND, STREAMING, MachineState, ProbedWork
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
 from pydtnn_lite.perfmodel.modelling.outside_kernels import NO_COST, AffineCost
@@ -78,6 +78,8 @@ class Calibration:
     samples hold them). ``thread_scaling`` is how far one rank's threads fell short of
     the cores they add (``placement.ThreadScaling``; None where the calibration's ranks
     did not run one per core on one thread, and in older files: threads scale linearly).
+    ``kernel_revisions`` are the revisions of the kernels it timed past their first
+    (``costs.KERNEL_REVISIONS`` of the code that measured it; none in older files).
     """
 
     machine: dict
@@ -103,6 +105,7 @@ class Calibration:
     kernel_probes: list[ProbedWork] = field(default_factory=list)
     cold_start_samples: dict[str, list[KernelSample]] = field(default_factory=dict)
     thread_scaling: ThreadScaling | None = None
+    kernel_revisions: dict[str, int] = field(default_factory=dict)
     _cold_start: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _widest: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
     _sampled: dict[str, dict[tuple, tuple[float, int]]] = field(  # by sizes: (median, count)
@@ -127,6 +130,16 @@ class Calibration:
             if kernel not in self.kernel_models and kernel not in (ALLREDUCE, TRANSFER_CPU):
                 missing.update(part for part in FUSED_KERNELS.get(kernel, (kernel,)) if part not in self.kernel_models)
         return sorted(missing)
+
+    def revision(self, kernel: str) -> int:
+        """The revision of ``kernel`` (``costs.KERNEL_REVISIONS``) that the calibration timed."""
+        return self.kernel_revisions.get(kernel, 1)
+
+    def outdated(self, kernels: Iterable[str]) -> list[str]:
+        """Those of ``kernels`` the calibration modelled from an older revision of their code
+        than this version's, sorted: their predictions follow the old code's times."""
+        return sorted({kernel for kernel in kernels
+                       if kernel in self.kernel_models and self.revision(kernel) < KERNEL_REVISIONS.get(kernel, 1)})
 
     def data_load_seconds(self, dataset: str, samples: int) -> float:
         """Seconds of loading ``samples`` of ``dataset``: its fitted cost, or 0 for a data set the
@@ -273,7 +286,8 @@ class Calibration:
                 "kernel_probes": [probe.to_dict() for probe in self.kernel_probes],
                 "cold_start_samples": {name: sample_columns(samples)
                                        for name, samples in sorted(self.cold_start_samples.items())},
-                "thread_scaling": self.thread_scaling.to_dict() if self.thread_scaling else None}
+                "thread_scaling": self.thread_scaling.to_dict() if self.thread_scaling else None,
+                "kernel_revisions": dict(sorted(self.kernel_revisions.items()))}
 
     @classmethod
     def from_dict(cls, data: dict) -> Calibration:
@@ -310,7 +324,9 @@ class Calibration:
                    cold_start_samples={name: samples_from_columns(columns)
                                        for name, columns in data.get("cold_start_samples", {}).items()},
                    thread_scaling=(ThreadScaling.from_dict(data["thread_scaling"])
-                                   if data.get("thread_scaling") else None))
+                                   if data.get("thread_scaling") else None),
+                   kernel_revisions={name: int(revision)
+                                     for name, revision in data.get("kernel_revisions", {}).items()})
 
     def save(self, path: str) -> None:
         """Write the calibration file at ``path`` (its folder is created; the file is replaced

@@ -118,6 +118,10 @@ class AdjustedMachine:
         if unmodelled:
             lines.append(f"the calibration holds no samples of {', '.join(unmodelled)} (a file older than these "
                          "kernels): they are predicted at the roofline; calibrate again with this version")
+        outdated = calibration.outdated(kernels)
+        if outdated:
+            lines.append(f"the calibration timed older code of {', '.join(outdated)} (changed since): they are "
+                         "predicted at the old code's times; calibrate again with this version")
         return lines
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:

@@ -16,7 +16,9 @@ probe, so that a run's probe is set against all of them. The machine-state probe
 the geometric mean of the files' probes, its spread that of their centre; the thread
 scaling the geometric mean of the files' (of one placement, so of one thread count). The
 roofs are geometric means; the network timings (an emulated cluster's) are those of the
-first file that has them.
+first file that has them. A kernel whose code changed between the files
+(``costs.KERNEL_REVISIONS``) keeps only what the files of its newest revision timed: its
+samples, best rates and calls in the kernel probe's runs.
 """
 from __future__ import annotations
 
@@ -48,6 +50,9 @@ def merge_calibrations(calibrations: Sequence[Calibration]) -> Calibration:
         if first.settings.get("jobs", []) != other.settings.get("jobs", []):
             raise ValueError("the calibrations sampled different networks whole (calibrate --models): merge "
                              "calibrations made with the same --models")
+    revisions = _newest_revisions(calibrations)
+    calibrations = [_without_kernels(c, {kernel for kernel, revision in revisions.items()
+                                         if c.revision(kernel) < revision}) for c in calibrations]
     dates = sorted(str(c.machine.get("date", "")) for c in calibrations)
     machine = {**first.machine, "date": dates[-1], "merged_dates": dates}
     return dataclasses.replace(
@@ -66,7 +71,27 @@ def merge_calibrations(calibrations: Sequence[Calibration]) -> Calibration:
         machine_state=_mean_state([c.machine_state for c in calibrations]),
         network=next((c.network for c in calibrations if c.network is not None), None),
         kernel_probes=[run for c in calibrations for run in c.kernel_probes],
-        thread_scaling=_mean_scaling([c.thread_scaling for c in calibrations]))
+        thread_scaling=_mean_scaling([c.thread_scaling for c in calibrations]),
+        kernel_revisions={kernel: revision for kernel, revision in revisions.items() if revision > 1})
+
+
+def _newest_revisions(calibrations: Sequence[Calibration]) -> dict[str, int]:
+    """Each kernel that some file timed past its first revision, with the newest any file timed."""
+    kernels = {kernel for calibration in calibrations for kernel in calibration.kernel_revisions}
+    return {kernel: max(calibration.revision(kernel) for calibration in calibrations) for kernel in sorted(kernels)}
+
+
+def _without_kernels(calibration: Calibration, kernels: set[str]) -> Calibration:
+    """``calibration`` less what it timed of ``kernels``: samples, best rates, the probe's calls."""
+    if not kernels:
+        return calibration
+
+    def kept(by_kernel: dict) -> dict:
+        return {kernel: value for kernel, value in by_kernel.items() if kernel not in kernels}
+    return dataclasses.replace(
+        calibration, kernel_samples=kept(calibration.kernel_samples),
+        cold_start_samples=kept(calibration.cold_start_samples), kernel_rates=kept(calibration.kernel_rates),
+        kernel_probes=[dataclasses.replace(run, calls=kept(dict(run.calls))) for run in calibration.kernel_probes])
 
 
 def _geometric_mean(values: Sequence[float]) -> float:
