@@ -25,6 +25,7 @@ from pydtnn_lite.perfmodel.modelling.machines import (
     CalibratedMachine,
     adjusted_machine,
     calibrated_machine,
+    calibration_warnings,
 )
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.prediction import STAGES, StepPrediction, balanced_shares, predict_step
@@ -187,8 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 2
-    warnings = (machine.warnings(k.kernel for k in prediction.kernels if k.stage in COMPUTE_STAGES)
-                if isinstance(machine, AdjustedMachine) else [])
+    warnings = calibration_warnings(machine, prediction.kernels)
     if args.json:
         print_output(json.dumps(prediction_json(prediction, args.model, args.dataset, machine_name,
                                                 args.batch_size, warnings), indent=1))

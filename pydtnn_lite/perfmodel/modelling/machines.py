@@ -4,8 +4,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
-from pydtnn_lite.costs import DATA_LOAD, FUSED_KERNELS, GEMM, KernelCost, Stage
+from pydtnn_lite.costs import COMPUTE_STAGES, DATA_LOAD, FUSED_KERNELS, GEMM, KernelCost, Stage
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.allreduce import (
     AllreduceModel,
@@ -30,7 +31,7 @@ from pydtnn_lite.perfmodel.modelling.drift import (
     work_ratio,
 )
 from pydtnn_lite.perfmodel.modelling.placement import Placement, kernel_handoff, kernel_scale, thread_scaling_gap
-from pydtnn_lite.perfmodel.modelling.prediction import RooflineMachine
+from pydtnn_lite.perfmodel.modelling.prediction import Machine, RooflineMachine
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline
 
@@ -212,6 +213,24 @@ def adjusted_machine(machine: CalibratedMachine, placement: Placement | None = N
         drift = replace(drift, kernels=probed_ratios(calibration, probed),
                         gemm_rest=probed_gemm_rest(calibration, probed))
     return AdjustedMachine(machine, placement or calibration.placement, drift)
+
+
+class KernelCall(Protocol):
+    """A call of a step, predicted or measured: its kernel and its stage."""
+
+    @property
+    def kernel(self) -> str: ...
+
+    @property
+    def stage(self) -> str: ...
+
+
+def calibration_warnings(machine: Machine, calls: Iterable[KernelCall]) -> list[str]:
+    """:meth:`AdjustedMachine.warnings` for the compute kernels of ``calls`` (a prediction's
+    or a validation's); none for a machine that is not a placed calibration."""
+    if not isinstance(machine, AdjustedMachine):
+        return []
+    return machine.warnings(call.kernel for call in calls if call.stage in COMPUTE_STAGES)
 
 
 def _probe_comparable(calibration: Calibration, probed: ProbedWork) -> bool:

@@ -13,10 +13,14 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.drift import Drift, MachineState, ProbedWork
-from pydtnn_lite.perfmodel.modelling.machines import AdjustedMachine, CalibratedMachine, adjusted_machine
+from pydtnn_lite.perfmodel.modelling.machines import (
+    AdjustedMachine,
+    CalibratedMachine,
+    adjusted_machine,
+    calibration_warnings,
+)
 from pydtnn_lite.perfmodel.modelling.network import TwoLevelAllreduce
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.prediction import Machine, StepPrediction, predict_step
@@ -161,8 +165,7 @@ def check_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, m
     spans: defaultdict[int, float] = defaultdict(float)
     for step in loaded[1]:
         spans[step.rank] += step.duration
-    warnings = (machine.warnings(k.kernel for k in validation.kernels if k.stage in COMPUTE_STAGES)
-                if isinstance(machine, AdjustedMachine) else [])
+    warnings = calibration_warnings(machine, validation.kernels)
     return CheckedTrace(trace, meta, machine_name, validation, title, paths, raw, drift, max(spans.values()), warnings)
 
 
