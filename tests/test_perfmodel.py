@@ -473,18 +473,38 @@ def test_predict_and_validate_with_the_reference_calibration(tmp_path):
     assert no_mpi.returncode == 2 and "cannot read calibration file" in no_mpi.stderr
 
 
-def test_predict_warns_of_kernels_its_calibration_never_sampled(tmp_path):
+def edited_reference(tmp_path, edit) -> str:
+    """A copy of the reference calibration file with ``edit`` (a function of its JSON) applied."""
     with open(REFERENCE_CALIBRATION, encoding="utf-8") as handle:
         document = json.load(handle)
-    for section in ("kernel_models", "kernel_samples"):
-        document[section].pop("winograd_filter", None)
-    older = tmp_path / "older.json"
-    older.write_text(json.dumps(document), encoding="utf-8")
+    edit(document)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(document), encoding="utf-8")
+    return str(path)
+
+
+def test_predict_warns_of_kernels_its_calibration_never_sampled(tmp_path):
+    def older(document: dict) -> None:
+        for section in ("kernel_models", "kernel_samples"):
+            document[section].pop("winograd_filter", None)
     result = run("pydtnn_lite.predict", "--model", "vgg11", "--batch-size", "64", "--procs", "2",
-                 "--calibration", str(older))
+                 "--calibration", edited_reference(tmp_path, older))
     assert result.returncode == 0, result.stderr
     assert ("warning: the calibration holds no samples of winograd_filter (a file older than these kernels)"
             in result.stdout)
+
+
+def test_predict_warns_of_kernels_its_calibration_timed_in_older_code(tmp_path):
+    # As written before kernels had revisions: every kernel's first.
+    older = edited_reference(tmp_path, lambda document: document.pop("kernel_revisions"))
+    result = run("pydtnn_lite.predict", "--model", "resnet18", "--batch-size", "16", "--procs", "2",
+                 "--calibration", older)
+    assert result.returncode == 0, result.stderr
+    assert ("warning: the calibration timed older code of batchnorm_relu_grad_input, batchnorm_relu_grad_sums "
+            "(changed since)" in result.stdout)
+    current = run("pydtnn_lite.predict", "--model", "resnet18", "--batch-size", "16", "--procs", "2",
+                  "--calibration", REFERENCE_CALIBRATION)
+    assert current.returncode == 0 and "warning" not in current.stdout
 
 
 def run(module: str, *args: str) -> subprocess.CompletedProcess:

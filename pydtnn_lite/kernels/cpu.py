@@ -202,6 +202,7 @@ def _grad_sums(grad, x, mean, inv_std, gamma, beta, relu):  # pragma: no cover (
 
 def batchnorm_grad_sums(grad_out: np.ndarray, x: np.ndarray, mean: np.ndarray, inv_std: np.ndarray) -> np.ndarray:
     """:func:`~pydtnn_lite.kernels.normalization.batchnorm_grad_sums` in one pass, summed in float64."""
+    # No mask: gamma and beta go unread, and ``mean`` stands in for them.
     return _grad_sums(_rows(grad_out), _rows(x), mean, inv_std, mean, mean, False).astype(grad_out.dtype)
 
 
@@ -236,7 +237,7 @@ def _input_gradient(grad_out: np.ndarray, x: np.ndarray, mean: np.ndarray, inv_s
 def batchnorm_grad_input(grad_out: np.ndarray, x: np.ndarray, mean: np.ndarray, inv_std: np.ndarray,
                          gamma: np.ndarray, grad_sums: np.ndarray, rows: int) -> np.ndarray:
     """:func:`~pydtnn_lite.kernels.normalization.batchnorm_grad_input` in one pass."""
-    return _input_gradient(grad_out, x, mean, inv_std, gamma, gamma, grad_sums, rows, False)
+    return _input_gradient(grad_out, x, mean, inv_std, gamma, gamma, grad_sums, rows, False)  # no mask: beta unread
 
 
 def batchnorm_relu_grad_input(grad_out: np.ndarray, x: np.ndarray, mean: np.ndarray, inv_std: np.ndarray,

@@ -113,13 +113,14 @@ class AdjustedMachine:
         """What the calibration lacks to predict a step of ``kernels`` (their names) on this
         placement, one line each (none usually)."""
         calibration = self.base.calibration
+        names = set(kernels)  # read twice below: a generator would be spent by the first
         gap = thread_scaling_gap(self.placement, calibration.placement, calibration.thread_scaling)
         lines = [gap] if gap else []
-        unmodelled = calibration.unmodelled(kernels)
+        unmodelled = calibration.unmodelled(names)
         if unmodelled:
             lines.append(f"the calibration holds no samples of {', '.join(unmodelled)} (a file older than these "
                          "kernels): they are predicted at the roofline; calibrate again with this version")
-        outdated = calibration.outdated(kernels)
+        outdated = calibration.outdated(names)
         if outdated:
             lines.append(f"the calibration timed older code of {', '.join(outdated)} (changed since): they are "
                          "predicted at the old code's times; calibrate again with this version")
