@@ -88,6 +88,11 @@ FUSED_KERNELS: dict[str, tuple[str, ...]] = {
 KERNEL_REVISIONS: dict[str, int] = {
     "batchnorm_relu_grad_sums": 2,  # the ReLU's mask computed from the input, not read from the output
     "batchnorm_relu_grad_input": 2,
+    "gemm": 2,  # Winograd's 36 products on contiguous, point-major matrices
+    "winograd_input": 2,  # point-major tiles, written a point at a time
+    "winograd_output": 2,
+    "winograd_output_grad": 2,
+    "winograd_input_grad": 2,  # and each row of the gradient written once, not zeroed and added to
 }
 
 

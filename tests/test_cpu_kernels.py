@@ -35,9 +35,11 @@ def test_im2col_and_col2im_match_numpy(dtype, shape, kernel, stride, padding):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape,padding", [((2, 8, 8, 3), 1), ((3, 7, 6, 5), 1), ((2, 9, 7, 4), 0), ((1, 6, 5, 2), 2)])
+@pytest.mark.parametrize("shape,padding", [((2, 8, 8, 3), 1), ((3, 7, 6, 5), 1), ((2, 9, 7, 4), 0), ((1, 6, 5, 2), 2),
+                                           ((1, 17, 9, 3), 1)])
 def test_winograd_transforms_match_numpy(dtype, shape, padding):
-    """Whole and partial tiles (outputs of 8x8, 7x6, 7x5 and 8x7 pixels), with 0-2 pixels of padding."""
+    """Whole and partial tiles (outputs of 8x8, 7x6, 7x5, 8x7 and 17x9 pixels), with 0-2 pixels of
+    padding; the one image of 17 rows split into bands of rows of tiles on two threads."""
     n, h, w, c = shape
     out_h, out_w = h + 2 * padding - 2, w + 2 * padding - 2
     tiles_h, tiles_w = winograd.tile_counts(out_h, out_w)
@@ -85,10 +87,10 @@ def test_winograd_filter_transform_is_g_g_gt_of_every_filter():
 def test_winograd_transforms_are_each_others_adjoints():
     """<input_tiles(x), v> = <x, input_tiles_grad(v)> and likewise for the output and the filters'
     transforms: what makes the backward pass the gradient of the forward one."""
-    x, tiles_grad = normal((2, 7, 6, 3), np.float64), normal((8, 36, 3), np.float64, seed=1)
+    x, tiles_grad = normal((2, 7, 6, 3), np.float64), normal((36, 8, 3), np.float64, seed=1)
     assert np.vdot(winograd_cpu.input_tiles(x, 1, 2, 2), tiles_grad) == pytest.approx(
         np.vdot(x, winograd_cpu.input_tiles_grad(tiles_grad, x.shape, 1)), rel=1e-12)
-    products, grad_out = normal((8, 36, 3), np.float64, seed=2), normal((2, 7, 6, 3), np.float64, seed=3)
+    products, grad_out = normal((36, 8, 3), np.float64, seed=2), normal((2, 7, 6, 3), np.float64, seed=3)
     assert np.vdot(winograd_cpu.output_tiles(products, grad_out.shape), grad_out) == pytest.approx(
         np.vdot(products, winograd_cpu.output_tiles_grad(grad_out)), rel=1e-12)
     weight, filter_grads = normal((3, 3, 40, 30), np.float64, seed=4), normal((36, 40, 30), np.float64, seed=5)

@@ -139,7 +139,7 @@ def test_a_calibration_without_samples_of_a_job_s_kernels_says_so():
     model = RateModel(0.0, 0.0, 1e-9)
     calibration = Calibration(machine={"ranks": 2, "usable_cores": 2}, peak_flops=1e11, memory_bandwidth=1e10,
                               kernel_models={"gemm": model, "relu": model, "batchnorm_normalize": model},
-                              allreduce_samples=[])
+                              allreduce_samples=[], kernel_revisions=dict(KERNEL_REVISIONS))
     # A fused kernel is predicted from its parts' models; a reduction from the Allreduce timings.
     assert calibration.unmodelled(["gemm", "relu", "allreduce", "batchnorm_relu_normalize"]) == []
     assert calibration.unmodelled(["winograd_input", "gemm", "batchnorm_relu_grad_sums", "winograd_input"]) == [
@@ -152,15 +152,16 @@ def test_a_calibration_without_samples_of_a_job_s_kernels_says_so():
 
 def test_a_calibration_of_a_kernel_s_older_code_says_so():
     model = RateModel(0.0, 0.0, 1e-9)
-    fused = {"gemm": model, "batchnorm_relu_grad_input": model}
+    fused = {"relu": model, "batchnorm_relu_grad_input": model}
     older = Calibration(machine={"ranks": 2, "usable_cores": 2}, peak_flops=1e11, memory_bandwidth=1e10,
                         kernel_models=fused, allreduce_samples=[])
     assert KERNEL_REVISIONS["batchnorm_relu_grad_input"] > 1  # changed since its first version
-    assert older.outdated(["gemm", "batchnorm_relu_grad_input"]) == ["batchnorm_relu_grad_input"]
-    [line] = adjusted_machine(CalibratedMachine(older, None)).warnings(["gemm", "batchnorm_relu_grad_input"])
+    assert "relu" not in KERNEL_REVISIONS
+    assert older.outdated(["relu", "batchnorm_relu_grad_input"]) == ["batchnorm_relu_grad_input"]
+    [line] = adjusted_machine(CalibratedMachine(older, None)).warnings(["relu", "batchnorm_relu_grad_input"])
     assert "older code of batchnorm_relu_grad_input" in line and "calibrate again" in line
     current = dataclasses.replace(older, kernel_revisions=dict(KERNEL_REVISIONS))
-    assert current.outdated(["gemm", "batchnorm_relu_grad_input"]) == []
+    assert current.outdated(["relu", "batchnorm_relu_grad_input"]) == []
     # A kernel the calibration has no model of is the unmodelled warning's, not this one's.
     assert older.outdated(["batchnorm_relu_grad_sums"]) == []
 

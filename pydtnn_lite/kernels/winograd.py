@@ -5,17 +5,18 @@ block of its padded input. In the transformed domain that is 36 products of numb
 (tile, input channel, filter) instead of 144 (Lavin and Gray, 2016), so a convolution over
 ``C`` channels to ``K`` filters becomes
 
-- ``V = input_tiles(x)``: every tile's ``B^T d B``, a (tiles, 36, C) array;
+- ``V = input_tiles(x)``: every tile's ``B^T d B``, a (36, tiles, C) array;
 - ``U = filter_tiles(w)``: every filter's ``G g G^T``, (36, C, K);
-- 36 GEMMs ``M[:, p] = V[:, p] @ U[p]``, a (tiles, 36, K) array;
+- 36 GEMMs ``M[p] = V[p] @ U[p]``, a (36, tiles, K) array;
 - ``y = output_tiles(M)``: every tile's ``A^T m A``, cropped to the output.
 
 Each step is linear, so the backward pass runs the adjoints in reverse:
-``dM = output_tiles_grad(dy)``, ``dU[p] = V[:, p]^T @ dM[:, p]``,
-``dw = filter_tiles_grad(dU)``, ``dV[:, p] = dM[:, p] @ U[p]^T`` and
+``dM = output_tiles_grad(dy)``, ``dU[p] = V[p]^T @ dM[p]``,
+``dw = filter_tiles_grad(dU)``, ``dV[p] = dM[p] @ U[p]^T`` and
 ``dx = input_tiles_grad(dV)``, which adds the overlapping tiles back. The transforms use
 the interpolation points 0, +-1, +-2 and infinity; in float32 the output differs from the
-direct convolution's by about 1e-5 relative, in float64 by about 1e-14.
+direct convolution's by about 1e-5 relative, in float64 by about 1e-14. The transformed
+arrays are point-major, so that each of the 36 GEMMs reads and writes contiguous matrices.
 
 These are the array-library versions (NumPy's the reference for the host's Numba loops in
 :mod:`~pydtnn_lite.kernels.winograd_cpu`, CuPy's the GPU's).
@@ -104,30 +105,30 @@ def _both_sides(matrix: Any, blocks: Any, pattern: str) -> Any:
 
 
 def input_tiles(x: Any, padding: int, tiles_h: int, tiles_w: int) -> Any:
-    """``B^T d B`` of every 6x6 input block ``d``: (N*tiles_h*tiles_w, 36, C), tiles row-major."""
+    """``B^T d B`` of every 6x6 input block ``d``: (36, N*tiles_h*tiles_w, C), tiles row-major."""
     xp = array_module(x)
     n, _, _, c = x.shape
     blocks = windows(padded_input(x, padding, tiles_h, tiles_w), SPAN, SPAN, TILE)
     transform = xp.asarray(INPUT_TRANSFORM, dtype=x.dtype)
-    tiles = _both_sides(transform, blocks, "ai,ntuijc->ntuajc;bj,ntuajc->ntuabc")
-    return tiles.reshape(n * tiles_h * tiles_w, POINTS, c)
+    tiles = _both_sides(transform, blocks, "ai,ntuijc->ntuajc;bj,ntuajc->abntuc")
+    return tiles.reshape(POINTS, n * tiles_h * tiles_w, c)
 
 
 def output_tiles(products: Any, out_shape: tuple) -> Any:
-    """``A^T m A`` of every tile's (tiles, 36, K) products: the output (N, Ho, Wo, K)."""
+    """``A^T m A`` of every tile's products, (36, tiles, K): the output (N, Ho, Wo, K)."""
     xp = array_module(products)
     n, out_h, out_w, k = out_shape
     tiles_h, tiles_w = tile_counts(out_h, out_w)
     transform = xp.asarray(OUTPUT_TRANSFORM, dtype=products.dtype)
-    blocks = products.reshape(n, tiles_h, tiles_w, SPAN, SPAN, k)
-    out = _both_sides(transform, blocks, "ai,ntuijk->ntajuk;bj,ntajuk->ntaubk")
+    blocks = products.reshape(SPAN, SPAN, n, tiles_h, tiles_w, k)
+    out = _both_sides(transform, blocks, "ai,ijntuk->ntajuk;bj,ntajuk->ntaubk")
     out = out.reshape(n, TILE * tiles_h, TILE * tiles_w, k)
     return xp.ascontiguousarray(out[:, :out_h, :out_w])
 
 
 def output_tiles_grad(grad_out: Any) -> Any:
     """The adjoint of :func:`output_tiles`: ``A g A^T`` of every 4x4 gradient tile ``g``
-    (zeros beyond the output), (tiles, 36, K)."""
+    (zeros beyond the output), (36, tiles, K)."""
     xp = array_module(grad_out)
     n, out_h, out_w, k = grad_out.shape
     tiles_h, tiles_w = tile_counts(out_h, out_w)
@@ -135,8 +136,8 @@ def output_tiles_grad(grad_out: Any) -> Any:
     whole[:, :out_h, :out_w] = grad_out
     blocks = whole.reshape(n, tiles_h, TILE, tiles_w, TILE, k)
     transform = xp.asarray(OUTPUT_TRANSFORM, dtype=grad_out.dtype)
-    grads = _both_sides(transform, blocks, "ai,ntaubk->ntiubk;bj,ntiubk->ntuijk")
-    return grads.reshape(n * tiles_h * tiles_w, POINTS, k)
+    grads = _both_sides(transform, blocks, "ai,ntaubk->ntiubk;bj,ntiubk->ijntuk")
+    return grads.reshape(POINTS, n * tiles_h * tiles_w, k)
 
 
 def input_tiles_grad(tile_grads: Any, x_shape: tuple, padding: int) -> Any:
@@ -146,8 +147,8 @@ def input_tiles_grad(tile_grads: Any, x_shape: tuple, padding: int) -> Any:
     n, h, w, c = x_shape
     tiles_h, tiles_w = tile_counts(h + 2 * padding - 2, w + 2 * padding - 2)
     transform = xp.asarray(INPUT_TRANSFORM, dtype=tile_grads.dtype)
-    blocks = _both_sides(transform, tile_grads.reshape(n, tiles_h, tiles_w, SPAN, SPAN, c),
-                         "ai,ntuabc->ntuibc;bj,ntuibc->ntuijc")
+    blocks = _both_sides(transform, tile_grads.reshape(SPAN, SPAN, n, tiles_h, tiles_w, c),
+                         "ai,abntuc->ntuibc;bj,ntuibc->ntuijc")
     grad = xp.zeros((n, TILE * tiles_h + 2, TILE * tiles_w + 2, c), dtype=tile_grads.dtype)
     for i in range(SPAN):
         for j in range(SPAN):

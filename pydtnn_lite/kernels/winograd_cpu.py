@@ -7,9 +7,12 @@ Every 1-D transform reads six (or four) equally spaced vectors and writes six (o
 the matrices written out as the sums they make (most of their entries are 0 or +-1); the
 vectors are contiguous slices, which the compiler vectorises. Transforming tile by tile,
 with strided views of the channels, took 1.1-2.4x the CPU time (1.24x over the calls
-on ResNet18's four map sizes). The transformed values are stored tile by tile, (tiles, 36, C): the 36 GEMMs
-then read strided matrices, where a point-major layout (36, tiles, C) made the loops write
-36 streams at once and ran them 2-3x slower.
+on ResNet18's four map sizes). The transformed values are point-major, (36, tiles, C), so
+that the 36 GEMMs read and write contiguous matrices (tile-major, (tiles, 36, C), the
+products of 64 channels ran 1.3x slower); the loops take the points in their outer loop
+and the tiles of the row in the inner one, so that each 1-D transform's six vectors extend
+six contiguous runs, one per point, where taking a tile's 36 points together wrote 36 runs
+at once and ran 1.4-2x slower on 64 channels.
 
 The filters' transform and its adjoint run the same way over blocks of
 :data:`FILTER_COLUMNS` (channel, filter) pairs, ``G`` as a diagonal scaling of a matrix of
@@ -19,6 +22,7 @@ checked against.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -192,6 +196,7 @@ def _input_tiles(x, tiles_h, tiles_w, padding, tiles):  # pragma: no cover (comp
     # are transformed down in place; a row of tiles at the top or bottom edge copies its
     # rows into a zeroed strip first.
     n, h, w, c = x.shape
+    total = n * tiles_h * tiles_w
     width = (TILE * tiles_w + 2) * c
     flat_x, flat_tiles = x.reshape(-1), tiles.reshape(-1)
     for task in prange(n * tiles_h):
@@ -206,15 +211,15 @@ def _input_tiles(x, tiles_h, tiles_w, padding, tiles):  # pragma: no cover (comp
                 start = (image * h + y0 + i) * w * c
                 strip[i * width + padding * c:i * width + (padding + w) * c] = flat_x[start:start + w * c]
             _b_t(strip, 0, width, down, 0, width, width)
-        for tile_col in range(tiles_w):
-            for a in range(SPAN):
+        for a in range(SPAN):
+            for tile_col in range(tiles_w):
                 _b_t(down, a * width + tile_col * TILE * c, c,
-                     flat_tiles, ((task * tiles_w + tile_col) * POINTS + a * SPAN) * c, c, c)
+                     flat_tiles, (a * SPAN * total + task * tiles_w + tile_col) * c, total * c, c)
 
 
 def input_tiles(x: np.ndarray, padding: int, tiles_h: int, tiles_w: int) -> np.ndarray:
     """:func:`~pydtnn_lite.kernels.winograd.input_tiles`, the padding never materialised."""
-    tiles = np.empty((x.shape[0] * tiles_h * tiles_w, POINTS, x.shape[3]), dtype=x.dtype)
+    tiles = np.empty((POINTS, x.shape[0] * tiles_h * tiles_w, x.shape[3]), dtype=x.dtype)
     _input_tiles(np.ascontiguousarray(x), tiles_h, tiles_w, padding, tiles)
     return tiles
 
@@ -222,15 +227,16 @@ def input_tiles(x: np.ndarray, padding: int, tiles_h: int, tiles_w: int) -> np.n
 @ParallelLoop
 def _output_tiles(products, tiles_h, tiles_w, out):  # pragma: no cover (compiled)
     n, out_h, out_w, k = out.shape
+    total = n * tiles_h * tiles_w
     width = TILE * tiles_w * k  # a row of the tiles' outputs, flattened
     flat_products, flat_out = products.reshape(-1), out.reshape(-1)
     for task in prange(n * tiles_h):
         image, tile_row = task // tiles_h, task % tiles_h
         y0 = tile_row * TILE
         across = np.empty(SPAN * width, dtype=out.dtype)  # [product row, output column]
-        for tile_col in range(tiles_w):
-            for i in range(SPAN):
-                _a_t(flat_products, ((task * tiles_w + tile_col) * POINTS + i * SPAN) * k, k,
+        for i in range(SPAN):
+            for tile_col in range(tiles_w):
+                _a_t(flat_products, (i * SPAN * total + task * tiles_w + tile_col) * k, total * k,
                      across, i * width + tile_col * TILE * k, k, k)
         rows, start = min(TILE, out_h - y0), (image * out_h + y0) * out_w * k
         if rows == TILE:  # columns beyond the output lie at the ends of the rows: left out
@@ -252,6 +258,7 @@ def output_tiles(products: np.ndarray, out_shape: tuple) -> np.ndarray:
 @ParallelLoop
 def _output_tiles_grad(grad_out, tiles_h, tiles_w, grads):  # pragma: no cover (compiled)
     n, out_h, out_w, k = grad_out.shape
+    total = n * tiles_h * tiles_w
     width = TILE * tiles_w * k
     flat_grad_out, flat_grads = grad_out.reshape(-1), grads.reshape(-1)
     for task in prange(n * tiles_h):
@@ -266,57 +273,62 @@ def _output_tiles_grad(grad_out, tiles_h, tiles_w, grads):  # pragma: no cover (
                 start = (image * out_h + y0 + a) * out_w * k
                 strip[a * width:a * width + out_w * k] = flat_grad_out[start:start + out_w * k]
             _a(strip, 0, width, down, 0, width, width)
-        for tile_col in range(tiles_w):
-            for i in range(SPAN):
+        for i in range(SPAN):
+            for tile_col in range(tiles_w):
                 _a(down, i * width + tile_col * TILE * k, k,
-                   flat_grads, ((task * tiles_w + tile_col) * POINTS + i * SPAN) * k, k, k)
+                   flat_grads, (i * SPAN * total + task * tiles_w + tile_col) * k, total * k, k)
 
 
 def output_tiles_grad(grad_out: np.ndarray) -> np.ndarray:
     """:func:`~pydtnn_lite.kernels.winograd.output_tiles_grad`."""
     n, out_h, out_w, k = grad_out.shape
     tiles_h, tiles_w = tile_counts(out_h, out_w)
-    grads = np.empty((n * tiles_h * tiles_w, POINTS, k), dtype=grad_out.dtype)
+    grads = np.empty((POINTS, n * tiles_h * tiles_w, k), dtype=grad_out.dtype)
     _output_tiles_grad(np.ascontiguousarray(grad_out), tiles_h, tiles_w, grads)
     return grads
 
 
 @ParallelLoop
-def _input_tiles_grad(tile_grads, tiles_h, tiles_w, padding, parity, grad):  # pragma: no cover (compiled)
-    # A task is one row of tiles: their blocks added across into a strip, transformed down
-    # and added to the gradient's rows inside the map. Rows of tiles of one parity never
-    # overlap (a block is 6 rows high, its neighbour below starts 4 rows down), so no two
-    # threads add to one element.
+def _input_tiles_grad(tile_grads, tiles_h, tiles_w, padding, bands, grad):  # pragma: no cover (compiled)
+    # A task walks one band of an image's rows of tiles top to bottom: each row's blocks are
+    # added across into a strip, transformed down and added to six accumulated rows, of
+    # which the top four are then complete and copied out, the bottom two (the next row of
+    # tiles overlaps them) carried. So each row of the gradient is written once, never read.
+    # A band starts a row of tiles early, to carry in what its first rows owe to that one.
     n, h, w, c = grad.shape
+    total = n * tiles_h * tiles_w
     width = (TILE * tiles_w + 2) * c
+    band_rows = (tiles_h + bands - 1) // bands
     flat_tile_grads, flat_grad = tile_grads.reshape(-1), grad.reshape(-1)
-    rows_of_parity = (tiles_h - parity + 1) // 2
-    for task in prange(n * rows_of_parity):
-        image, tile_row = task // rows_of_parity, 2 * (task % rows_of_parity) + parity
-        y0 = tile_row * TILE - padding
-        across = np.zeros(SPAN * width, dtype=grad.dtype)  # [transformed row, strip column]
-        for tile_col in range(tiles_w):
+    for task in prange(n * bands):
+        image, first = task // bands, task % bands * band_rows
+        rows = np.zeros(SPAN * width, dtype=grad.dtype)  # [row down from the row of tiles' top, strip column]
+        across = np.empty(SPAN * width, dtype=grad.dtype)
+        for tile_row in range(max(first - 1, 0), min(first + band_rows, tiles_h)):
+            across[:] = 0
+            row_start = (image * tiles_h + tile_row) * tiles_w  # the row's first tile
             for a in range(SPAN):
-                _b_added(flat_tile_grads, (((image * tiles_h + tile_row) * tiles_w + tile_col) * POINTS + a * SPAN) * c,
-                         c, across, a * width + tile_col * TILE * c, c, c)
-        if 0 <= y0 and y0 + SPAN <= h:
-            _b_added(across, padding * c, width, flat_grad, (image * h + y0) * w * c, w * c, w * c)
-            continue
-        strip = np.zeros(SPAN * width, dtype=grad.dtype)  # at the top or bottom edge: keep the rows inside
-        _b_added(across, 0, width, strip, 0, width, width)
-        for i in range(max(0, -y0), min(SPAN, h - y0)):
-            start = (image * h + y0 + i) * w * c
-            target = flat_grad[start:start + w * c]
-            source = strip[i * width + padding * c:i * width + (padding + w) * c]
-            for e in range(w * c):
-                target[e] += source[e]
+                for tile_col in range(tiles_w):
+                    _b_added(flat_tile_grads, (a * SPAN * total + row_start + tile_col) * c, total * c,
+                             across, a * width + tile_col * TILE * c, c, c)
+            _b_added(across, 0, width, rows, 0, width, width)
+            if tile_row >= first:
+                y0 = tile_row * TILE - padding
+                for i in range(SPAN if tile_row == tiles_h - 1 else TILE):  # the last row of tiles owes no carry
+                    if 0 <= y0 + i < h:
+                        start = (image * h + y0 + i) * w * c
+                        flat_grad[start:start + w * c] = rows[i * width + padding * c:i * width + (padding + w) * c]
+            rows[:2 * width] = rows[TILE * width:]
+            rows[2 * width:] = 0
 
 
 def input_tiles_grad(tile_grads: np.ndarray, x_shape: tuple, padding: int) -> np.ndarray:
     """:func:`~pydtnn_lite.kernels.winograd.input_tiles_grad`, the padding never materialised."""
-    _, h, w, _ = x_shape
+    n, h, w, _ = x_shape
     tiles_h, tiles_w = tile_counts(h + 2 * padding - 2, w + 2 * padding - 2)
-    grad = np.zeros(x_shape, dtype=tile_grads.dtype)
-    for parity in (0, 1):
-        _input_tiles_grad(np.ascontiguousarray(tile_grads), tiles_h, tiles_w, padding, parity, grad)
+    # Bands of rows of tiles split an image only where there are fewer images than threads:
+    # each band costs one row of tiles done twice.
+    bands = min(tiles_h, -(-numba.get_num_threads() // n))
+    grad = np.empty(x_shape, dtype=tile_grads.dtype)  # every row is written
+    _input_tiles_grad(np.ascontiguousarray(tile_grads), tiles_h, tiles_w, padding, bands, grad)
     return grad

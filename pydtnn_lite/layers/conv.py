@@ -181,7 +181,7 @@ class Conv2D(Layer):
         tile_filters = kernels.winograd_filter(self.params["weight"])
         products = array_module(x).empty(tiles.shape[:2] + (self.filters,), dtype=x.dtype)
         for point in range(POINTS):
-            kernels.gemm(tiles[:, point], tile_filters[point], out=products[:, point])
+            kernels.gemm(tiles[point], tile_filters[point], out=products[point])
         self.tiles, self.tile_filters = tiles, tile_filters
         return kernels.winograd_output(products, out_shape)
 
@@ -190,14 +190,14 @@ class Conv2D(Layer):
         product_grads = kernels.winograd_output_grad(grad_out)
         filter_grads = xp.empty_like(self.tile_filters)
         for point in range(POINTS):
-            kernels.gemm(self.tiles[:, point], product_grads[:, point], trans_a=True, out=filter_grads[point])
+            kernels.gemm(self.tiles[point], product_grads[point], trans_a=True, out=filter_grads[point])
         kernels.winograd_filter_grad(filter_grads, self.grads["weight"])
         self._bias_grad(grad_out.reshape(-1, self.filters))
         if not self.needs_input_grad:
             return None
         tile_grads = xp.empty_like(self.tiles)
         for point in range(POINTS):
-            kernels.gemm(product_grads[:, point], self.tile_filters[point], trans_b=True, out=tile_grads[:, point])
+            kernels.gemm(product_grads[point], self.tile_filters[point], trans_b=True, out=tile_grads[point])
         return kernels.winograd_input_grad(tile_grads, self.x_shape, self.padding)
 
     def gemm_dims(self, batch: int) -> tuple[int, int, int]:
@@ -285,7 +285,7 @@ class Conv2D(Layer):
         if self.needs_input_grad:
             out += [*point_gemms(Stage.BP, (tiles, channels, filters, 0, 1)),
                     KernelCost(Stage.BP, "winograd_input_grad", INPUT_TRANSFORM_FLOPS * tiles * channels,
-                               tiles_in + 3 * x_bytes, (tiles, channels))]  # the gradient zeroed, then added to
+                               tiles_in + x_bytes, (tiles, channels))]
         return out
 
     def describe(self) -> str:
