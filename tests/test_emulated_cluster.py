@@ -123,6 +123,12 @@ def test_the_job_does_not_hold_the_lock():
     assert " -> " in result.stdout and LOCK not in result.stdout, result.stdout  # its files, not the lock
 
 
+def default_sigint() -> None:
+    """Ctrl-C's default action in the launcher, as a terminal gives it: pytest-xdist's workers
+    ignore SIGINT, and a shell that starts with a signal ignored cannot trap it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @needs_emulation
 @pytest.mark.parametrize("on_term", [
     "signal.SIG_DFL",
@@ -135,7 +141,7 @@ def test_ctrl_c_removes_the_cluster(tmp_path, on_term):
     job = subprocess.Popen(["/bin/bash", LAUNCHER, "--nodes", "1", "--ranks-per-node", "1", "--link-gbit", "1", "--",
                             sys.executable, "-c", program],
                            env=dict(os.environ, MPIEXEC=os.path.join(os.path.dirname(sys.executable), "mpiexec")),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=default_sigint)
     try:
         for _ in range(300):  # until the rank runs
             if started.exists():
