@@ -13,8 +13,8 @@ convolutions' kernels (products, patch copies, tile transforms), and the ratios.
 
 ``--layers SIZE:CHANNELS:FILTERS ...`` times single 3x3 padded convolutions instead (the
 forward and the backward on a random batch, the two forms alternating), each with the
-Winograd form allowed whatever its channels and tiles: where the thresholds of 64 channels
-and 32 tiles come from.
+Winograd form allowed whatever its channels and tiles: where the thresholds of 64 channels,
+32 tiles and 256 tiles with fewer filters than channels come from.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def layer_pass(shape: str, batch: int, winograd: bool) -> tuple[str, Callable[[]
 
 def compare_layers(shapes: list[str], batch: int, steps: int) -> None:
     # Every shape and batch may take the form: its thresholds are what is measured.
-    conv_module.WINOGRAD_MIN_CHANNELS = conv_module.WINOGRAD_MIN_TILES = 1
+    conv_module.WINOGRAD_MIN_CHANNELS = conv_module.WINOGRAD_MIN_TILES = conv_module.WINOGRAD_MIN_TILES_NARROW = 1
     keep_freed_memory()  # as training does: large temporaries reused, not faulted in afresh each pass
     forms, variants = {}, []
     for shape in shapes:

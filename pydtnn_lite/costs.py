@@ -86,6 +86,8 @@ FUSED_KERNELS: dict[str, tuple[str, ...]] = {
 # kernel's samples from the files that timed its newest revision, and a prediction warns
 # where its calibration timed an older one.
 KERNEL_REVISIONS: dict[str, int] = {
+    "concat": 2,  # copied by every thread, not by NumPy on one
+    "batchnorm_sums": 2,  # one read of memory, deviations from each block's first row summed in float32 runs
     "batchnorm_relu_grad_sums": 2,  # the ReLU's mask computed from the input, not read from the output
     "batchnorm_relu_grad_input": 2,
     "gemm": 2,  # Winograd's 36 products on contiguous, point-major matrices

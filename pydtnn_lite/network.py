@@ -96,6 +96,11 @@ class Network:
             layer.needs_input_grad = any(s != self.INPUT and needs_grad[s] for s in sources)
             needs_grad.append(bool(layer.params) or layer.needs_input_grad)
         link_statistics(self.layers, self.inputs)
+        for layer in self.layers:
+            layer.adds_input_grad = False
+        for index, _ in self._gradient_sums():
+            layer = self.layers[index]
+            layer.adds_input_grad = layer.sums_input_grads and len(self.inputs[index]) == 1
         if self.layers[-1].output_shape != (self.num_classes,):
             raise ValueError(f"{self.name}: the last layer gives {self.layers[-1].output_shape}, "
                              f"expected ({self.num_classes},) logits")
@@ -144,7 +149,8 @@ class Network:
             if grad_out is None:  # nothing downstream of the images needs this layer's gradient
                 continue
             with self.scope(index, Stage.BP):
-                grad_in = layer.backward(grad_out)
+                grad_in = (layer.backward_summing(grad_out, pending.pop(self.inputs[index][0]))
+                           if layer.adds_input_grad else layer.backward(grad_out))
             if on_layer_done is not None:
                 on_layer_done(index)
             if not layer.needs_input_grad:
@@ -234,8 +240,9 @@ class Network:
         own = [(layer.index, cost) for layer in self.layers for cost in layer.costs(batch)]
         return own + self._accumulation_costs(batch)
 
-    def _accumulation_costs(self, batch: int) -> list[tuple[int, KernelCost]]:
-        """The ``add`` kernels that backward runs where gradients from several consumers meet."""
+    def _gradient_sums(self) -> list[tuple[int, int]]:
+        """(consumer, source) wherever backward meets a gradient of ``source`` from a later
+        consumer as it computes ``consumer``'s, in backward's order."""
         has_grad = {len(self.layers) - 1}  # layers whose output gradient backward will compute
         out = []
         for index in range(len(self.layers) - 1, -1, -1):
@@ -245,9 +252,18 @@ class Network:
                 if source == self.INPUT:
                     continue
                 if source in has_grad:
-                    n = self.layers[source].elements(batch)
-                    out.append((source, KernelCost(Stage.BP, "add", n, 3 * n * self.layers[source].itemsize, (n,))))
+                    out.append((index, source))
                 has_grad.add(source)
+        return out
+
+    def _accumulation_costs(self, batch: int) -> list[tuple[int, KernelCost]]:
+        """The ``add`` kernels that backward runs where gradients from several consumers meet
+        (a consumer that :attr:`~pydtnn_lite.layers.base.Layer.adds_input_grad` adds them itself)."""
+        out = []
+        for index, source in self._gradient_sums():
+            if not self.layers[index].adds_input_grad:
+                n = self.layers[source].elements(batch)
+                out.append((source, KernelCost(Stage.BP, "add", n, 3 * n * self.layers[source].itemsize, (n,))))
         return out
 
     def flops_per_sample(self, stage: Stage = Stage.FP) -> float:

@@ -15,6 +15,9 @@ from pydtnn_lite.optim.adam import EPSILON_FORMS
 
 DTYPES = (np.float32, np.float64)
 TOLERANCE = {np.float32: 1e-5, np.float64: 1e-12}
+# Batch-norm statistics: float32 deviations are summed in float32 over runs of 16 rows, well
+# within the input's own precision.
+STATISTICS_TOLERANCE = {np.float32: 1e-6, np.float64: 1e-9}
 
 
 def normal(shape, dtype, seed=0, offset=0.0):
@@ -108,6 +111,16 @@ def test_elementwise_kernels_match_numpy(dtype):
     np.testing.assert_allclose(cpu.add([x, grad, third]), elementwise.add([x, grad, third]), rtol=1e-6)
 
 
+@pytest.mark.parametrize("parallel_bytes", [0, cpu.CONCAT_PARALLEL_BYTES])
+def test_concat_matches_numpy(parallel_bytes, monkeypatch):
+    """Three inputs, one a channel slice (a view whose rows are not contiguous), through the
+    threads' copy and through NumPy's below its size threshold."""
+    monkeypatch.setattr(cpu, "CONCAT_PARALLEL_BYTES", parallel_bytes)
+    first, wide, third = (normal((2, 5, 3, channels), np.float32, seed) for seed, channels in enumerate((4, 9, 1)))
+    inputs = [first, wide[..., 2:7], third]
+    np.testing.assert_array_equal(cpu.concat(inputs), np.concatenate(inputs, axis=-1))
+
+
 def test_relu_lets_nan_through_as_numpy_does():
     """A NaN must reach the loss, where the trainer stops before updating a weight."""
     x = np.array([np.nan, -1.0, 2.0], dtype=np.float32)
@@ -123,7 +136,8 @@ def test_batchnorm_kernels_match_numpy(dtype, shape):
     than one cached block of the statistics (7.5 blocks: the last one partial)."""
     channels = shape[-1]
     x, grad = normal(shape, dtype, offset=1e3), normal(shape, dtype, seed=1)
-    np.testing.assert_allclose(cpu.batchnorm_sums(x), normalization.batchnorm_sums(x), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(cpu.batchnorm_sums(x), normalization.batchnorm_sums(x),
+                               rtol=STATISTICS_TOLERANCE[dtype], atol=1e-9)
     mean, inv_std, gamma, beta = (normal(channels, dtype, seed) for seed in range(2, 6))
     np.testing.assert_allclose(cpu.batchnorm_normalize(x, mean, inv_std, gamma, beta),
                                normalization.batchnorm_normalize(x, mean, inv_std, gamma, beta),
@@ -140,14 +154,24 @@ def test_batchnorm_kernels_match_numpy(dtype, shape):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kernels_read_a_channel_slice_in_place_and_match_numpy(dtype):
     """A concatenation's gradient reaches its inputs' layers as channel slices (``split``):
-    the batch-norm kernels and the gradient sums read them in place, with the same results."""
+    the batch-norm kernels, the gradient sums and the input gradient that adds one in read them
+    in place, with the same results."""
     whole = normal((6, 5, 5, 12), dtype, offset=10.0)
     part, other = whole[..., 3:10], normal((6, 5, 5, 7), dtype, seed=1)
     assert not part.flags.c_contiguous
-    np.testing.assert_allclose(cpu.batchnorm_sums(part), normalization.batchnorm_sums(part), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(cpu.batchnorm_sums(part), normalization.batchnorm_sums(part),
+                               rtol=STATISTICS_TOLERANCE[dtype], atol=1e-9)
     mean, inv_std = np.full(7, 10.0, dtype), np.full(7, 0.5, dtype)
     np.testing.assert_allclose(cpu.batchnorm_grad_sums(part, other, mean, inv_std),
                                normalization.batchnorm_grad_sums(part, other, mean, inv_std), rtol=1e-4, atol=1e-4)
+    sums = cpu.batchnorm_relu_grad_sums(other, other, mean, inv_std, mean, inv_std)
+    for fused in (cpu.batchnorm_relu_grad_input, normalization.batchnorm_relu_grad_input):
+        np.testing.assert_allclose(fused(other, other, mean, inv_std, mean, inv_std, sums, 150, part),
+                                   normalization.batchnorm_relu_grad_input(other, other, mean, inv_std, mean, inv_std,
+                                                                           sums, 150) + part, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(cpu.batchnorm_grad_input(other, other, mean, inv_std, mean, sums, 150, part),
+                               normalization.batchnorm_grad_input(other, other, mean, inv_std, mean, sums, 150) + part,
+                               rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(cpu.add([part, other]), elementwise.add([part, other]), rtol=TOLERANCE[dtype])
     np.testing.assert_allclose(cpu.add([other, part, part]), elementwise.add([other, part, part]),
                                rtol=TOLERANCE[dtype])
@@ -250,7 +274,7 @@ def test_host_arrays_take_the_numba_kernels():
     assert kernels.avgpool_grad.__wrapped__ is cpu.avgpool_grad
 
 
-def test_one_thread_runs_every_loop_in_place_with_the_same_results():
+def test_one_thread_runs_every_loop_in_place_with_the_same_results(monkeypatch):
     """A process of one thread calls each loop's serial compilation, not Numba's pool
     (which hands even a one-thread loop to a worker: two wake-ups per kernel, each a wait
     for the scheduler where ranks outnumber the cores), and it matches NumPy as the
@@ -263,6 +287,7 @@ def test_one_thread_runs_every_loop_in_place_with_the_same_results():
         for shape, kernel, stride, padding in [((2, 7, 6, 3), 3, 1, 1), ((2, 9, 8, 3), 5, 2, 2)]:
             test_im2col_and_col2im_match_numpy(np.float32, shape, kernel, stride, padding)
         test_elementwise_kernels_match_numpy(np.float32)
+        test_concat_matches_numpy(0, monkeypatch)
         test_batchnorm_kernels_match_numpy(np.float32, (15, 32, 32, 8))
         test_kernels_read_a_channel_slice_in_place_and_match_numpy(np.float32)
         for case in POOL_CASES:

@@ -71,12 +71,14 @@ def test_conv2d_in_its_transposed_form(padding, kernel):
     assert conv.batch_form == "transposed"
 
 
-@pytest.mark.parametrize("padding,shape", [(1, (7, 6, 3)), (0, (8, 9, 2)), (2, (5, 6, 3))])
-def test_conv2d_in_its_winograd_form(padding, shape, monkeypatch):
-    """Whole and partial 4x4 tiles; the thresholds lowered so that a small layer takes the form."""
-    monkeypatch.setattr(conv_module, "WINOGRAD_MIN_CHANNELS", 1)
-    monkeypatch.setattr(conv_module, "WINOGRAD_MIN_TILES", 1)
-    conv = Conv2D(4, 3, padding=padding)
+@pytest.mark.parametrize("padding,shape,filters", [(1, (7, 6, 3), 4), (0, (8, 9, 2), 4), (2, (5, 6, 3), 4),
+                                                   (1, (6, 5, 5), 2)])
+def test_conv2d_in_its_winograd_form(padding, shape, filters, monkeypatch):
+    """Whole and partial 4x4 tiles, and fewer filters than channels; the thresholds lowered
+    so that a small layer takes the form."""
+    for threshold in ("WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_TILES", "WINOGRAD_MIN_TILES_NARROW"):
+        monkeypatch.setattr(conv_module, threshold, 1)
+    conv = Conv2D(filters, 3, padding=padding)
     check_layer(conv, [shape])
     assert conv.batch_form == "winograd"
 

@@ -102,7 +102,11 @@ def test_winograd_in_float32_stays_near_the_direct_convolution():
     ((8, 8, 256), 256, True, 8, "winograd"),  # four tiles an image
     ((2, 2, 512), 512, True, 64, "direct"),  # VGG's last maps: a partial tile only
     ((32, 32, 32), 32, True, 64, "direct"),  # too few channels for the transforms to pay
-    ((32, 32, 128), 32, True, 64, "transposed"),  # DenseNet's bottlenecked 3x3
+    ((32, 32, 128), 32, True, 4, "winograd"),  # DenseNet's bottlenecked 3x3: 256 tiles
+    ((16, 16, 128), 32, True, 15, "transposed"),  # 240 tiles: too few to beat the transposed form
+    ((8, 8, 128), 32, True, 64, "winograd"),
+    ((4, 4, 128), 32, True, 64, "transposed"),
+    ((32, 32, 128), 32, False, 64, "transposed"),
     ((32, 32, 64), 64, False, 64, "direct"),
 ])
 def test_the_layer_chooses_its_form_by_its_shape_and_batch(input_shape, filters, winograd, batch, form):

@@ -7,7 +7,7 @@ layers, without a line of layer code knowing. With tracing off the entries are t
 functions, so an untraced step pays nothing.
 
 On the host, the memory-bound kernels (im2col, col2im, batch norm, ReLU, batch norm
-fused with ReLU, the residual add, pooling, the SGD and Adam updates) are the Numba loops
+fused with ReLU, the residual add, the concatenation, pooling, the SGD and Adam updates) are the Numba loops
 of :mod:`~pydtnn_lite.kernels.cpu` (the Winograd transforms: of
 :mod:`~pydtnn_lite.kernels.winograd_cpu`), which use every thread of the process; the NumPy
 versions they replace stay the reference. On a GPU, :mod:`~pydtnn_lite.kernels.gpu` runs
@@ -27,7 +27,7 @@ import numpy as np
 
 from pydtnn_lite.kernels import blas, cpu, elementwise, gpu, normalization, update, winograd, winograd_cpu
 from pydtnn_lite.kernels.blas import bias_add, gemm
-from pydtnn_lite.kernels.elementwise import concat, dropout_apply, dropout_mask, split
+from pydtnn_lite.kernels.elementwise import dropout_apply, dropout_mask, split
 from pydtnn_lite.kernels.loss import (
     softmax_cross_entropy,
     softmax_cross_entropy_grad,
@@ -65,6 +65,7 @@ avgpool_grad = _by_array_type(cpu.avgpool_grad, gpu.avgpool_grad)
 relu = _by_array_type(cpu.relu, elementwise.relu)
 relu_grad = _by_array_type(cpu.relu_grad, elementwise.relu_grad)
 add = _by_first_array_type(cpu.add, elementwise.add)
+concat = _by_first_array_type(cpu.concat, elementwise.concat)
 bias_grad = _by_array_type(blas.bias_grad, gpu.bias_grad)
 batchnorm_sums = _by_array_type(cpu.batchnorm_sums, gpu.batchnorm_sums)
 batchnorm_normalize = _by_array_type(cpu.batchnorm_normalize, normalization.batchnorm_normalize)

@@ -66,11 +66,13 @@ def batchnorm_grad_sums(grad_out: Any, x: Any, mean: Any, inv_std: Any) -> Any:
 
 
 def batchnorm_grad_input(grad_out: Any, x: Any, mean: Any, inv_std: Any, gamma: Any, grad_sums: Any,
-                         rows: int) -> Any:
-    """Input gradient, given the (all-rank) ``grad_sums`` and the (all-rank) row count."""
+                         rows: int, addend: Any = None) -> Any:
+    """Input gradient, given the (all-rank) ``grad_sums`` and the (all-rank) row count; plus
+    ``addend`` where given (the gradient the input has from its other consumers)."""
     mean_grad = grad_sums[0] / rows
     mean_grad_hat = grad_sums[1] / rows
-    return (gamma * inv_std) * (grad_out - mean_grad - normalized(x, mean, inv_std) * mean_grad_hat)
+    grad_in = (gamma * inv_std) * (grad_out - mean_grad - normalized(x, mean, inv_std) * mean_grad_hat)
+    return grad_in if addend is None else grad_in + addend
 
 
 # The fused batch norm + ReLU kernels. These references define the results through the
@@ -96,8 +98,8 @@ def batchnorm_relu_grad_sums(grad_out: Any, x: Any, mean: Any, inv_std: Any, gam
 
 
 def batchnorm_relu_grad_input(grad_out: Any, x: Any, mean: Any, inv_std: Any, gamma: Any, beta: Any,
-                              grad_sums: Any, rows: int) -> Any:
+                              grad_sums: Any, rows: int, addend: Any = None) -> Any:
     """:func:`batchnorm_grad_input` of the upstream gradient masked as in
     :func:`batchnorm_relu_grad_sums`, given the (all-rank) sums of that kernel."""
     return batchnorm_grad_input(relu_masked(grad_out, x, mean, inv_std, gamma, beta), x, mean, inv_std, gamma,
-                                grad_sums, rows)
+                                grad_sums, rows, addend)

@@ -72,6 +72,9 @@ class Layer:
     """
 
     kind = "layer"
+    # Whether the layer has :meth:`backward_summing`: where its input feeds several layers,
+    # the sum of their gradients in the pass that writes its own, instead of a separate add.
+    sums_input_grads = False
 
     def __init__(self) -> None:
         self.name = self.kind  # made unique ("conv3") by the network
@@ -82,6 +85,9 @@ class Layer:
         self.input_shapes: list[Shape] = []
         self.output_shape: Shape = ()
         self.needs_input_grad = True
+        # Set by the network where ``sums_input_grads`` and the input has a gradient from a later
+        # consumer when this layer's backward runs: the network calls backward_summing then.
+        self.adds_input_grad = False
         self.itemsize = 4
 
     def build(self, input_shapes: Sequence[Shape], backend: Backend, rng: np.random.Generator) -> Shape:
@@ -105,6 +111,11 @@ class Layer:
 
     def backward(self, grad_out: Any) -> Any:
         """Return the gradient for the input (a list for multi-input layers); None if not needed."""
+        raise NotImplementedError
+
+    def backward_summing(self, grad_out: Any, addend: Any) -> Any:
+        """:meth:`backward`, with ``addend`` (the gradient the input has from its later
+        consumers) added to the input gradient as it is written; where ``sums_input_grads``."""
         raise NotImplementedError
 
     def costs(self, batch: int) -> list[KernelCost]:

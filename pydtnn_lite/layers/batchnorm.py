@@ -36,6 +36,7 @@ class BatchNorm(Layer):
     """
 
     kind = "bn"
+    sums_input_grads = True
 
     def __init__(self, momentum: float = 0.1, eps: float = 1e-5, activation: str | None = None) -> None:
         super().__init__()
@@ -106,6 +107,9 @@ class BatchNorm(Layer):
         return sums if fits else None
 
     def backward(self, grad_out: Any) -> Any:
+        return self.backward_summing(grad_out, None)
+
+    def backward_summing(self, grad_out: Any, addend: Any) -> Any:
         normalization = (self.x, self.mean, self.inv_std)
         gamma, beta = self.params["gamma"], self.params["beta"]
         local = (kernels.batchnorm_relu_grad_sums(grad_out, *normalization, gamma, beta) if self.activation
@@ -117,9 +121,10 @@ class BatchNorm(Layer):
         grad_in = None
         if self.needs_input_grad:
             total = self.sum_across_ranks(local)
-            grad_in = (kernels.batchnorm_relu_grad_input(grad_out, *normalization, gamma, beta, total, self.rows)
+            grad_in = (kernels.batchnorm_relu_grad_input(grad_out, *normalization, gamma, beta, total, self.rows,
+                                                         addend)
                        if self.activation
-                       else kernels.batchnorm_grad_input(grad_out, *normalization, gamma, total, self.rows))
+                       else kernels.batchnorm_grad_input(grad_out, *normalization, gamma, total, self.rows, addend))
         self.x = None
         return grad_in
 
@@ -142,7 +147,9 @@ class BatchNorm(Layer):
         # The backward calls normalise x again (2 FLOPs an element) rather than read a stored x_hat.
         normalize = KernelCost(Stage.FP, "batchnorm_normalize", 4 * n, 2 * n * s, dims)
         grad_sums_call = KernelCost(Stage.BP, "batchnorm_grad_sums", 5 * n, 2 * n * s, dims)
-        grad_input = KernelCost(Stage.BP, "batchnorm_grad_input", 7 * n, 3 * n * s, dims)
+        # Adding the input's other gradients in reads one array more (and saves the network's add).
+        added = self.adds_input_grad
+        grad_input = KernelCost(Stage.BP, "batchnorm_grad_input", (7 + added) * n, (3 + added) * n * s, dims)
         if self.activation:
             # The fused calls read and write what the batch-norm calls do; the ReLU costs one
             # FLOP an element, and the backward calls three more to compute its mask again.
@@ -150,7 +157,8 @@ class BatchNorm(Layer):
             normalize = fused_cost("batchnorm_relu_normalize", 5 * n, 2 * n * s, dims, [normalize, relu])
             grad_sums_call = fused_cost("batchnorm_relu_grad_sums", 8 * n, 2 * n * s, dims,
                                         [relu_grad, grad_sums_call])
-            grad_input = fused_cost("batchnorm_relu_grad_input", 10 * n, 3 * n * s, dims, [grad_input])
+            grad_input = fused_cost("batchnorm_relu_grad_input", (10 + added) * n, (3 + added) * n * s, dims,
+                                    [grad_input])
         out += [normalize, grad_sums_call]
         if self.needs_input_grad:
             out += [KernelCost(Stage.BP, ALLREDUCE, 0.0, grad_sums, (grad_sums,)), grad_input]

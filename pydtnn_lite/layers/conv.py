@@ -32,18 +32,23 @@ WINOGRAD_MIN_CHANNELS = 64
 # saved (4x4 maps of 512 channels: 8 tiles 1.43x the patch matrix's time on one thread,
 # 16 tiles 0.90x on one thread and 1.19x on two, 32 tiles 0.87x on two; docs/performance.md).
 WINOGRAD_MIN_TILES = 32
+# A layer with fewer filters than channels has a cheaper alternative, the transposed form,
+# so it takes Winograd's from more tiles (DenseNet's 3x3 layers, 128 channels in and 32 out,
+# on two threads: 4096 tiles 0.67x the transposed form's time, 1024 tiles 0.72x, 512 0.71x,
+# 256 0.96x, 128 1.15x, 64 1.44x; on one thread 0.56-0.71x from 32 tiles up).
+WINOGRAD_MIN_TILES_NARROW = 256
 
 
 def convolution_form(channels: int, filters: int, kernel: int, stride: int, out_size: tuple[int, int],
                      batch: int, winograd: bool = True) -> str:
     """The form a :class:`Conv2D` of these sizes computes a batch of ``batch`` in:
     ``"transposed"``, ``"winograd"`` (only where ``winograd``) or ``"direct"`` (see the class)."""
-    if stride == 1 and kernel > 1 and filters < channels:
-        return "transposed"
+    narrow = stride == 1 and kernel > 1 and filters < channels
     if (winograd and kernel == 3 and stride == 1 and channels >= WINOGRAD_MIN_CHANNELS and min(out_size) >= TILE
-            and batch * math.prod(tile_counts(*out_size)) >= WINOGRAD_MIN_TILES):
+            and batch * math.prod(tile_counts(*out_size)) >= (WINOGRAD_MIN_TILES_NARROW if narrow
+                                                              else WINOGRAD_MIN_TILES)):
         return "winograd"
-    return "direct"
+    return "transposed" if narrow else "direct"
 
 
 class Conv2D(Layer):
@@ -57,17 +62,20 @@ class Conv2D(Layer):
     batch; otherwise ``"direct"``):
 
     - *Transposed* (``"transposed"``): stride 1, a window wider than one pixel and fewer
-      filters than input channels (DenseNet's 3x3 convolutions: 128 channels in, 32 out).
+      filters than input channels, where the Winograd form does not apply (DenseNet's 3x3
+      convolutions, 128 channels in and 32 out, on maps of 8x8 and less).
       A stride-1 convolution is the transposed convolution of its kernel turned half a
       turn in the window, channel axes swapped (``W'``, a (KH*KW*C_out, C_in) matrix),
       with padding ``KH-1-pad``. So ``y = col2im(x @ W'^T)``, ``G = im2col(dy)``,
       ``dW' = x^T @ G``, ``dx = G @ W'``, all with padding ``KH-1-pad``: every matrix is
       KH*KW*C_out wide instead of KH*KW*C_in, and the layer keeps ``x`` for the backward
       instead of a patch matrix KH*KW times its size.
-    - *Winograd* (``"winograd"``): otherwise a 3x3 stride-1 layer with at least
+    - *Winograd* (``"winograd"``): a 3x3 stride-1 layer with at least
       :data:`WINOGRAD_MIN_CHANNELS` input channels, an output of one whole 4x4 tile or
-      more and :data:`WINOGRAD_MIN_TILES` tiles in the batch or more (ResNet's and VGG's
-      3x3 convolutions but the first, those on 4x4 maps only with 32 images or more).
+      more and :data:`WINOGRAD_MIN_TILES` tiles in the batch or more,
+      :data:`WINOGRAD_MIN_TILES_NARROW` with fewer filters than channels (ResNet's and
+      VGG's 3x3 convolutions but the first, those on 4x4 maps only with 32 images or more;
+      DenseNet's on 16x16 maps from 16 images, on 32x32 from 4).
       Winograd's minimal filtering F(4x4, 3x3) computes each 4x4 output tile from the 6x6
       input block around it with 36 products per (tile, channel, filter) where the patch
       matrix takes 144: 36 GEMMs of (tiles, C) by (C, K) between transforms of the tiles

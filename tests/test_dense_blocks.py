@@ -1,4 +1,5 @@
-"""In a dense block, a batch norm takes the sums of the block so far from the batch norm before it."""
+"""In a dense block, a batch norm takes the sums of the block so far from the batch norm before
+it, and adds the block's gradient from the later layers into the input gradient it writes."""
 from __future__ import annotations
 
 import numpy as np
@@ -82,3 +83,39 @@ def test_a_linked_batch_norm_lists_only_the_new_channels_it_reads():
     assert [cost.dims[-1] for cost in read] == [3, 2, 2, 2]
     assert all(cost.stage == Stage.FP for cost in read)
     assert read[1].bytes == 2 * 2 * 25 * 2 * 8  # float64: two passes over 2 channels of 2 x 5 x 5
+
+
+def test_batch_norms_that_read_the_block_add_its_later_gradients_in():
+    norms = batch_norms(dense_block())
+    # Each block so far feeds the next concatenation too; the last one feeds the last batch norm alone.
+    assert [norm.adds_input_grad for norm in norms] == [True, True, True, False]
+    densenet = batch_norms(create_model("densenet121", (32, 32, 3), 10).build(FLOAT64))
+    assert sum(norm.adds_input_grad for norm in densenet) == 58
+
+
+def test_gradients_added_in_the_batch_norm_equal_a_separate_sum():
+    x = np.random.default_rng(5).normal(size=(3, 5, 5, 3))
+    grads = []
+    for fused in (True, False):
+        net = dense_block()
+        for norm in batch_norms(net):
+            norm.adds_input_grad = norm.adds_input_grad and fused
+        logits = net.forward(x, StepContext(training=True, global_batch=3))
+        net.backward(np.ones_like(logits))
+        grads.append(net.flat_grads.copy())
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-12, atol=1e-14)
+
+
+def test_a_gradient_added_in_the_batch_norm_costs_one_read_and_no_add():
+    net = dense_block()
+    assert [cost.kernel for _, cost in net.costs(2)].count("add") == 0
+    norm = batch_norms(net)[1]
+    n = norm.elements(2)
+    fused = next(cost for cost in norm.costs(2) if cost.kernel == "batchnorm_relu_grad_input")
+    norm.adds_input_grad = False
+    alone = next(cost for cost in norm.costs(2) if cost.kernel == "batchnorm_relu_grad_input")
+    assert (fused.bytes - alone.bytes, fused.flops - alone.flops) == (n * 8, n)
+    for layer in net.layers:
+        layer.adds_input_grad = False
+    assert [cost.kernel for _, cost in net.costs(2)].count("add") == 3
+
