@@ -88,8 +88,14 @@ FUSED_KERNELS: dict[str, tuple[str, ...]] = {
 KERNEL_REVISIONS: dict[str, int] = {
     "concat": 2,  # copied by every thread, not by NumPy on one
     "batchnorm_sums": 2,  # one read of memory, deviations from each block's first row summed in float32 runs
-    "batchnorm_relu_grad_sums": 2,  # the ReLU's mask computed from the input, not read from the output
-    "batchnorm_relu_grad_input": 2,
+    # The batch-norm loops read their inputs flat by row strides (2-D indexing left channel
+    # slices unvectorised); the input gradient may add the input's other gradients in.
+    "batchnorm_normalize": 2,
+    "batchnorm_relu_normalize": 2,
+    "batchnorm_grad_sums": 2,
+    "batchnorm_grad_input": 2,
+    "batchnorm_relu_grad_sums": 3,  # 2: the ReLU's mask computed from the input, not read from the output
+    "batchnorm_relu_grad_input": 3,
     "gemm": 2,  # Winograd's 36 products on contiguous, point-major matrices
     "winograd_input": 2,  # point-major tiles, written a point at a time
     "winograd_output": 2,

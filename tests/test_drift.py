@@ -350,6 +350,12 @@ def test_the_kernel_probe_is_set_against_the_calibration_s_own_runs_of_it():
     assert probed_ratios(own, probed) == {"relu": pytest.approx(1.0), "sgd_update": pytest.approx(1.0),
                                           OUTSIDE_KERNELS: pytest.approx(1.0)}
     assert Calibration.from_dict(own.to_dict()).kernel_probes == own.kernel_probes
+    # Merged with an older file whose probe lost the ReLU's calls (its code changed since):
+    # the ReLU moves as the newer file's probes say, the rest as all of them do.
+    older = ProbedWork({"sgd_update": probed.calls["sgd_update"]}, outside=probed.outside)
+    merged = dataclasses.replace(calibration, kernel_probes=[probed, probed, older, older])
+    assert probed_ratios(merged, probed) == {"relu": pytest.approx(1.0), "sgd_update": pytest.approx(1.0),
+                                             OUTSIDE_KERNELS: pytest.approx(1.0)}
     # Products of 1 ms and 3 ms in the calibration's probes (both runs alike: no noise) took
     # 1.5 ms and 4.5 ms now: they moved 1.5x as a whole, at the peak and off it alike.
     products = [KernelSample((64, 64, 64, 0, 0), 2.25e7, 1e5, 1e-3),

@@ -330,11 +330,17 @@ def probed_ratios(calibration: Calibration, probed: ProbedWork | None) -> dict[s
     the whole grid, need not give them (on 2026-11-26 the calibration's own probes ran its
     bias additions at 1.72x the models' time, batch norm's input gradient at 1.85x, its
     ReLUs at 1.13x). Otherwise against the models' predictions (:func:`_modelled_ratios`).
-    Loading data is set against the calibration's model of it."""
+    A kernel whose code changed since some of a merged calibration's files were measured
+    lost its calls in those files' probes: it moves as the probes of the files that timed
+    it say (the others set the kinds they all timed). Loading data is set against the
+    calibration's model of it."""
     if probed is None or not _probe_comparable(calibration, probed):
         return {}
+    now = _kinds_of_work(probed)
     references = [_kinds_of_work(reference) for reference in calibration.kernel_probes]
-    ratios = probe_moves(_kinds_of_work(probed), references, probed.runs) or _modelled_ratios(calibration, probed)
+    complete = [reference for reference in references if now.keys() <= reference.keys()]
+    ratios = {**(probe_moves(now, complete, probed.runs) if len(complete) < len(references) else {}),
+              **probe_moves(now, references, probed.runs)} or _modelled_ratios(calibration, probed)
     loading = work_ratio([(seconds, calibration.data_load_seconds(name, int(samples)))
                           for name, samples_seconds in probed.data.items() for samples, seconds in samples_seconds])
     return ratios if loading is None else {**ratios, DATA_LOAD: loading}
