@@ -164,8 +164,8 @@ def batchnorm_sums(x: np.ndarray) -> np.ndarray:
 
 def _strided(array: np.ndarray) -> tuple[np.ndarray, int]:
     """``array`` (..., C) as :func:`_span` gives its (rows, C) matrix: a channel slice of a
-    wider map (a concatenation's gradient, or a dense block's input, a prefix of the block's
-    buffer) read in place, by flat unsigned indices that keep the loops vectorised."""
+    wider map (a concatenation's gradient, cut into its inputs' parts) read in place, by flat
+    unsigned indices that keep the loops vectorised."""
     return _span(_rows(array))
 
 

@@ -63,7 +63,8 @@ class Conv2D(Layer):
 
     - *Transposed* (``"transposed"``): stride 1, a window wider than one pixel and fewer
       filters than input channels, where the Winograd form does not apply (DenseNet's 3x3
-      convolutions, 128 channels in and 32 out, on maps of 8x8 and less).
+      convolutions, 128 channels in and 32 out, on 4x4 maps, and on 8x8 maps in batches
+      under 64 images).
       A stride-1 convolution is the transposed convolution of its kernel turned half a
       turn in the window, channel axes swapped (``W'``, a (KH*KW*C_out, C_in) matrix),
       with padding ``KH-1-pad``. So ``y = col2im(x @ W'^T)``, ``G = im2col(dy)``,
@@ -75,7 +76,7 @@ class Conv2D(Layer):
       more and :data:`WINOGRAD_MIN_TILES` tiles in the batch or more,
       :data:`WINOGRAD_MIN_TILES_NARROW` with fewer filters than channels (ResNet's and
       VGG's 3x3 convolutions but the first, those on 4x4 maps only with 32 images or more;
-      DenseNet's on 16x16 maps from 16 images, on 32x32 from 4).
+      DenseNet's on 32x32 maps from 4 images, 16x16 from 16, 8x8 from 64).
       Winograd's minimal filtering F(4x4, 3x3) computes each 4x4 output tile from the 6x6
       input block around it with 36 products per (tile, channel, filter) where the patch
       matrix takes 144: 36 GEMMs of (tiles, C) by (C, K) between transforms of the tiles
