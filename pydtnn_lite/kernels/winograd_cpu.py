@@ -58,6 +58,13 @@ def _six(array, start, step, length):  # pragma: no cover (compiled)
             array[start + 4 * step:start + 4 * step + length], array[start + 5 * step:start + 5 * step + length])
 
 
+@njit(cache=True, inline="always")
+def _point_row(row, tiles, tile, channels):  # pragma: no cover (compiled)
+    """In a point-major (36, ``tiles``, ``channels``) array, flat, where ``tile``'s point
+    (``row``, 0) starts: its six points of that row lie ``tiles * channels`` apart."""
+    return (row * SPAN * tiles + tile) * channels
+
+
 @njit(cache=True)
 def _b_t(src, s, step, dst, d, dstep, length):  # pragma: no cover (compiled)
     """``B^T`` of six vectors of ``src`` (from ``s``, ``step`` apart) into six of ``dst`` (likewise)."""
@@ -214,7 +221,7 @@ def _input_tiles(x, tiles_h, tiles_w, padding, tiles):  # pragma: no cover (comp
         for a in range(SPAN):
             for tile_col in range(tiles_w):
                 _b_t(down, a * width + tile_col * TILE * c, c,
-                     flat_tiles, (a * SPAN * total + task * tiles_w + tile_col) * c, total * c, c)
+                     flat_tiles, _point_row(a, total, task * tiles_w + tile_col, c), total * c, c)
 
 
 def input_tiles(x: np.ndarray, padding: int, tiles_h: int, tiles_w: int) -> np.ndarray:
@@ -236,7 +243,7 @@ def _output_tiles(products, tiles_h, tiles_w, out):  # pragma: no cover (compile
         across = np.empty(SPAN * width, dtype=out.dtype)  # [product row, output column]
         for i in range(SPAN):
             for tile_col in range(tiles_w):
-                _a_t(flat_products, (i * SPAN * total + task * tiles_w + tile_col) * k, total * k,
+                _a_t(flat_products, _point_row(i, total, task * tiles_w + tile_col, k), total * k,
                      across, i * width + tile_col * TILE * k, k, k)
         rows, start = min(TILE, out_h - y0), (image * out_h + y0) * out_w * k
         if rows == TILE:  # columns beyond the output lie at the ends of the rows: left out
@@ -276,7 +283,7 @@ def _output_tiles_grad(grad_out, tiles_h, tiles_w, grads):  # pragma: no cover (
         for i in range(SPAN):
             for tile_col in range(tiles_w):
                 _a(down, i * width + tile_col * TILE * k, k,
-                   flat_grads, (i * SPAN * total + task * tiles_w + tile_col) * k, total * k, k)
+                   flat_grads, _point_row(i, total, task * tiles_w + tile_col, k), total * k, k)
 
 
 def output_tiles_grad(grad_out: np.ndarray) -> np.ndarray:
@@ -309,7 +316,7 @@ def _input_tiles_grad(tile_grads, tiles_h, tiles_w, padding, bands, grad):  # pr
             row_start = (image * tiles_h + tile_row) * tiles_w  # the row's first tile
             for a in range(SPAN):
                 for tile_col in range(tiles_w):
-                    _b_added(flat_tile_grads, (a * SPAN * total + row_start + tile_col) * c, total * c,
+                    _b_added(flat_tile_grads, _point_row(a, total, row_start + tile_col, c), total * c,
                              across, a * width + tile_col * TILE * c, c, c)
             _b_added(across, 0, width, rows, 0, width, width)
             if tile_row >= first:
