@@ -20,6 +20,7 @@ from pydtnn_lite.layers import BatchNorm, Conv2D, Dense, Flatten, GlobalAvgPool2
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, KIB, log_spaced_sizes
+from pydtnn_lite.perfmodel.measuring.host import cpu_model
 from pydtnn_lite.perfmodel.modelling.allreduce import (
     TERMS,
     AllreduceModel,
@@ -31,11 +32,13 @@ from pydtnn_lite.perfmodel.modelling.allreduce import (
 )
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.channel import TransferCost
-from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, calibrated_machine
+from pydtnn_lite.perfmodel.modelling.clusters import PRESETS
+from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, calibrated_machine
 from pydtnn_lite.perfmodel.modelling.outside_kernels import AffineCost
 from pydtnn_lite.perfmodel.modelling.prediction import PredictedKernel, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline, gemm_intensity
 from pydtnn_lite.perfmodel.modelling.synchronization import expected_maximum, fit_sync_wait
+from pydtnn_lite.perfmodel.modelling.trace_validation import processor_warnings
 from pydtnn_lite.perfmodel.modelling.validation import typical, validate
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from pydtnn_lite.tracing import load_trace
@@ -494,6 +497,19 @@ def test_predict_warns_of_kernels_its_calibration_never_sampled(tmp_path):
             in result.stdout)
 
 
+def test_validate_warns_of_a_run_on_another_processor_than_the_calibration_s():
+    machine = calibrated_machine(REFERENCE_CALIBRATION)
+    calibrated_on = machine.calibration.machine["cpu_model"]
+    [line] = processor_warnings(machine, {"device": "cpu", "cpu_model": "Other Processor 9000"})
+    assert f"(Other Processor 9000) is not the calibration's ({calibrated_on})" in line
+    assert "calibrate on this processor" in line
+    assert processor_warnings(adjusted_machine(machine), {"device": "cpu", "cpu_model": "Other"}) != []
+    assert processor_warnings(machine, {"device": "cpu", "cpu_model": calibrated_on}) == []
+    assert processor_warnings(machine, {"device": "cpu"}) == []  # a trace from before runs named it
+    assert processor_warnings(machine, {"device": "gpu", "cpu_model": "Other"}) == []  # its kernels ran on the GPU
+    assert processor_warnings(PRESETS["altec"], {"device": "cpu", "cpu_model": "Other"}) == []
+
+
 def test_predict_warns_of_kernels_its_calibration_timed_in_older_code(tmp_path):
     # As written before kernels had revisions: every kernel's first.
     older = edited_reference(tmp_path, lambda document: document.pop("kernel_revisions"))
@@ -674,7 +690,11 @@ def test_validate_prints_its_figures_as_one_json_object(traced_run, tmp_path):
         assert set(document[key]) == {"DATA", "FP", "BP", "WU", "COMM"}
     assert set(document["split_half"]) == {"step_difference", "stage_differences", "wre"}
     assert isinstance(document["unmatched_calls"], int)
-    assert document["warnings"] == []  # one-thread ranks, as calibrated
+    # One-thread ranks, as calibrated; a line only where this machine's processor is not the file's.
+    same_processor = cpu_model() == json.loads(open(REFERENCE_CALIBRATION, encoding="utf-8").read())[
+        "machine"]["cpu_model"]
+    assert len(document["warnings"]) == (0 if same_processor else 1)
+    assert all(f"the run's processor ({cpu_model()})" in line for line in document["warnings"])
     assert document["report"] and all(os.path.isfile(path) for path in document["report"])
 
 

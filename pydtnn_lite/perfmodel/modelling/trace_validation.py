@@ -165,8 +165,23 @@ def check_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, m
     spans: defaultdict[int, float] = defaultdict(float)
     for step in loaded[1]:
         spans[step.rank] += step.duration
-    warnings = calibration_warnings(machine, validation.kernels)
+    warnings = processor_warnings(machine, meta) + calibration_warnings(machine, validation.kernels)
     return CheckedTrace(trace, meta, machine_name, validation, title, paths, raw, drift, max(spans.values()), warnings)
+
+
+def processor_warnings(machine: Machine, meta: dict) -> list[str]:
+    """A line where the traced run's processor is not the one ``machine``'s calibration
+    measured (none for a preset, or a trace or file that does not name its processor).
+    The drift probes time a few kernels and shapes; another processor moves the others by
+    other factors (caches, vector units), which no probe corrects."""
+    calibration = machine.base.calibration if isinstance(machine, AdjustedMachine) else (
+        machine.calibration if isinstance(machine, CalibratedMachine) else None)
+    ran_on = meta.get("cpu_model") if meta.get("device", "cpu") == "cpu" else None
+    measured_on = calibration.machine.get("cpu_model") if calibration is not None else None
+    if not ran_on or not measured_on or ran_on == measured_on:
+        return []
+    return [f"the run's processor ({ran_on}) is not the calibration's ({measured_on}): the drift correction "
+            "carries the calibration over only in part; calibrate on this processor for figures that need none"]
 
 
 def validate_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, machine_name: str,
