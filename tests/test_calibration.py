@@ -125,6 +125,17 @@ def test_a_power_law_far_beyond_its_samples_predicts_a_positive_time():
     assert law.predict((16384,), 0, 8 << 20) == MIN_SECONDS
 
 
+def test_a_power_law_that_overflows_far_beyond_its_samples_gives_way_to_the_roofline():
+    """A quick calibration's law for the fused batch-norm gradient once gave inf seconds on DenseNet's maps."""
+    law = LogLinearModel([0.0, 200.0, 0.0, 0.0])  # exp(200 log(1 + n)): overflows at n = 65536
+    calibration = Calibration(machine={}, peak_flops=1e11, memory_bandwidth=1e10, kernel_models={"relu": law},
+                              kernel_samples={}, allreduce_samples=[])
+    cost = KernelCost(Stage.FP, "relu", 65536, 1 << 20, (65536,))
+    assert calibration.kernel_seconds("relu", cost) == pytest.approx((1 << 20) / 1e10)  # the bytes' roofline
+    small = KernelCost(Stage.FP, "relu", 1, 8, (1,))
+    assert calibration.kernel_seconds("relu", small) == pytest.approx(2.0 ** 200)  # within range: the law
+
+
 def test_grid_respects_its_limits_and_samples_both_optimizers_and_every_convolution_form():
     grid = calibration_grid((8, 16), QUICK, seed=0)
     drawn = Counter(p.family for p in grid)

@@ -8,6 +8,7 @@ checks its format and version.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from collections import defaultdict
@@ -205,7 +206,8 @@ class Calibration:
 
     def warm_seconds(self, kernel: str, cost: KernelCost) -> float:
         """Predicted seconds of one call of ``kernel`` with ``cost`` among calls of its kind; a
-        kernel without a model gets the roofline time max(flops / peak_flops, bytes / memory_bandwidth).
+        kernel without a model, or whose model overflows, gets the roofline time
+        max(flops / peak_flops, bytes / memory_bandwidth).
 
         A call the calibration sampled at exactly these sizes (a job's own network sampled
         whole, ``calibrate --models``) gets the median of its samples: a measurement of the
@@ -225,13 +227,19 @@ class Calibration:
         model = self.kernel_models.get(kernel)
         if model is None and cost.replaces:
             return self._unfused_seconds(cost)
+        roofline = max(cost.flops / self.peak_flops, cost.bytes / self.memory_bandwidth)
         if model is None:
-            return max(cost.flops / self.peak_flops, cost.bytes / self.memory_bandwidth)
+            return roofline
         widest = self._widest_sampled(kernel)
-        if kernel in COMPUTE_BOUND or not cost.dims or not widest or cost.dims[0] <= widest:
-            return model.predict(cost.dims, cost.flops, cost.bytes)
-        calls = cost.dims[0] / widest
-        return calls * model.predict((widest, *cost.dims[1:]), cost.flops / calls, cost.bytes / calls)
+        with np.errstate(over="ignore"):
+            if kernel in COMPUTE_BOUND or not cost.dims or not widest or cost.dims[0] <= widest:
+                seconds = model.predict(cost.dims, cost.flops, cost.bytes)
+            else:
+                calls = cost.dims[0] / widest
+                seconds = calls * model.predict((widest, *cost.dims[1:]), cost.flops / calls, cost.bytes / calls)
+        # A power law fitted on a few samples can overflow far beyond them (a quick calibration's
+        # fused batch-norm gradient on DenseNet's maps, 2026-11-27): the roofline stands in.
+        return seconds if math.isfinite(seconds) else roofline
 
     def _unfused_seconds(self, cost: KernelCost) -> float:
         """A fused call that the calibration never sampled (one older than the fused kernel):
