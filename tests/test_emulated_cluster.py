@@ -205,7 +205,10 @@ def test_allreduce_is_timed_between_and_inside_the_emulated_nodes(tmp_path):
     assert bool(network.straggler_waits) == (usable_cores() < 4)
     works = [work for work, _ in network.straggler_waits]
     assert len(works) in (0, len(SEGMENTS) * REPEATS)
-    # A wait is at most the others' work on the shared cores: the slowest of the 4 ranks may start its
-    # stretch after the others ended theirs (under another job's load, more than one stretch late).
-    assert all(SEGMENTS[0] / 2 < work < 4 * SEGMENTS[-1] and 0 <= wait < network.ranks_per_host * work
-               for work, wait in network.straggler_waits)
+    # A stretch is sized by a kernel timed once, on cores whose speed swings up to 2x between
+    # instants (77-152 GFLOP/s a core on 2026-11-27). A wait is at most the others' work on the
+    # shared cores: the slowest of the 4 ranks may start its stretch after the others ended theirs
+    # (under another job's load, more than one stretch late).
+    outside = [(work, wait) for work, wait in network.straggler_waits
+               if not (SEGMENTS[0] / 4 < work < 8 * SEGMENTS[-1] and 0 <= wait < network.ranks_per_host * work)]
+    assert outside == []
