@@ -691,8 +691,7 @@ def test_validate_prints_its_figures_as_one_json_object(traced_run, tmp_path):
     assert set(document["split_half"]) == {"step_difference", "stage_differences", "wre"}
     assert isinstance(document["unmatched_calls"], int)
     # One-thread ranks, as calibrated; a line only where this machine's processor is not the file's.
-    same_processor = cpu_model() == json.loads(open(REFERENCE_CALIBRATION, encoding="utf-8").read())[
-        "machine"]["cpu_model"]
+    same_processor = cpu_model() == calibrated_machine(REFERENCE_CALIBRATION).calibration.machine["cpu_model"]
     assert len(document["warnings"]) == (0 if same_processor else 1)
     assert all(f"the run's processor ({cpu_model()})" in line for line in document["warnings"])
     assert document["report"] and all(os.path.isfile(path) for path in document["report"])
