@@ -29,6 +29,7 @@ from pydtnn_lite.perfmodel.modelling.regression import (
     sample_columns,
     samples_from_columns,
 )
+from pydtnn_lite.perfmodel.modelling.roofline import Roofline
 from pydtnn_lite.perfmodel.modelling.synchronization import NO_WAIT, SyncWaitModel, fit_sync_wait
 from pydtnn_lite.perfmodel.modelling.workload import DATASET_SHAPES
 
@@ -227,9 +228,8 @@ class Calibration:
         model = self.kernel_models.get(kernel)
         if model is None and cost.replaces:
             return self._unfused_seconds(cost)
-        roofline = max(cost.flops / self.peak_flops, cost.bytes / self.memory_bandwidth)
         if model is None:
-            return roofline
+            return self._roofline_seconds(cost)
         widest = self._widest_sampled(kernel)
         with np.errstate(over="ignore"):
             if kernel in COMPUTE_BOUND or not cost.dims or not widest or cost.dims[0] <= widest:
@@ -239,7 +239,10 @@ class Calibration:
                 seconds = calls * model.predict((widest, *cost.dims[1:]), cost.flops / calls, cost.bytes / calls)
         # A power law fitted on a few samples can overflow far beyond them (a quick calibration's
         # fused batch-norm gradient on DenseNet's maps, 2026-11-27): the roofline stands in.
-        return seconds if math.isfinite(seconds) else roofline
+        return seconds if math.isfinite(seconds) else self._roofline_seconds(cost)
+
+    def _roofline_seconds(self, cost: KernelCost) -> float:
+        return Roofline(self.peak_flops, self.memory_bandwidth).seconds(cost.flops, cost.bytes)
 
     def _unfused_seconds(self, cost: KernelCost) -> float:
         """A fused call that the calibration never sampled (one older than the fused kernel):
