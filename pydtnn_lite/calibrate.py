@@ -8,7 +8,9 @@ training job on this machine compute; run it with the ranks per node you will tr
 with. ``--refit FILE`` fits the models again from the samples a file holds, measuring
 nothing; ``--merge FILE FILE ...`` pools the samples of calibrations of one machine taken
 at different times and fits the models on them; ``--allreduce-only FILE`` times Allreduce
-again into a file, keeping its kernels.
+again into a file, keeping its kernels. ``--fit-later`` measures and writes the samples
+without fitting, for ``--refit`` on another machine: fitting takes minutes of CPU that a
+lent GPU machine's time need not pay.
 """
 from __future__ import annotations
 
@@ -73,11 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=flags.SEED, default=0, help="seeds the grid's sampling and the MLPs")
     parser.add_argument("--no-oversubscribed", action="store_true",
                         help="time Allreduce on this job's ranks only, not (in child jobs) at every process count "
-                             "up to four per core; --quick implies it")
+                             "up to four per core; --quick and --device gpu imply it")
     parser.add_argument("--models", type=flags.MODEL_BATCH, nargs="+", default=[], metavar="MODEL:BATCH[:DATASET]",
                         help="also sample these zoo networks whole, BATCH images per rank (DATASET: synthetic, "
                              "synthetic-imagenet or digits; default synthetic): their calls are then predicted "
                              "from their own timings, not from the grid's model")
+    parser.add_argument("--fit-later", action="store_true",
+                        help="measure and write the samples without fitting the kernel models; the file predicts "
+                             "nothing until python -m pydtnn_lite.calibrate --refit FILE fits them (on any machine)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--refit", metavar="FILE", default=None,
                         help="fit the kernel models again from the samples FILE holds; measure nothing")
@@ -96,11 +101,18 @@ def settings_from(args: argparse.Namespace) -> CalibrationSettings:
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else CalibrationSettings.repeats)
     jobs = tuple(args.models)
     job_probes(jobs)  # refuses an unknown model or data set before anything is measured
+    if args.fit_later and (args.refit or args.merge or args.allreduce_only):
+        raise UserError("--fit-later goes with a calibration that measures kernels, not with --refit, --merge or "
+                        "--allreduce-only")
     if args.quick:
         return CalibrationSettings(tuple(args.batch_sizes), repeats, 0.0, QUICK, QUICK_SIZES, 1, args.seed, False,
-                                   jobs, read_ahead_rounds=2, read_ahead_steps=10, kernel_probes=2)
+                                   jobs, read_ahead_rounds=2, read_ahead_steps=10, kernel_probes=2,
+                                   fit=not args.fit_later)
+    # GPU ranks do not share cores: their job's Allreduce is the one to time (on a 16-core GPU
+    # machine the child jobs of 2 to 64 ranks outlasted four minutes of its time).
     return CalibrationSettings(batch_sizes=tuple(args.batch_sizes), repeats=repeats, seed=args.seed,
-                               beyond_job=not args.no_oversubscribed, jobs=jobs)
+                               beyond_job=not args.no_oversubscribed and args.device == "cpu", jobs=jobs,
+                               fit=not args.fit_later)
 
 
 def _percent(value: float) -> str:
@@ -223,7 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if comm.rank == 0 and calibration is not None:
         calibration.save(out)
         print(report(calibration))
-        print(f"wrote {out}")
+        print(f"wrote {out}" + ("" if calibration.kernel_models else
+                                f"; no kernel models yet: fit them with python -m {PROGRAM} --refit {out}"))
     return 0
 
 

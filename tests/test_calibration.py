@@ -548,3 +548,39 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert not (tmp_path / "never.json").exists()
     one_rank = calibrate_cli("--allreduce-only", str(out), "--out", str(remeasured))
     assert one_rank.returncode == 2 and "two ranks or more (this job has 1)" in one_rank.stderr
+
+
+def test_a_calibration_measured_to_be_fitted_later_predicts_only_once_refitted(tmp_path):
+    """--fit-later writes the samples alone (a GPU machine's time spent measuring, the fit run
+    on any host); the file is refused for predictions until --refit fits it."""
+    out = tmp_path / "later.json"
+    measured = calibrate_cli("--quick", "--batch-sizes", "4", "--fit-later", "--out", str(out))
+    assert measured.returncode == 0, measured.stderr[-2000:]
+    assert f"--refit {out}" in measured.stdout
+    unfitted = Calibration.load(str(out))
+    assert unfitted.kernel_samples and not unfitted.kernel_models
+    predict = [sys.executable, "-m", "pydtnn_lite.predict", "--model", "lenet", "--batch-size", "8", "--procs", "1",
+               "--calibration", str(out)]
+    refused = subprocess.run(predict, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "no fitted models" in refused.stderr and f"--refit {out}" in refused.stderr
+    assert calibrate_cli("--refit", str(out)).returncode == 0
+    fitted = Calibration.load(str(out))
+    assert fitted.kernel_models.keys() == unfitted.kernel_samples.keys()
+    assert fitted.kernel_samples == unfitted.kernel_samples
+    assert subprocess.run(predict, capture_output=True, text=True, timeout=120).returncode == 0
+    mixed = calibrate_cli("--refit", str(out), "--fit-later")
+    assert mixed.returncode == 2 and "--fit-later goes with a calibration that measures" in mixed.stderr
+
+
+def test_a_gpu_calibration_times_allreduce_on_its_own_ranks_only():
+    """Counts of ranks beyond the job's, up to four a core, are CPU ranks sharing cores: a GPU
+    job never runs so, and on a 16-core GPU machine their child jobs took minutes."""
+    from pydtnn_lite.calibrate import build_parser, settings_from
+
+    def settings(*flags: str) -> CalibrationSettings:
+        return settings_from(build_parser().parse_args(list(flags)))
+
+    assert settings().beyond_job and settings().fit
+    assert not settings("--device", "gpu").beyond_job
+    assert not settings("--no-oversubscribed").beyond_job and not settings("--fit-later").fit

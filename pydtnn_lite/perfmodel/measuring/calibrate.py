@@ -115,6 +115,7 @@ class CalibrationSettings:
     read_ahead_rounds: int = READ_AHEAD_ROUNDS  # rounds of training the probe model reading in the step and ahead
     read_ahead_steps: int = READ_AHEAD_STEPS  # ... of this many steps each way
     kernel_probes: int = 4  # runs of the kernel probe along the kernel phase, the first as it starts, the last after
+    fit: bool = True  # fit the kernel models here; else write the samples for ``calibrate --refit`` elsewhere
 
 
 def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSettings, blas_threads: int,
@@ -202,9 +203,10 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     phase_done("allreduce", f"{len(reductions)} samples on {', '.join(map(str, counts))} ranks{_levels(network)}"
                if reductions else "skipped: one rank (run under mpiexec, or without --no-oversubscribed)")
 
-    models = fit_models(samples, comm, settings.seed, blas_threads)
+    models = fit_models(samples, comm, settings.seed, blas_threads) if settings.fit else {}
     ensembles = sum(isinstance(m, MLPEnsemble) for m in models.values())
-    phase_done("fit", f"{ensembles} MLP ensembles, {len(models) - ensembles} closed-form models")
+    phase_done("fit", f"{ensembles} MLP ensembles, {len(models) - ensembles} closed-form models" if settings.fit else
+               "left for calibrate --refit")
     if comm.rank != 0:
         return None
     grid_settings = {"points": dict(settings.grid.points), "max_step_flops": settings.grid.max_step_flops,

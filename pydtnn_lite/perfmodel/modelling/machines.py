@@ -370,6 +370,9 @@ def calibrated_machine(path: str, algorithm: str | None = None, allreduce: str =
         raise UserError(f"{error.strerror or error}: give a file written by python -m pydtnn_lite.calibrate") from None
     except ValueError as error:
         raise UserError(str(error)) from None
+    if calibration.kernel_samples and not calibration.kernel_models:
+        raise UserError(f"{path} holds kernel samples but no fitted models (calibrate --fit-later wrote it): fit "
+                        f"them with python -m pydtnn_lite.calibrate --refit {path}")
     if allreduce not in ALLREDUCE_MODELS:
         raise UserError(f"unknown Allreduce model {allreduce!r}: choose one of {', '.join(ALLREDUCE_MODELS)}")
     samples, cpu_samples = calibration.allreduce_samples, calibration.allreduce_cpu_samples
