@@ -33,6 +33,7 @@ from helpers import every_layer_network
 
 KERNEL_SOURCE = Path(gpu.__file__).with_name("gpu_kernels.cu")
 WINDOW_KERNELS = ("im2col", "col2im", "maxpool", "maxpool_grad", "avgpool", "avgpool_grad")
+BATCHNORM_KERNELS = ("batchnorm_normalize", "batchnorm_sums", "batchnorm_grad_sums", "batchnorm_grad_input")
 
 # What CUDA provides and the kernels use, for g++: the qualifiers compile away, the thread
 # coordinates are globals that the emulated launch sets, and the intrinsics are plain C++
@@ -103,11 +104,13 @@ def emulate_launch(library: ctypes.CDLL, name: str, grid: tuple, block: tuple, a
     c_args = []
     for arg in args:
         if isinstance(arg, np.ndarray):
-            assert arg.flags.c_contiguous
+            # Contiguous, or a matrix of contiguous rows, which the batch-norm kernels read with a row stride.
+            assert arg.flags.c_contiguous or (arg.ndim == 2 and arg.strides[1] == arg.itemsize)
             c_args.append(ctypes.c_void_p(arg.ctypes.data))
         else:
-            assert type(arg) is np.int64  # CuPy passes a NumPy scalar in its own width: the kernels take long long
-            c_args.append(ctypes.c_longlong(arg))
+            # CuPy passes a NumPy scalar in its own width: int or long long, as the kernel's index type.
+            assert type(arg) in (np.int32, np.int64) and name.endswith("_i32" if type(arg) is np.int32 else "_i64")
+            c_args.append(ctypes.c_int(arg) if type(arg) is np.int32 else ctypes.c_longlong(arg))
     coordinates = {c: Dim3.in_dll(library, c) for c in ("threadIdx", "blockIdx", "blockDim", "gridDim")}
     coordinates["gridDim"].x, coordinates["blockDim"].x = EMULATED_BLOCKS, EMULATED_THREADS
     for block_index in range(EMULATED_BLOCKS):
@@ -190,7 +193,8 @@ def test_the_kernels_compile_to_ptx(tmp_path: Path) -> None:
                              str(KERNEL_SOURCE)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     entries = set(re.findall(r"\.entry (\w+)\(", ptx.read_text()))
-    assert entries == {f"{name}_{suffix}" for name in WINDOW_KERNELS for suffix in ("f32", "f64")}
+    assert entries == {f"{name}_{dtype}_{index}" for name in WINDOW_KERNELS + BATCHNORM_KERNELS
+                       for dtype in ("f32", "f64") for index in ("i32", "i64")}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -275,6 +279,78 @@ def test_channel_sums_give_the_numpy_sums(device: Device, dtype: type) -> None:
     assert_near(device.run("batchnorm_relu_grad_sums", grad, x, mean, inv_std, gamma, beta),
                 normalization.batchnorm_relu_grad_sums(grad, x, mean, inv_std, gamma, beta))
     assert_same(device.run("batchnorm_sums", np.zeros((0, 6), dtype)), np.zeros((2, 6)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("shape,sliced", [((3, 5, 4, 6), False), ((3, 5, 4, 6), True), ((1, 1, 1, 6), True)])
+def test_batchnorm_kernels_compute_what_the_references_compute(device: Device, dtype: type, relu: bool,
+                                                               shape: tuple, sliced: bool) -> None:
+    """The one-pass batch-norm kernels against kernels/normalization.py: the element-wise ones
+    bit for bit (each operation rounded as NumPy rounds it, in its order), the sums to
+    rounding (float64 partial sums per slot of rows, which NumPy adds in another order).
+    ``sliced``: the input, the upstream gradient and the addend are channel slices of wider
+    maps made on the device (a dense block's parts), which the kernels read in place."""
+    rng = np.random.default_rng(8)
+    channels = shape[-1]
+
+    def tensor(offset: float) -> Any:
+        wide = rng.normal(size=shape[:-1] + (channels + 3 * sliced,)) * 2 + offset
+        return device.asarray(wide.astype(dtype))[..., 3 * sliced:]
+
+    x, grad, addend = tensor(1e3), tensor(0.0), tensor(0.0)
+    host_x, host_grad, host_addend = (device.to_host(a) for a in (x, grad, addend))
+    mean = host_x.mean(axis=(0, 1, 2)).astype(dtype)
+    inv_std = (1 / (host_x.std(axis=(0, 1, 2)) + 1)).astype(dtype)
+    gamma, beta = rng.normal(size=channels).astype(dtype), rng.normal(size=channels).astype(dtype)
+    rows = int(np.prod(shape[:-1]))
+    fused = "_relu" if relu else ""
+    per_channel = (mean, inv_std, gamma, beta) if relu else (mean, inv_std)
+    reference = {name: getattr(normalization, f"batchnorm{fused}_{name}")
+                 for name in ("normalize", "grad_sums", "grad_input")}
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+
+    def assert_near(actual: np.ndarray, expected: np.ndarray, tolerance: float) -> None:
+        assert actual.shape == expected.shape and actual.dtype == expected.dtype
+        np.testing.assert_allclose(actual, expected, rtol=tolerance, atol=tolerance * np.abs(expected).max())
+
+    assert_same(device.run(f"batchnorm{fused}_normalize", x, mean, inv_std, gamma, beta),
+                reference["normalize"](host_x, mean, inv_std, gamma, beta))
+    assert_near(device.run("batchnorm_sums", x), normalization.batchnorm_sums(host_x), 1e-10)
+    sums = reference["grad_sums"](host_grad, host_x, *per_channel)
+    assert_near(device.run(f"batchnorm{fused}_grad_sums", grad, x, *per_channel), sums, rtol)
+    with_gamma = (mean, inv_std, gamma, beta) if relu else (mean, inv_std, gamma)
+    for added, host_added in ((None, None), (addend, host_addend)):
+        assert_same(device.run(f"batchnorm{fused}_grad_input", grad, x, *with_gamma, sums, rows, added),
+                    reference["grad_input"](host_grad, host_x, *with_gamma, sums, rows, host_added))
+
+
+def test_the_64_bit_index_kernels_compute_what_the_32_bit_ones_compute(device: Device,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Arrays of 2**30 elements or more are indexed in 64 bits: the same kernels, forced to that
+    width on small arrays, give the 32-bit kernels' results."""
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(2, 9, 8, 3))
+    cols = rng.normal(size=(2 * 5 * 4, 27))
+    grad = rng.normal(size=x.shape)
+    per_channel = tuple(rng.uniform(0.5, 1.5, size=3) for _ in range(4))
+    sums = normalization.batchnorm_relu_grad_sums(grad, x, *per_channel)
+    cases = [("im2col", x, 3, 3, 2, 1), ("col2im", cols, x.shape, 3, 3, 2, 1), ("maxpool", x, 3, 3, 2, 1),
+             ("avgpool", x, 3, 3, 2, 1), ("batchnorm_relu_normalize", x, *per_channel), ("batchnorm_sums", x),
+             ("batchnorm_relu_grad_sums", grad, x, *per_channel),
+             ("batchnorm_relu_grad_input", grad, x, *per_channel, sums, 144, grad)]
+    narrow = [device.run(*case) for case in cases]
+    launched: list[str] = []
+    function = gpu._function
+    with monkeypatch.context() as wide:  # undone before the device fixture clears gpu._function's cache
+        wide.setattr(gpu, "_function", lambda name: launched.append(name) or function(name))
+        wide.setattr(gpu, "INDEX_LIMIT", 0)
+        for case, expected in zip(cases, narrow, strict=True):
+            actual = device.run(*case)
+            for a, b in zip(actual if isinstance(actual, tuple) else (actual,),
+                            expected if isinstance(expected, tuple) else (expected,), strict=True):
+                assert_same(a, b)
+    assert len(launched) == len(cases) and all(name.endswith("_f64_i64") for name in launched)
 
 
 def test_entries_run_numpy_arrays_on_numpy_and_others_on_cuda(device: Device,

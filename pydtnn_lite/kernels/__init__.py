@@ -11,8 +11,8 @@ fused with ReLU, the residual add, the concatenation, pooling, the SGD and Adam 
 of :mod:`~pydtnn_lite.kernels.cpu` (the Winograd transforms: of
 :mod:`~pydtnn_lite.kernels.winograd_cpu`), which use every thread of the process; the NumPy
 versions they replace stay the reference. On a GPU, :mod:`~pydtnn_lite.kernels.gpu` runs
-the window kernels (im2col, col2im and the pooling kernels) as CUDA kernels and the channel
-sums (bias gradient, batch-norm statistics and their gradients) through cuBLAS. An entry
+the window kernels (im2col, col2im and the pooling kernels) and the batch-norm kernels as
+CUDA kernels, and the bias gradient through cuBLAS. An entry
 picks its version by its first argument's array type, for the cost of one ``isinstance``
 check.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from pydtnn_lite.kernels import blas, cpu, elementwise, gpu, normalization, update, winograd, winograd_cpu
+from pydtnn_lite.kernels import blas, cpu, elementwise, gpu, update, winograd, winograd_cpu
 from pydtnn_lite.kernels.blas import bias_add, gemm
 from pydtnn_lite.kernels.elementwise import dropout_apply, dropout_mask, split
 from pydtnn_lite.kernels.loss import (
@@ -68,13 +68,12 @@ add = _by_first_array_type(cpu.add, elementwise.add)
 concat = _by_first_array_type(cpu.concat, elementwise.concat)
 bias_grad = _by_array_type(blas.bias_grad, gpu.bias_grad)
 batchnorm_sums = _by_array_type(cpu.batchnorm_sums, gpu.batchnorm_sums)
-batchnorm_normalize = _by_array_type(cpu.batchnorm_normalize, normalization.batchnorm_normalize)
+batchnorm_normalize = _by_array_type(cpu.batchnorm_normalize, gpu.batchnorm_normalize)
 batchnorm_grad_sums = _by_array_type(cpu.batchnorm_grad_sums, gpu.batchnorm_grad_sums)
-batchnorm_grad_input = _by_array_type(cpu.batchnorm_grad_input, normalization.batchnorm_grad_input)
-batchnorm_relu_normalize = _by_array_type(cpu.batchnorm_relu_normalize, normalization.batchnorm_relu_normalize)
+batchnorm_grad_input = _by_array_type(cpu.batchnorm_grad_input, gpu.batchnorm_grad_input)
+batchnorm_relu_normalize = _by_array_type(cpu.batchnorm_relu_normalize, gpu.batchnorm_relu_normalize)
 batchnorm_relu_grad_sums = _by_array_type(cpu.batchnorm_relu_grad_sums, gpu.batchnorm_relu_grad_sums)
-batchnorm_relu_grad_input = _by_array_type(cpu.batchnorm_relu_grad_input,
-                                           normalization.batchnorm_relu_grad_input)
+batchnorm_relu_grad_input = _by_array_type(cpu.batchnorm_relu_grad_input, gpu.batchnorm_relu_grad_input)
 winograd_filter = _by_array_type(winograd_cpu.filter_tiles, winograd.filter_tiles)
 winograd_filter_grad = _by_array_type(winograd_cpu.filter_tiles_grad, winograd.filter_tiles_grad)
 winograd_input = _by_array_type(winograd_cpu.input_tiles, winograd.input_tiles)
