@@ -1,7 +1,7 @@
 """Training step time against PyTorch on the same device, the same network and batch.
 
     python benchmarks/against_pytorch.py [--model vgg11] [--dataset synthetic] [--batch-size 128]
-        [--device cpu|gpu] [--threads 2] [--steps 10] [--channels-last]
+        [--device cpu|gpu] [--threads 2] [--steps 10] [--channels-last] [--host-batch]
 
 The PyTorch network is translated layer by layer from this framework's, its graph
 included (the residual adds of resnet18 and resnet50, the concatenations of
@@ -15,6 +15,11 @@ GEMM peak, measured in the same run: the fastest of the 2048^3 products (8192^3 
 GPU) timed once per round between the steps; and the FLOPs this framework's kernels
 execute where that is fewer.
 ``--dataset synthetic-imagenet`` gives ImageNet-shaped images.
+
+This framework's step always starts from the batch in host memory (on a GPU its step
+copies it into page-locked memory and on to the device). PyTorch's batch stays on the
+device unless ``--host-batch``: then its step too copies the images from page-locked host
+memory, as a training loop whose DataLoader pins its batches does.
 """
 from __future__ import annotations
 
@@ -102,8 +107,9 @@ def torch_model(network: Network):
     return TorchGraph()
 
 
-def torch_step(network: Network, batch: int, device: str, channels_last: bool):
-    """A function that runs one PyTorch training step of ``network``'s translation."""
+def torch_step(network: Network, batch: int, device: str, channels_last: bool, host_batch: bool = False):
+    """A function that runs one PyTorch training step of ``network``'s translation; with
+    ``host_batch``, from images in page-locked host memory."""
     import torch
 
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
@@ -111,16 +117,20 @@ def torch_step(network: Network, batch: int, device: str, channels_last: bool):
     target = "cuda" if device == "gpu" else "cpu"
     model = torch_model(network).to(target)
     height, width, channels = network.input_shape
-    images = torch.randn(batch, channels, height, width, device=target)
+    images = torch.randn(batch, channels, height, width)
     if channels_last:
         model, images = model.to(memory_format=torch.channels_last), images.to(memory_format=torch.channels_last)
+    if host_batch and target == "cuda":
+        images = images.pin_memory()
+    else:
+        images = images.to(target)
     labels = torch.randint(0, network.num_classes, (batch,), device=target)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     loss_function = torch.nn.CrossEntropyLoss()
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        loss_function(model(images), labels).backward()
+        loss_function(model(images.to(target, non_blocking=True)), labels).backward()
         optimizer.step()
         if target == "cuda":
             torch.cuda.synchronize()
@@ -140,6 +150,8 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--channels-last", action="store_true", help="PyTorch in NHWC memory layout")
+    parser.add_argument("--host-batch", action="store_true",
+                        help="PyTorch's step copies its images from page-locked host memory, as this framework's does")
     args = parser.parse_args()
     try:
         import torch
@@ -151,7 +163,7 @@ def main() -> None:
     batch = trainer.load_step(0, 0)
     ours = lambda: trainer.train_step(batch)  # noqa: E731  (float(loss) waits for the GPU)
     network = trainer.network
-    theirs = torch_step(network, args.batch_size, args.device, args.channels_last)
+    theirs = torch_step(network, args.batch_size, args.device, args.channels_last, args.host_batch)
     size = 8192 if args.device == "gpu" else 2048
     product = square_product(network.backend, size)
     samples = interleave([lambda: {"pydtnn_lite": timed(ours)}, lambda: {"pytorch": timed(theirs)},
@@ -161,7 +173,8 @@ def main() -> None:
     flops = args.batch_size * (network.flops_per_sample("FP") + network.flops_per_sample("BP"))
     layout = "NHWC" if args.channels_last else "NCHW"
     print(f"{args.model} on {args.dataset} {network.input_shape}, batch {args.batch_size}, {args.device}, "
-          f"{args.threads} threads; PyTorch {torch.__version__} ({layout})")
+          f"{args.threads} threads; PyTorch {torch.__version__} ({layout}"
+          f"{', batch copied from host memory each step' if args.host_batch else ''})")
     print(f"step: pydtnn_lite {ours_s * 1e3:.1f} ms, PyTorch {theirs_s * 1e3:.1f} ms (medians of {args.steps})")
     print(f"throughput: pydtnn_lite {args.batch_size / ours_s:.1f} img/s, PyTorch {args.batch_size / theirs_s:.1f} "
           f"img/s: pydtnn_lite reaches {theirs_s / ours_s:.2f}x PyTorch's throughput")

@@ -3,7 +3,10 @@
 #
 #   bash benchmarks/gpu_checks.sh LOGDIR [STAGE...]
 #
-# Stages (default: all, in this order): environment tests pytorch profile nccl mixed model.
+# Stages (default: all, in this order): environment tests pytorch profile nccl mixed calibrate model.
+# calibrate traces VGG11 and measures the calibration's samples; model fits them and
+# validates the trace (minutes of CPU work, which may run on another machine: copy
+# LOGDIR/work/gpu.json and LOGDIR/work/trace-model there and run the stage there).
 # Each writes LOGDIR/STAGE.log; traces, calibrations and weights go to LOGDIR/work. Each
 # command is bounded by `timeout`, and with BUDGET_S set (seconds) every stage is cut to
 # what is left of that budget, so a machine lent for a fixed time returns the logs of the
@@ -11,7 +14,7 @@
 # beside it, as the tests take it.
 set -u
 if (( $# < 1 )); then
-  echo "usage: bash benchmarks/gpu_checks.sh LOGDIR [environment tests pytorch profile nccl mixed model]" >&2
+  echo "usage: bash benchmarks/gpu_checks.sh LOGDIR [environment tests pytorch profile nccl mixed calibrate model]" >&2
   exit 2
 fi
 LOGS=$(mkdir -p "$1" && cd "$1" && pwd) || exit 2
@@ -62,10 +65,12 @@ tests() {
 }
 
 pytorch() {
-  for config in "vgg11 synthetic 128" "resnet18 synthetic 128" "vgg11 synthetic-imagenet 64"; do
-    set -- $config; say "against_pytorch $config"
-    timeout "$(cap 150)" $PY benchmarks/against_pytorch.py --model "$1" --dataset "$2" --batch-size "$3" --device gpu \
-      --threads 4 --steps 12
+  for batch in "" --host-batch; do
+    for config in "vgg11 synthetic 128" "resnet18 synthetic 128" "vgg11 synthetic-imagenet 64"; do
+      set -- $config; say "against_pytorch $config $batch"
+      timeout "$(cap 150)" $PY benchmarks/against_pytorch.py --model "$1" --dataset "$2" --batch-size "$3" \
+        --device gpu --threads 4 --steps 12 $batch
+    done
   done
 }
 
@@ -111,18 +116,24 @@ mixed() {
   done
 }
 
-model() {
+calibrate() {
   say "trace VGG11 b128"
   rm -rf "$WORK/trace-model" "$WORK/runs"
   timeout "$(cap 120)" $PY -m pydtnn_lite.train --model vgg11 --device gpu --batch-size 128 --steps-per-epoch 100 \
     --eval-steps 0 --no-progress --run-dir "$WORK/runs" --trace "$WORK/trace-model" | tail -1
-  say "calibrate"
-  timeout "$(cap 400)" $PY -m pydtnn_lite.calibrate --device gpu --batch-sizes 32 64 128 256 --out "$WORK/gpu.json"
+  say "calibrate: measure"
+  timeout "$(cap 400)" $PY -m pydtnn_lite.calibrate --device gpu --batch-sizes 32 64 128 256 --fit-later \
+    --out "$WORK/gpu.json"
+}
+
+model() {
+  say "calibrate: fit"
+  timeout "$(cap 1800)" $PY -m pydtnn_lite.calibrate --refit "$WORK/gpu.json"
   say "validate"
   timeout "$(cap 60)" $PY -m pydtnn_lite.validate "$WORK/trace-model" --calibration "$WORK/gpu.json"
 }
 
-STAGES=(environment tests pytorch profile nccl mixed model)
+STAGES=(environment tests pytorch profile nccl mixed calibrate model)
 stages=("$@")
 (( ${#stages[@]} )) || stages=("${STAGES[@]}")
 for name in "${stages[@]}"; do

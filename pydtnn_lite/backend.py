@@ -49,8 +49,10 @@ class Backend:
     @property
     def winograd(self) -> bool:
         """Whether 3x3 convolutions may take the Winograd form (``layers.Conv2D``): on the
-        host its tile transforms are compiled loops; on a GPU they would be einsums that
-        have never been timed against cuBLAS on the patch matrix, so it keeps the latter."""
+        host its tile transforms are compiled loops; on a GPU they are CuPy einsums, with
+        which steps ran slower than on patch matrices (H200, 2026-11-27: ResNet18 on
+        CIFAR-10, batch 128, 131.7 against 37.2 ms; VGG11 on ImageNet shapes, batch 64,
+        115.3 against 89.4 ms), so a GPU keeps the latter."""
         return not self.on_gpu
 
     def asarray(self, data: Any) -> Any:

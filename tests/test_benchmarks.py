@@ -232,7 +232,7 @@ def test_gpu_checks_refuses_an_unknown_stage_before_running_any(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip() == ("gpu_checks: unknown stage 'profiles': choose from environment tests pytorch "
-                                     "profile nccl mixed model")
+                                     "profile nccl mixed calibrate model")
     assert not (tmp_path / "tests.log").exists()
 
 
