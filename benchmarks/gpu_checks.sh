@@ -29,7 +29,13 @@ END=$(( $(date +%s) + ${BUDGET_S:-86400} ))
 
 # The smaller of $1 seconds and what the budget has left (at least 1).
 cap() { local left=$(( END - $(date +%s) - 8 )); (( left < $1 )) && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
-say() { echo "=== $* ($(date +%T))"; }
+# The host's load and the GPU's clock and use as each step starts: small kernels are timed
+# with the host's launch latency in them, so a busy host shows in them.
+say() { echo "=== $* ($(date +%T), load $(cut -d' ' -f1 /proc/loadavg)$(gpu_state))"; }
+gpu_state() {
+  command -v nvidia-smi > /dev/null &&
+    nvidia-smi --query-gpu=clocks.sm,utilization.gpu --format=csv,noheader 2> /dev/null | sed 's/^/, GPU /'
+}
 
 # Median step of the second half of a run directory's metrics.csv.
 median_step() {
@@ -146,4 +152,7 @@ for name in "${stages[@]}"; do
   say "$name"
   { time "$name"; } > "$LOGS/$name.log" 2>&1
   tail -3 "$LOGS/$name.log"
+  # A command cut by its time limit can leave MPI ranks behind, which would slow the next stage.
+  left=$(pgrep -fc "python.* (-m pydtnn_lite|benchmarks/)|hydra_pmi_proxy")
+  (( left > 0 )) && echo "gpu_checks: $left process(es) of $name still running" | tee -a "$LOGS/$name.log"
 done
