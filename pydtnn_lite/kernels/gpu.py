@@ -75,8 +75,9 @@ def _launch(kernel: str, dtype: Any, iterations: int, *args: Any) -> None:
 
 def _extent(array: Any) -> int:
     """Elements from ``array``'s first to its last, one past: its size, or more for a strided view."""
-    return 1 + sum((n - 1) * abs(step) // array.itemsize for n, step in zip(array.shape, array.strides, strict=True)) \
-        if array.size else 0
+    if array.flags.c_contiguous or not array.size:  # the common case, at a tenth of the cost
+        return array.size
+    return 1 + sum((n - 1) * abs(step) // array.itemsize for n, step in zip(array.shape, array.strides, strict=True))
 
 
 def _geometry(x_shape: tuple, kh: int, kw: int, stride: int, padding: int) -> tuple[int, int, tuple]:
