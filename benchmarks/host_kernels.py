@@ -1,13 +1,16 @@
-"""Training step time with the Numba host kernels against the NumPy versions they replace.
+"""Training step time with the compiled kernels against the array-library versions they replace.
 
     python benchmarks/host_kernels.py [--model resnet18] [--batch-size 64] [--threads 2] [--steps 10]
-        [--optimizer sgd|adam]
+        [--optimizer sgd|adam] [--device cpu|gpu] [--kernels PREFIX...]
 
 One trainer, one fixed batch; the steps alternate between the kernel entries as shipped
-(Numba for im2col, col2im, the Winograd tile transforms, batch norm (fused with ReLU or
-not), ReLU, add, pooling and the SGD and Adam updates) and the same entries pointed at the NumPy functions, so a shared
-machine's load hits both alike. Prints each median step time, the time inside those
-kernels, and the speed-up.
+(on the host: Numba for im2col, col2im, the Winograd tile transforms, batch norm (fused
+with ReLU or not), ReLU, add, pooling and the SGD and Adam updates; on a GPU: CUDA for
+im2col, col2im, pooling and batch norm) and the same entries pointed at the functions
+written with the array library's operators (NumPy's, or CuPy's on a GPU), so a shared
+machine's load hits both alike. ``--kernels batchnorm`` replaces only the entries whose
+names start so. Prints each median step time, the time inside those kernels (on the host
+only: a GPU's launches return before the kernels run), and the speed-up.
 """
 from __future__ import annotations
 
@@ -43,27 +46,37 @@ def main() -> None:
     parser.set_defaults(model="resnet18")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--kernels", nargs="+", default=[""], metavar="PREFIX",
+                        help="replace only the entries whose names start with one of these (default: all)")
     args = parser.parse_args()
+    chosen = {entry for entry in NUMPY_VERSIONS if entry.startswith(tuple(args.kernels))}
+    if not chosen:
+        parser.error(f"no kernel entry starts with {' or '.join(args.kernels)}: "
+                     f"choose from {', '.join(NUMPY_VERSIONS)}")
     set_blas_threads(args.threads)
-    trainer = make_trainer(args.model, args.dataset, args.batch_size, SerialCommunicator(),
+    trainer = make_trainer(args.model, args.dataset, args.batch_size, SerialCommunicator(), device=args.device,
                            optimizer=args.optimizer)
     batch = trainer.load_step(0, 0)
 
     def variant(name: str, pick: Callable[[str, Callable], Callable]) -> Callable[[], dict[str, float]]:
         return kernel_timed_step(name, trainer, batch,
-                                 lambda entry, kernel: pick(entry, kernel) if entry in NUMPY_VERSIONS else None)
+                                 lambda entry, kernel: pick(entry, kernel) if entry in chosen else None)
 
-    samples = interleave([variant("numba", lambda entry, kernel: kernel),
-                          variant("numpy", lambda entry, kernel: NUMPY_VERSIONS[entry])],
+    on_host = args.device == "cpu"
+    compiled, reference = ("numba", "numpy") if on_host else ("cuda", "cupy")
+    samples = interleave([variant(compiled, lambda entry, kernel: kernel),
+                          variant(reference, lambda entry, kernel: NUMPY_VERSIONS[entry])],
                          rounds=args.steps, warmup=2)
     median = {name: float(np.median(values)) for name, values in samples.items()}
-    print(f"{args.model} on {args.dataset}, batch {args.batch_size}, {args.threads} threads, {args.optimizer} "
-          f"(medians of {args.steps} steps each, interleaved)")
-    for name in ("numpy", "numba"):
-        print(f"{name:6s} kernels: step {median[name] * 1e3:.1f} ms, of which the replaced kernels "
-              f"{median[name + ' kernels'] * 1e3:.1f} ms")
-    print(f"speed-up: step {median['numpy'] / median['numba']:.2f}x, replaced kernels "
-          f"{median['numpy kernels'] / median['numba kernels']:.2f}x")
+    print(f"{args.model} on {args.dataset}, batch {args.batch_size}, {args.device}, {args.threads} threads, "
+          f"{args.optimizer} (medians of {args.steps} steps each, interleaved); {len(chosen)} kernel entries replaced")
+    for name in (reference, compiled):
+        inside = f", of which the replaced kernels {median[name + ' kernels'] * 1e3:.1f} ms" if on_host else ""
+        print(f"{name:6s} kernels: step {median[name] * 1e3:.1f} ms{inside}")
+    inside = (f", replaced kernels {median[reference + ' kernels'] / median[compiled + ' kernels']:.2f}x"
+              if on_host else "")
+    print(f"speed-up: step {median[reference] / median[compiled]:.2f}x{inside}")
 
 
 if __name__ == "__main__":

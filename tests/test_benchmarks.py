@@ -16,6 +16,7 @@ sys.path.insert(0, BENCHMARKS)
 
 from core_speed import longest  # noqa: E402
 from heterogeneous import verdict_of  # noqa: E402
+from host_kernels import NUMPY_VERSIONS  # noqa: E402
 from validation_accuracy import Config, steps_to_trace  # noqa: E402
 
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine  # noqa: E402
@@ -174,7 +175,16 @@ def test_host_kernels_benchmark_times_both_kernel_sets():
                         "--steps", "1", "--threads", "1", "--optimizer", "adam")
     assert re.search(r"numpy  kernels: step [\d.]+ ms, of which the replaced kernels [\d.]+ ms", stdout)
     assert re.search(r"speed-up: step [\d.]+x, replaced kernels [\d.]+x", stdout)
-    assert "1 threads, adam" in stdout
+    assert "cpu, 1 threads, adam" in stdout and f"{len(NUMPY_VERSIONS)} kernel entries replaced" in stdout
+
+
+def test_host_kernels_benchmark_replaces_the_entries_it_is_given():
+    stdout = run_script("host_kernels.py", "--model", "resnet18", "--dataset", "digits", "--batch-size", "4",
+                        "--steps", "1", "--threads", "1", "--kernels", "batchnorm")
+    assert "; 7 kernel entries replaced" in stdout  # the seven batch-norm entries
+    unknown = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "host_kernels.py"), "--kernels", "bn"],
+                             capture_output=True, text=True, timeout=120)
+    assert unknown.returncode == 2 and "no kernel entry starts with bn" in unknown.stderr
 
 
 def test_pool_relu_order_benchmark_times_both_orders():
