@@ -44,8 +44,7 @@ struct Position {
 };
 
 template <typename I>
-__device__ __forceinline__ Position<I> position(I e, I rows, I cols, I c,
-                                             I offset)
+__device__ __forceinline__ Position<I> position(I e, I rows, I cols, I c, I offset)
 {
     Position<I> p;
     p.ch = e % c;
@@ -60,23 +59,21 @@ __device__ __forceinline__ Position<I> position(I e, I rows, I cols, I c,
 /* The flat output pixel (b, oh, ow) of the window that covers input position p at window
    offset (i, j). */
 template <typename I>
-__device__ __forceinline__ I covering_pixel(Position<I> p, I i, I j, I stride,
-                                                    I ho, I wo)
+__device__ __forceinline__ I covering_pixel(Position<I> p, I i, I j, I stride, I ho, I wo)
 {
     return (p.b * ho + (p.row - i) / stride) * wo + (p.col - j) / stride;
 }
 
 /* Loops over the offsets (i, j) of the windows that cover input position p (its row and
    column in the padded frame), in window order: row offset i, then column offset j. */
-#define FOR_EACH_COVERING_OFFSET(p, i, j)                                                   \
+#define FOR_EACH_COVERING_OFFSET(p, i, j)                                          \
     for (I i = first_offset(p.row, stride, ho); i < kh && i <= p.row; i += stride) \
         for (I j = first_offset(p.col, stride, wo); j < kw && j <= p.col; j += stride)
 
 /* The flat index in x (n, h, w, c) of the element at offset (i, j) of output pixel o's
    window, or -1 where that offset falls in the padding. */
 template <typename I>
-__device__ __forceinline__ I window_element(Position<I> o, I i, I j, I h,
-                                                    I w, I c, I stride, I pad)
+__device__ __forceinline__ I window_element(Position<I> o, I i, I j, I h, I w, I c, I stride, I pad)
 {
     I hi = o.row * stride - pad + i, wi = o.col * stride - pad + j;
     return hi >= 0 && hi < h && wi >= 0 && wi < w ? ((o.b * h + hi) * w + wi) * c + o.ch : -1;
@@ -241,8 +238,7 @@ __device__ void batchnorm_normalize(const T* x, I x_stride, const T* mean, const
    first row, the size of the spread rather than of the mean, so the sum of squares does not
    cancel when the mean is taken out (gpu.py does). */
 template <typename T, typename I>
-__device__ void batchnorm_sums(const T* x, I x_stride, double* partial, I rows, I c,
-                               I slots)
+__device__ void batchnorm_sums(const T* x, I x_stride, double* partial, I rows, I c, I slots)
 {
     GRID_STRIDE_LOOP(p, slots * c) {
         I slot = p / c, ch = p % c;
@@ -259,9 +255,9 @@ __device__ void batchnorm_sums(const T* x, I x_stride, double* partial, I rows, 
 
 /* partial[slot] = (sum of g, sum of g * x_hat) per channel, g the (masked) upstream gradient. */
 template <typename T, typename I>
-__device__ void batchnorm_grad_sums(const T* grad, I grad_stride, const T* x, I x_stride,
-                                    const T* mean, const T* inv_std, const T* gamma, const T* beta, double* partial,
-                                    I rows, I c, I slots, I relu)
+__device__ void batchnorm_grad_sums(const T* grad, I grad_stride, const T* x, I x_stride, const T* mean,
+                                    const T* inv_std, const T* gamma, const T* beta, double* partial, I rows, I c,
+                                    I slots, I relu)
 {
     GRID_STRIDE_LOOP(p, slots * c) {
         I slot = p / c, ch = p % c;
@@ -280,11 +276,10 @@ __device__ void batchnorm_grad_sums(const T* grad, I grad_stride, const T* x, I 
 /* out (rows, c) = scale * (g - mean_grad - x_hat * mean_grad_hat), plus addend where
    has_addend (the input's gradient from its other consumers), g masked as above. */
 template <typename T, typename I>
-__device__ void batchnorm_grad_input(const T* grad, I grad_stride, const T* x, I x_stride,
-                                     const T* mean, const T* inv_std, const T* gamma, const T* beta, const T* scale,
-                                     const T* mean_grad, const T* mean_grad_hat, const T* addend,
-                                     I addend_stride, T* out, I rows, I c, I relu,
-                                     I has_addend)
+__device__ void batchnorm_grad_input(const T* grad, I grad_stride, const T* x, I x_stride, const T* mean,
+                                     const T* inv_std, const T* gamma, const T* beta, const T* scale,
+                                     const T* mean_grad, const T* mean_grad_hat, const T* addend, I addend_stride,
+                                     T* out, I rows, I c, I relu, I has_addend)
 {
     GRID_STRIDE_LOOP(e, rows * c) {
         I row = e / c, ch = e % c;
