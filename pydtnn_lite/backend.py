@@ -88,6 +88,13 @@ class Backend:
     def synchronize(self) -> None:
         """Wait until queued device work has finished (a no-op on the CPU)."""
 
+    def total(self, array: Any) -> float:
+        """The sum of ``array``'s elements on the host: NaN or inf where an element is (the
+        divergence check's test of a step's reduced gradients, every step)."""
+        from pydtnn_lite.kernels import cpu  # the kernels build on this module
+
+        return cpu.total(array)
+
     def clock(self) -> HostClock:
         """A clock that timestamps kernels on this backend's device."""
         return HostClock()
@@ -145,6 +152,9 @@ class CupyBackend(Backend):
 
     def synchronize(self) -> None:
         self.xp.cuda.get_current_stream().synchronize()
+
+    def total(self, array: Any) -> float:
+        return float(array.sum())
 
     def clock(self) -> HostClock:
         return DeviceClock(self.xp)

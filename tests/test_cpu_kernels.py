@@ -121,6 +121,28 @@ def test_concat_matches_numpy(parallel_bytes, monkeypatch):
     np.testing.assert_array_equal(cpu.concat(inputs), np.concatenate(inputs, axis=-1))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_host_total_is_numpys_sum_and_lets_nan_and_inf_through(dtype):
+    """The divergence check's sum of a step's gradients: NumPy's sum to rounding, and NaN or
+    inf wherever an element is one, or where the sum overflows."""
+    backend = make_backend("cpu", dtype.__name__)
+    values = np.random.default_rng(5).normal(size=100_002).astype(dtype)
+    rounding = (1e-6 if dtype == np.float32 else 1e-14) * float(np.abs(values).sum())
+    assert backend.total(values) == pytest.approx(float(values.sum()), abs=rounding)
+    columns = values.reshape(-1, 3)[:, :2]  # a strided view
+    assert backend.total(columns) == pytest.approx(float(columns.sum()), abs=rounding)
+    assert backend.total(np.zeros(0, dtype)) == 0.0
+    for bad, expected in ((np.nan, np.isnan), (np.inf, np.isposinf), (-np.inf, np.isneginf)):
+        broken = values.copy()
+        broken[77_777] = bad
+        assert expected(backend.total(broken))
+    both = values.copy()
+    both[[3, 99_999]] = np.inf, -np.inf
+    assert np.isnan(backend.total(both))
+    huge = np.full(4, np.finfo(dtype).max / 2, dtype)
+    assert np.isposinf(backend.total(huge))
+
+
 def test_relu_lets_nan_through_as_numpy_does():
     """A NaN must reach the loss, where the trainer stops before updating a weight."""
     x = np.array([np.nan, -1.0, 2.0], dtype=np.float32)

@@ -367,6 +367,22 @@ def concat(inputs: Sequence[np.ndarray]) -> np.ndarray:
     return out
 
 
+@njit(fastmath={"reassoc"}, cache=True)  # reassociation alone: vectorised, and NaN and inf still propagate
+def _total(flat):  # pragma: no cover (compiled)
+    total = np.zeros(1, flat.dtype)[0]
+    for i in range(flat.size):
+        total += flat[i]
+    return total
+
+
+def total(array: np.ndarray) -> float:
+    """The sum of ``array``'s elements, added in its dtype in an order of the compiler's (NaN or
+    inf where an element is, or where the sum overflows, as ``array.sum()``): one vectorised
+    pass on the calling thread (NumPy's sum of float32 gradients took two to three times as
+    long on the development machine)."""
+    return float(_total(_flat(array)))
+
+
 # --------------------------------------------------------------------- im2col, col2im
 @ParallelLoop
 def _im2col(x, n, h, w, c, kh, kw, stride, padding, ho, wo, cols):  # pragma: no cover (compiled)

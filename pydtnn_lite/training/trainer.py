@@ -191,7 +191,7 @@ class Trainer:
         self.synchronizer.finish()
         # Every rank holds the same reduced gradient; summing each rank's sum spreads a NaN or inf to all.
         total_loss, total_correct, gradient_sum = self.comm.allreduce_host(
-            [loss_sum, correct, float(self.network.flat_grads.sum())])
+            [loss_sum, correct, self.backend.total(self.network.flat_grads)])
         self.divergence.check(self.global_step, total_loss / batch.global_size, gradient_sum)
         if self.settings.clip_grad_norm is not None:
             self.gradient_norm = clip_by_global_norm(self.network.flat_grads, self.settings.clip_grad_norm)
