@@ -80,10 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also sample these zoo networks whole, BATCH images per rank (DATASET: synthetic, "
                              "synthetic-imagenet or digits; default synthetic): their calls are then predicted "
                              "from their own timings, not from the grid's model")
-    parser.add_argument("--fit-later", action="store_true",
+    # What the calibration starts from: a measurement (fitted now, or --fit-later), or a file.
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--fit-later", action="store_true",
                         help="measure and write the samples without fitting the kernel models; the file predicts "
                              "nothing until python -m pydtnn_lite.calibrate --refit FILE fits them (on any machine)")
-    source = parser.add_mutually_exclusive_group()
     source.add_argument("--refit", metavar="FILE", default=None,
                         help="fit the kernel models again from the samples FILE holds; measure nothing")
     source.add_argument("--merge", metavar="FILE", nargs="+", default=None,
@@ -101,9 +102,6 @@ def settings_from(args: argparse.Namespace) -> CalibrationSettings:
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else CalibrationSettings.repeats)
     jobs = tuple(args.models)
     job_probes(jobs)  # refuses an unknown model or data set before anything is measured
-    if args.fit_later and (args.refit or args.merge or args.allreduce_only):
-        raise UserError("--fit-later goes with a calibration that measures kernels, not with --refit, --merge or "
-                        "--allreduce-only")
     if args.quick:
         return CalibrationSettings(tuple(args.batch_sizes), repeats, 0.0, QUICK, QUICK_SIZES, 1, args.seed, False,
                                    jobs, read_ahead_rounds=2, read_ahead_steps=10, kernel_probes=2,

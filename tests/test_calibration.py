@@ -570,7 +570,7 @@ def test_a_calibration_measured_to_be_fitted_later_predicts_only_once_refitted(t
     assert fitted.kernel_samples == unfitted.kernel_samples
     assert subprocess.run(predict, capture_output=True, text=True, timeout=120).returncode == 0
     mixed = calibrate_cli("--refit", str(out), "--fit-later")
-    assert mixed.returncode == 2 and "--fit-later goes with a calibration that measures" in mixed.stderr
+    assert mixed.returncode == 2 and "argument --fit-later: not allowed with argument --refit" in mixed.stderr
 
 
 def test_a_gpu_calibration_times_allreduce_on_its_own_ranks_only():
