@@ -2,6 +2,7 @@
 the verdict the heterogeneous benchmark computes itself)."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -17,6 +18,7 @@ sys.path.insert(0, BENCHMARKS)
 from core_speed import longest  # noqa: E402
 from heterogeneous import verdict_of  # noqa: E402
 from host_kernels import NUMPY_VERSIONS  # noqa: E402
+from probe_tracking import log_fit  # noqa: E402
 from validation_accuracy import Config, steps_to_trace  # noqa: E402
 
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine  # noqa: E402
@@ -55,6 +57,23 @@ def test_a_slow_spell_lasts_from_its_first_slow_instant_to_the_next_fast_one():
     assert longest(instants, [False, True, True, False, True, False]) == 2.0
     assert longest(instants, [False] * 6) == 0.0
     assert longest(instants, [False, False, False, False, True, True]) == 1.0  # until the last instant
+
+
+def test_probe_tracking_fits_the_network_s_logarithm_on_each_probe_s():
+    # The network 4x slower where the probe is 2x slower: slope 2, a perfect correlation.
+    assert log_fit([1.0, 2.0, 4.0], [3.0, 12.0, 48.0]) == pytest.approx((2.0, 1.0))
+    assert log_fit([1.0, 2.0, 4.0], [3.0, 0.75, 0.1875]) == pytest.approx((-2.0, -1.0))  # moving against it
+    slope, correlation = log_fit([1.0, 1.0], [1.0, 2.0])  # a probe that stood still says nothing
+    assert math.isnan(slope) and math.isnan(correlation)
+
+
+def test_probe_tracking_prints_every_round_and_each_probe_s_fit_on_two_ranks():
+    result = run(2, [os.path.join(BENCHMARKS, "probe_tracking.py"), "--model", "mlp", "--batch-size", "4",
+                     "--rounds", "2"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.findall(r"^round (\d):", result.stdout, re.MULTILINE) == ["1", "2"]  # rank 0 alone prints
+    for probe in ("core GEMM", "core copy", "kernel probe", "kernel probe GEMMs"):
+        assert re.search(rf"^{probe} +[\d.]+ +-?[\d.]+ +-?[\d.]+$", result.stdout, re.MULTILINE), result.stdout
 
 
 def test_cold_start_times_every_condition_against_back_to_back():

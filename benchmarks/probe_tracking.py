@@ -1,0 +1,103 @@
+"""Whether the drift probes follow a network's own kernels on this machine, round after round.
+
+    mpiexec -n 2 python benchmarks/probe_tracking.py --model vgg11 --batch-size 32 --rounds 8
+
+The drift correction (docs/performance-model.md, "A machine that moves: drift") scales a
+calibration's kernels by how far the machine-state probes moved since. That holds where
+a network's kernels move as the probes do. Each round, every rank at once runs what a
+traced run and a calibration run: the every-core probe (a one-thread GEMM and a copy on
+every core), the kernel probe's small networks, and the network sampled whole as
+``calibrate --models`` samples it (its kernels' medians over its steps, summed). It
+prints each round's figures as times (a rate's inverse, relative to the first round's),
+then, for each probe, the least-squares slope and the correlation of the logarithm of
+the network's kernel time on the logarithm of the probe's over the rounds. A probe the
+network follows has a slope near 1 and a correlation near 1; where the probes stand
+still while the network moves, no correction can follow it. The baseline is the first
+round after an untimed warm-up round, measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from collections.abc import Sequence
+
+from pydtnn_lite.backend import make_backend
+from pydtnn_lite.comm.mpi import MPICommunicator
+from pydtnn_lite.costs import GEMM
+from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
+from pydtnn_lite.perfmodel.measuring.kernel_probe import probe_kernels
+from pydtnn_lite.perfmodel.measuring.machine_state import probe_cores
+from pydtnn_lite.perfmodel.measuring.probes import job_probes
+from pydtnn_lite.perfmodel.measuring.sampling import measure_probe
+from pydtnn_lite.runtime import set_blas_threads
+from pydtnn_lite.textable import format_table
+
+# Each round's figures, as times (seconds, or a rate's inverse): what a probe says of the machine.
+COLUMNS = ("core GEMM", "core copy", "kernel probe", "kernel probe GEMMs", "network GEMMs", "network kernels")
+PROBES = COLUMNS[:4]
+NETWORK = "network kernels"
+
+
+def log_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """(slope, correlation) of the least-squares line of log(ys) on log(xs); (nan, nan)
+    where xs do not vary."""
+    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
+    mx, my = statistics.fmean(lx), statistics.fmean(ly)
+    sxx = sum((x - mx) ** 2 for x in lx)
+    syy = sum((y - my) ** 2 for y in ly)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(lx, ly, strict=True))
+    if sxx == 0:
+        return math.nan, math.nan
+    return sxy / sxx, (sxy / math.sqrt(sxx * syy) if syy > 0 else math.nan)
+
+
+def one_round(comm: MPICommunicator, model: str, batch: int, dataset: str) -> dict[str, float]:
+    """One round of the probes and the network's sample, as times (collective)."""
+    backend = make_backend("cpu")
+    cores = probe_cores(comm)
+    gemm_pace, copy_pace = cores.pace()
+    probed = probe_kernels(comm)
+    [network] = job_probes([(model, batch, dataset)])
+    sampled = measure_probe(network, backend, comm, 3, CacheEvictor(backend), min_seconds=1.0)
+    return {"core GEMM": 1.0 / gemm_pace, "core copy": 1.0 / copy_pace,
+            "kernel probe": sum(s.seconds for calls in probed.calls.values() for s in calls),
+            "kernel probe GEMMs": sum(s.seconds for s in probed.calls.get(GEMM, [])),
+            "network GEMMs": sum(s.seconds for s in sampled.samples.get(GEMM, [])),
+            NETWORK: sum(s.seconds for calls in sampled.samples.values() for s in calls)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="vgg11", help="zoo network sampled whole")
+    parser.add_argument("--batch-size", type=int, default=32, help="its batch per rank")
+    parser.add_argument("--dataset", default="synthetic", help="its input shapes' data set (a generated one)")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds of the probes and the network")
+    args = parser.parse_args()
+    set_blas_threads(1)  # as a calibration's ranks, one per core
+    comm = MPICommunicator()
+    one_round(comm, args.model, args.batch_size, args.dataset)  # warm-up: first calls, compiled loops, page faults
+    rounds = []
+    for index in range(args.rounds):
+        rounds.append(one_round(comm, args.model, args.batch_size, args.dataset))
+        if comm.rank == 0:
+            first = rounds[0]
+            print(f"round {index + 1}: " + ", ".join(f"{name} x{rounds[-1][name] / first[name]:.3f}"
+                                                     for name in COLUMNS) +
+                  f" (network kernels {1e3 * rounds[-1][NETWORK]:.1f} ms)", flush=True)
+    if comm.rank != 0:
+        return
+    rows = []
+    for probe in PROBES:
+        slope, correlation = log_fit([r[probe] for r in rounds], [r[NETWORK] for r in rounds])
+        spread = max(r[probe] for r in rounds) / min(r[probe] for r in rounds)
+        rows.append([probe, f"{spread:.3f}", f"{slope:.2f}", f"{correlation:.2f}"])
+    network_spread = max(r[NETWORK] for r in rounds) / min(r[NETWORK] for r in rounds)
+    print()
+    print(f"{args.model} b{args.batch_size} on {comm.size} rank(s), {args.rounds} rounds: its kernels moved "
+          f"x{network_spread:.3f} (slowest round over fastest)")
+    print(format_table(["probe", "moved (slowest / fastest)", "slope of the network on it", "correlation"], rows))
+
+
+if __name__ == "__main__":
+    main()
