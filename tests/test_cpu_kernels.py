@@ -8,6 +8,7 @@ import pytest
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.kernels import conv, cpu, elementwise, normalization, pooling, update, winograd, winograd_cpu
+from pydtnn_lite.kernels.layout import row_stride
 from pydtnn_lite.layers import Dense
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Adam
@@ -333,3 +334,11 @@ def test_in_place_calls_the_serial_loops_meanwhile_and_gives_the_threads_back():
         np.testing.assert_array_equal(cpu.relu(x), np.maximum(x, 0))
         raise RuntimeError("a failing forward pass")
     assert numba.get_num_threads() == before
+
+
+def test_the_kernels_read_a_channel_slice_in_place_by_its_row_stride_and_copy_other_layouts():
+    wide = np.zeros((6, 10), dtype=np.float32)
+    assert row_stride(wide) == 10 and row_stride(wide[:, 3:7]) == 10  # a concatenation's part, in place
+    assert row_stride(wide[::2]) == 20  # rows evenly apart, further
+    assert row_stride(wide[:, ::2]) is None  # channels apart: a copy
+    assert row_stride(wide.T) is None and row_stride(wide[:1]) is None  # transposed; a single row

@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit, prange, uint64
 
 from pydtnn_lite.kernels import conv, elementwise, update
+from pydtnn_lite.kernels.layout import row_stride
 
 if "NUMBA_THREADING_LAYER" not in os.environ:
     # Numba's own pool: its idle threads sleep, where OpenMP's spin and take the cores from
@@ -135,13 +136,11 @@ def _span(matrix: np.ndarray) -> tuple[np.ndarray, int]:
     """A (rows, C) matrix whose rows are evenly spaced and each contiguous, as the flat run
     of memory from its first element to its last and the distance between its rows; a
     contiguous copy where its rows are not so laid out."""
-    item = matrix.itemsize
-    if matrix.shape[0] > 1 and matrix.strides[1] == item and matrix.strides[0] % item == 0 \
-            and matrix.strides[0] >= matrix.shape[1] * item:
-        stride = matrix.strides[0] // item
-        length = (matrix.shape[0] - 1) * stride + matrix.shape[1]
-        return np.lib.stride_tricks.as_strided(matrix, (length,), (item,)), stride
-    return np.ascontiguousarray(matrix).reshape(-1), matrix.shape[1]
+    stride = row_stride(matrix)
+    if stride is None:
+        return np.ascontiguousarray(matrix).reshape(-1), matrix.shape[1]
+    length = (matrix.shape[0] - 1) * stride + matrix.shape[1]
+    return np.lib.stride_tricks.as_strided(matrix, (length,), (matrix.itemsize,)), stride
 
 
 def batchnorm_sums(x: np.ndarray) -> np.ndarray:

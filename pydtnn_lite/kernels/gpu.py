@@ -31,6 +31,7 @@ import numpy as np
 
 from pydtnn_lite.kernels import conv, pooling
 from pydtnn_lite.kernels.conv import output_size
+from pydtnn_lite.kernels.layout import row_stride
 
 _THREADS = 256  # per block: a multiple of the warp size, ample for these memory-bound loops
 _MAX_BLOCKS = 65535  # more threads than any GPU keeps resident; the grid-stride loops do the rest
@@ -175,11 +176,10 @@ def _matrix(array: Any) -> tuple[Any, int]:
     concatenation's part), a contiguous copy where the rows are not so laid out."""
     import cupy
     matrix = array.reshape(-1, array.shape[-1])
-    item = matrix.itemsize
-    rows, channels = matrix.shape
-    if rows > 1 and (matrix.strides[1] != item or matrix.strides[0] % item or matrix.strides[0] < channels * item):
-        matrix = cupy.ascontiguousarray(matrix)
-    return matrix, matrix.strides[0] // item if rows > 1 else channels
+    stride = row_stride(matrix)
+    if stride is None:
+        return cupy.ascontiguousarray(matrix), matrix.shape[1]
+    return matrix, stride
 
 
 def _per_channel(dtype: Any, *vectors: Any) -> tuple:
