@@ -12,8 +12,14 @@ prints each round's figures as times (a rate's inverse, relative to the first ro
 then, for each probe, the least-squares slope and the correlation of the logarithm of
 the network's kernel time on the logarithm of the probe's over the rounds. A probe the
 network follows has a slope near 1 and a correlation near 1; where the probes stand
-still while the network moves, no correction can follow it. The baseline is the first
-round after an untimed warm-up round, measured in the same run.
+still while the network moves, no correction can follow it. Two more figures separate
+the instant from the trend: the correlation of the two over means of ``--window``
+consecutive rounds (a machine's slow spells last minutes; a probe may follow them and
+still miss the network's moves from one second to the next), and what correcting by the
+probe leaves: the spread of log(network / probe) over the network's own spread (below
+1, dividing the network's time by the probe's steadies it; above 1, the correction adds
+the probe's noise). The baseline is the first round after an untimed warm-up round,
+measured in the same run.
 """
 from __future__ import annotations
 
@@ -52,6 +58,21 @@ def log_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return sxy / sxx, (sxy / math.sqrt(sxx * syy) if syy > 0 else math.nan)
 
 
+def window_means(values: Sequence[float], window: int) -> list[float]:
+    """The geometric means of every ``window`` consecutive ``values`` (a moving window)."""
+    logs = [math.log(value) for value in values]
+    return [math.exp(statistics.fmean(logs[start:start + window])) for start in range(len(logs) - window + 1)]
+
+
+def spread_left(probe: Sequence[float], network: Sequence[float]) -> float:
+    """The standard deviation of log(network / probe) over that of log(network): what is
+    left of the network's spread once each round is corrected by the probe's move (nan
+    where the network did not move)."""
+    own = statistics.pstdev([math.log(y) for y in network])
+    corrected = statistics.pstdev([math.log(y / x) for x, y in zip(probe, network, strict=True)])
+    return corrected / own if own > 0 else math.nan
+
+
 def one_round(comm: MPICommunicator, model: str, batch: int, dataset: str) -> dict[str, float]:
     """One round of the probes and the network's sample, as times (collective)."""
     backend = make_backend("cpu")
@@ -73,7 +94,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="its batch per rank")
     parser.add_argument("--dataset", default="synthetic", help="its input shapes' data set (a generated one)")
     parser.add_argument("--rounds", type=int, default=8, help="rounds of the probes and the network")
+    parser.add_argument("--window", type=int, default=5,
+                        help="rounds per mean for the trend's correlation (at most --rounds)")
     args = parser.parse_args()
+    if args.rounds < 2 or not 1 <= args.window <= args.rounds:
+        parser.error(f"--rounds {args.rounds} --window {args.window}: take 2 rounds or more and a window of 1 "
+                     "to --rounds rounds")
     set_blas_threads(1)  # as a calibration's ranks, one per core
     comm = MPICommunicator()
     one_round(comm, args.model, args.batch_size, args.dataset)  # warm-up: first calls, compiled loops, page faults
@@ -88,15 +114,19 @@ def main() -> None:
     if comm.rank != 0:
         return
     rows = []
+    network = [r[NETWORK] for r in rounds]
     for probe in PROBES:
-        slope, correlation = log_fit([r[probe] for r in rounds], [r[NETWORK] for r in rounds])
-        spread = max(r[probe] for r in rounds) / min(r[probe] for r in rounds)
-        rows.append([probe, f"{spread:.3f}", f"{slope:.2f}", f"{correlation:.2f}"])
-    network_spread = max(r[NETWORK] for r in rounds) / min(r[NETWORK] for r in rounds)
+        times = [r[probe] for r in rounds]
+        slope, correlation = log_fit(times, network)
+        _, trend = log_fit(window_means(times, args.window), window_means(network, args.window))
+        rows.append([probe, f"{max(times) / min(times):.3f}", f"{slope:.2f}", f"{correlation:.2f}",
+                     f"{trend:.2f}", f"{spread_left(times, network):.2f}"])
+    network_spread = max(network) / min(network)
     print()
     print(f"{args.model} b{args.batch_size} on {comm.size} rank(s), {args.rounds} rounds: its kernels moved "
           f"x{network_spread:.3f} (slowest round over fastest)")
-    print(format_table(["probe", "moved (slowest / fastest)", "slope of the network on it", "correlation"], rows))
+    print(format_table(["probe", "moved (slowest / fastest)", "slope of the network on it", "correlation",
+                        f"correlation over {args.window}-round means", "spread left corrected by it"], rows))
 
 
 if __name__ == "__main__":

@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also sample these zoo networks whole, BATCH images per rank (DATASET: synthetic, "
                              "synthetic-imagenet or digits; default synthetic): their calls are then predicted "
                              "from their own timings, not from the grid's model")
+    parser.add_argument("--model-rounds", type=flags.COUNT, default=None,
+                        help="rounds of the --models networks, spread along the kernel sampling: a machine that "
+                             "moves from one minute to the next is sampled at several (default "
+                             f"{CalibrationSettings.job_rounds}; 1 with --quick)")
     # What the calibration starts from: a measurement (fitted now, or --fit-later), or a file.
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--fit-later", action="store_true",
@@ -105,11 +109,12 @@ def settings_from(args: argparse.Namespace) -> CalibrationSettings:
     if args.quick:
         return CalibrationSettings(tuple(args.batch_sizes), repeats, 0.0, QUICK, QUICK_SIZES, 1, args.seed, False,
                                    jobs, read_ahead_rounds=2, read_ahead_steps=10, kernel_probes=2,
-                                   fit=not args.fit_later)
+                                   job_rounds=args.model_rounds or 1, fit=not args.fit_later)
     # GPU ranks do not share cores: their job's Allreduce is the one to time (on a 16-core GPU
     # machine the child jobs of 2 to 64 ranks outlasted four minutes of its time).
     return CalibrationSettings(batch_sizes=tuple(args.batch_sizes), repeats=repeats, seed=args.seed,
                                beyond_job=not args.no_oversubscribed and args.device == "cpu", jobs=jobs,
+                               job_rounds=args.model_rounds or CalibrationSettings.job_rounds,
                                fit=not args.fit_later)
 
 

@@ -18,7 +18,7 @@ sys.path.insert(0, BENCHMARKS)
 from core_speed import longest  # noqa: E402
 from heterogeneous import verdict_of  # noqa: E402
 from host_kernels import NUMPY_VERSIONS  # noqa: E402
-from probe_tracking import log_fit  # noqa: E402
+from probe_tracking import log_fit, spread_left, window_means  # noqa: E402
 from validation_accuracy import Config, steps_to_trace  # noqa: E402
 
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine  # noqa: E402
@@ -67,13 +67,25 @@ def test_probe_tracking_fits_the_network_s_logarithm_on_each_probe_s():
     assert math.isnan(slope) and math.isnan(correlation)
 
 
+def test_probe_tracking_means_windows_and_measures_what_a_correction_leaves():
+    assert window_means([1.0, 4.0, 16.0, 4.0], 2) == pytest.approx([2.0, 8.0, 8.0])  # geometric means
+    assert window_means([3.0, 5.0], 1) == pytest.approx([3.0, 5.0])
+    # A probe that moved as the network did takes all of its spread away, ...
+    assert spread_left([1.0, 2.0, 4.0], [3.0, 6.0, 12.0]) == pytest.approx(0.0)
+    # ... one that stood still leaves it whole, one that moved against it doubles it.
+    assert spread_left([5.0, 5.0, 5.0], [3.0, 6.0, 12.0]) == pytest.approx(1.0)
+    assert spread_left([4.0, 2.0, 1.0], [3.0, 6.0, 12.0]) == pytest.approx(2.0)
+    assert math.isnan(spread_left([1.0, 2.0], [3.0, 3.0]))  # a network that did not move
+
+
 def test_probe_tracking_prints_every_round_and_each_probe_s_fit_on_two_ranks():
     result = run(2, [os.path.join(BENCHMARKS, "probe_tracking.py"), "--model", "mlp", "--batch-size", "4",
-                     "--rounds", "2"])
+                     "--rounds", "2", "--window", "1"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.findall(r"^round (\d):", result.stdout, re.MULTILINE) == ["1", "2"]  # rank 0 alone prints
+    figure = r"(-?[\d.]+|nan)"  # two rounds: a correlation is +-1 or, where either stood still, nan
     for probe in ("core GEMM", "core copy", "kernel probe", "kernel probe GEMMs"):
-        assert re.search(rf"^{probe} +[\d.]+ +-?[\d.]+ +-?[\d.]+$", result.stdout, re.MULTILINE), result.stdout
+        assert re.search(rf"^{probe} +[\d.]+( +{figure}){{4}}$", result.stdout, re.MULTILINE), result.stdout
 
 
 def test_cold_start_times_every_condition_against_back_to_back():

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -18,7 +19,7 @@ from pydtnn_lite.errors import UserError
 from pydtnn_lite.models import create_model
 from pydtnn_lite.optim import SGD, Adam
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
-from pydtnn_lite.perfmodel.measuring.calibrate import CalibrationSettings, calibrate
+from pydtnn_lite.perfmodel.measuring.calibrate import CalibrationSettings, calibrate, in_rounds
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
 from pydtnn_lite.perfmodel.measuring.machine_state import ALLREDUCE_BYTES
 from pydtnn_lite.perfmodel.measuring.probes import QUICK, Probe, calibration_grid
@@ -477,12 +478,23 @@ def test_whole_networks_are_not_sampled_by_ranks_that_share_cores(tmp_path):
     assert not out.exists()
 
 
+def test_networks_sampled_whole_come_in_rounds_spread_along_the_grid():
+    grid = [Probe("dense", 4, (64, units, 10)) for units in (64, 256, 512, 1024, 2048)]
+    jobs = [Probe("model", 4, ("mlp", "synthetic")), Probe("model", 8, ("lenet", "digits"))]
+    assert in_rounds(grid, jobs, 1) == grid + jobs  # one round: after the grid, as a calibration always did
+    assert in_rounds(grid, jobs, 2) == grid[:2] + jobs + grid[2:] + jobs
+    assert in_rounds(grid, jobs, 3) == grid[:1] + jobs + grid[1:3] + jobs + grid[3:] + jobs
+    assert in_rounds(grid, [], 3) == grid
+
+
 def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path):
     out = tmp_path / "quick.json"
     result = run(2, ["-m", "pydtnn_lite.calibrate", "--quick", "--batch-sizes", "4", "8", "--models", "mlp:4",
-                     "--out", str(out)])
+                     "--model-rounds", "2", "--out", str(out)])
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("wrote") == 1  # rank 0 alone writes and reports
+    # The network sampled whole in two rounds, and how far apart they fell.
+    assert re.search(r"^networks sampled whole, in 2 rounds .*: mlp:4 x\d+\.\d\d$", result.stdout, re.MULTILINE)
     calibration = Calibration.load(str(out))
     assert calibration.allreduce_ranks == 2 and calibration.machine["ranks"] == 2
     # A rank per core (on this 2-core machine): one rank's two threads timed against the two ranks.
@@ -501,7 +513,9 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert [(p, n) for p, n, _ in calibration.allreduce_samples] == [(2, float(n)) for n in QUICK_SIZES]
     assert all(seconds > 0 for _, _, seconds in calibration.allreduce_samples)
     # One (work, wait) sample per probe, the waits at the ranks' barrier fitted as a power law.
-    assert len(calibration.sync_samples) == len(calibration_grid((4, 8), QUICK)) + 1  # and the MLP's
+    assert len(calibration.sync_samples) == len(calibration_grid((4, 8), QUICK)) + 2  # and the MLP's two rounds
+    # The time outside the kernels likewise, but the MLP's rounds as one sample, the last (their median).
+    assert len(calibration.overhead_samples) == len(calibration_grid((4, 8), QUICK)) + 1
     # The job's network sampled whole: each of its calls predicted as measured (the median of
     # its samples where its layers repeat sizes); but its updates by the model fitted on the
     # grid's, and the first, which follows the step's other work, with the time such calls
@@ -518,6 +532,7 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
         elif cost.kernel != ALLREDUCE:
             sampled = [s.seconds for s in calibration.kernel_samples[cost.kernel]
                        if tuple(s.dims) == tuple(cost.dims) and s.bytes == cost.bytes]
+            assert len(sampled) >= 2, cost  # one from each round, at least
             assert calibration.kernel_seconds(cost.kernel, cost) == pytest.approx(np.median(sampled)), cost
     assert sum(map(len, calibration.cold_start_samples.values())) == len(calibration.sync_samples)  # one a probe
     assert all(work > 0 and wait >= 0 for work, wait in calibration.sync_samples)

@@ -44,7 +44,7 @@ from pydtnn_lite.perfmodel.measuring.machine_state import (
     probe_cores,
 )
 from pydtnn_lite.perfmodel.measuring.network_timing import network_timings
-from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, calibration_grid, job_probes
+from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, Probe, calibration_grid, job_probes
 from pydtnn_lite.perfmodel.measuring.process_counts import samples_beyond
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe, median_over_ranks, rounded
 from pydtnn_lite.perfmodel.measuring.thread_scaling import measure_gemm_shapes, measure_thread_scaling
@@ -115,6 +115,7 @@ class CalibrationSettings:
     read_ahead_rounds: int = READ_AHEAD_ROUNDS  # rounds of training the probe model reading in the step and ahead
     read_ahead_steps: int = READ_AHEAD_STEPS  # ... of this many steps each way
     kernel_probes: int = 4  # runs of the kernel probe along the kernel phase, the first as it starts, the last after
+    job_rounds: int = 3  # rounds of the ``jobs``' networks, spread along the kernel phase (see :func:`in_rounds`)
     fit: bool = True  # fit the kernel models here; else write the samples for ``calibrate --refit`` elsewhere
 
 
@@ -144,12 +145,14 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                           f"{1e3 * (scaling.handoff or 0.0):.3f} ms" if scaling else
                "skipped: the ranks do not run one per core on one thread each")
 
-    grid = calibration_grid(settings.batch_sizes, settings.grid, settings.seed) + job_probes(settings.jobs)
+    jobs = job_probes(settings.jobs)
+    grid = in_rounds(calibration_grid(settings.batch_sizes, settings.grid, settings.seed), jobs, settings.job_rounds)
     evict = CacheEvictor(backend)
     mine: dict[str, list[KernelSample]] = {}
     my_cold_starts: dict[str, list[KernelSample]] = {}
     my_waits: list[list[tuple[float, float]]] = []
     my_overheads: list[tuple[float, float]] = []
+    my_job_seconds: dict[Probe, list[float]] = {job: [] for job in jobs}  # each round's kernel time a step
     # A run's kernel probe is set against the calibration's own runs of it, spread over the
     # phase as the machine-state instants are.
     probe_at = {index * len(grid) // (settings.kernel_probes - 1) for index in range(settings.kernel_probes - 1)}
@@ -168,6 +171,8 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
             my_cold_starts.setdefault(name, []).extend(probe_samples)
         my_waits.append(measured.waits)
         my_overheads.append(measured.overhead)
+        if probe in my_job_seconds:
+            my_job_seconds[probe].append(sum(s.seconds for calls in measured.samples.values() for s in calls))
     if settings.kernel_probes > 0:
         kernel_probes.append(probe_kernels(comm, on_host=on_host))
     instants.append(probe_cores(comm))
@@ -175,10 +180,13 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     cold_starts = median_over_ranks(comm.allgather_object(my_cold_starts))
     sync_samples = _mean_waits(comm.allgather_object(my_waits))
     sync_wait = fit_sync_wait(sync_samples, comm.size)
-    overhead_samples = [(calls[0][0], rounded(float(np.median([seconds for _, seconds in calls]))))
-                        for calls in zip(*comm.allgather_object(my_overheads), strict=True)]
+    overheads = [(calls[0][0], rounded(float(np.median([seconds for _, seconds in calls]))))
+                 for calls in zip(*comm.allgather_object(my_overheads), strict=True)]
+    overhead_samples = _jobs_last(grid, jobs, overheads)
     phase_done("kernels", f"{len(grid)} probe networks, {sum(map(len, samples.values()))} samples of "
                           f"{len(samples)} kernels")
+    if settings.job_rounds > 1 and jobs:
+        log(_rounds_apart(jobs, comm.allgather_object(my_job_seconds), settings.job_rounds))
     if scaling is not None:
         shapes = measure_gemm_shapes(comm, [s.dims for s in samples.get(GEMM, [])], scaling.threads, blas_threads)
         scaling = dataclasses.replace(scaling, gemm_shapes=shapes)
@@ -231,6 +239,42 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                        machine_state=state, network=network, cold_start_samples=cold_starts,
                        kernel_probes=[work for work in kernel_probes if work.calls], thread_scaling=scaling,
                        kernel_revisions=dict(KERNEL_REVISIONS))
+
+
+def in_rounds(grid: Sequence[Probe], jobs: Sequence[Probe], rounds: int) -> list[Probe]:
+    """``grid`` with ``rounds`` runs of every job in it, one after each of ``rounds`` equal
+    parts of the grid (the last at its end). A job's calls are predicted from the median
+    of their samples, and one round of a job is a draw of one minute from a machine that
+    moves: VGG11 b32's kernels took 195-330 ms a step from one round of 10 s to the next
+    on the 2-core Xeon of 2026-11-28 (``benchmarks/probe_tracking.py``)."""
+    out: list[Probe] = []
+    for part in range(rounds):
+        out += grid[part * len(grid) // rounds:(part + 1) * len(grid) // rounds]
+        out += jobs
+    return out
+
+
+def _jobs_last(probes: Sequence[Probe], jobs: Sequence[Probe],
+               overheads: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (calls, seconds outside the kernels) of each of ``probes``, the grid's in order
+    and then one for each of ``jobs``, the median of its rounds: a calibration file keeps
+    its jobs' last, in the order of its ``jobs`` setting (``Calibration.overhead_seconds``)."""
+    grid = [overhead for probe, overhead in zip(probes, overheads, strict=True) if probe.family != "model"]
+    rounds = [[overhead for probe, overhead in zip(probes, overheads, strict=True) if probe == job] for job in jobs]
+    return grid + [(runs[0][0], float(np.median([seconds for _, seconds in runs]))) for runs in rounds]
+
+
+def _rounds_apart(jobs: Sequence[Probe], per_rank: list[dict[Probe, list[float]]], rounds: int) -> str:
+    """A line on how far each job's rounds fell apart: its slowest round's kernel time a
+    step (the ranks' mean) over its fastest."""
+    apart = []
+    for job in jobs:
+        seconds = np.mean([rank[job] for rank in per_rank], axis=0)
+        model, dataset = job.shape
+        apart.append(f"{model}:{job.batch}" + ("" if dataset == "synthetic" else f":{dataset}") +
+                     f" x{seconds.max() / seconds.min():.2f}")
+    return (f"networks sampled whole, in {rounds} rounds along the kernel phase (their slowest round's kernels "
+            f"over the fastest's; each call takes the median of its rounds): {', '.join(apart)}")
 
 
 def _levels(network: NetworkTimings | None) -> str:

@@ -174,8 +174,8 @@ class Calibration:
 
     def _outside_of_jobs(self) -> dict[tuple[str, object], list[tuple[int, float]]]:
         """(batch per rank, seconds outside the kernels) by (network, data set's shapes) of the
-        networks sampled whole: ``calibrate`` probes them after the grid, in the order of
-        ``settings["jobs"]``, so theirs are the last of ``overhead_samples``."""
+        networks sampled whole: ``calibrate`` keeps theirs last in ``overhead_samples``, one
+        each (the median of its rounds), in the order of ``settings["jobs"]``."""
         jobs = self.settings.get("jobs", [])
         if not jobs or len(self.overhead_samples) < len(jobs):
             return {}
