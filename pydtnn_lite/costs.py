@@ -78,6 +78,9 @@ FUSED_KERNELS: dict[str, tuple[str, ...]] = {
     "batchnorm_relu_normalize": ("batchnorm_normalize", "relu"),
     "batchnorm_relu_grad_sums": ("relu_grad", "batchnorm_grad_sums"),
     "batchnorm_relu_grad_input": ("batchnorm_grad_input",),
+    # The sums of an output's gradients from its consumers (one add fewer than terms) and
+    # the ReLU gradient of the total.
+    "relu_grad_sum": ("add", "relu_grad"),
 }
 
 
@@ -106,8 +109,9 @@ KERNEL_REVISIONS: dict[str, int] = {
 
 def fused_cost(kernel: str, flops: float, nbytes: float, dims: tuple, replaces: list[KernelCost]) -> KernelCost:
     """The cost of a call of the fused ``kernel`` (a key of :data:`FUSED_KERNELS`) in the stage
-    of the calls it ``replaces``, which must be those its entry names."""
-    assert tuple(part.kernel for part in replaces) == FUSED_KERNELS[kernel], (kernel, replaces)
+    of the calls it ``replaces``, which must be calls of the kernels its entry names, in that
+    order (a kernel's calls together, as many as the fused call replaces)."""
+    assert tuple(dict.fromkeys(part.kernel for part in replaces)) == FUSED_KERNELS[kernel], (kernel, replaces)
     return KernelCost(replaces[0].stage, kernel, flops, nbytes, dims, tuple(replaces))
 
 

@@ -97,10 +97,13 @@ class Network:
             needs_grad.append(bool(layer.params) or layer.needs_input_grad)
         link_statistics(self.layers, self.inputs)
         for layer in self.layers:
-            layer.adds_input_grad = False
-        for index, _ in self._gradient_sums():
-            layer = self.layers[index]
-            layer.adds_input_grad = layer.sums_input_grads and len(self.inputs[index]) == 1
+            layer.adds_input_grad, layer.output_grad_terms = False, 1
+        for index, source in self._gradient_sums():
+            if self.layers[source].sums_output_grads:
+                self.layers[source].output_grad_terms += 1
+            else:
+                layer = self.layers[index]
+                layer.adds_input_grad = layer.sums_input_grads and len(self.inputs[index]) == 1
         if self.layers[-1].output_shape != (self.num_classes,):
             raise ValueError(f"{self.name}: the last layer gives {self.layers[-1].output_shape}, "
                              f"expected ({self.num_classes},) logits")
@@ -143,14 +146,19 @@ class Network:
         """Back-propagate ``grad_logits``, filling every gradient; ``on_layer_done(i)`` follows
         layer i's backward (the communicator starts reducing its gradients there)."""
         pending: dict[int, Any] = {len(self.layers) - 1: grad_logits}
+        more: dict[int, list] = {}  # further gradients of an output, for a layer that sums them itself
         for index in range(len(self.layers) - 1, -1, -1):
             layer = self.layers[index]
             grad_out = pending.pop(index, None)
             if grad_out is None:  # nothing downstream of the images needs this layer's gradient
                 continue
             with self.scope(index, Stage.BP):
-                grad_in = (layer.backward_summing(grad_out, pending.pop(self.inputs[index][0]))
-                           if layer.adds_input_grad else layer.backward(grad_out))
+                if index in more:
+                    grad_in = layer.backward_of_sum([grad_out, *more.pop(index)])
+                elif layer.adds_input_grad:
+                    grad_in = layer.backward_summing(grad_out, pending.pop(self.inputs[index][0]))
+                else:
+                    grad_in = layer.backward(grad_out)
             if on_layer_done is not None:
                 on_layer_done(index)
             if not layer.needs_input_grad:
@@ -158,6 +166,9 @@ class Network:
             grads = grad_in if isinstance(grad_in, list) else [grad_in]
             for source, grad in zip(self.inputs[index], grads, strict=True):
                 if source == self.INPUT:
+                    continue
+                if source in pending and self.layers[source].sums_output_grads:
+                    more.setdefault(source, []).append(grad)  # its backward adds them up
                     continue
                 if source in pending:  # a shortcut: sum the gradients of every consumer
                     with self.scope(source, Stage.BP):
@@ -258,10 +269,11 @@ class Network:
 
     def _accumulation_costs(self, batch: int) -> list[tuple[int, KernelCost]]:
         """The ``add`` kernels that backward runs where gradients from several consumers meet
-        (a consumer that :attr:`~pydtnn_lite.layers.base.Layer.adds_input_grad` adds them itself)."""
+        (a consumer that :attr:`~pydtnn_lite.layers.base.Layer.adds_input_grad` adds them
+        itself, and so does a source that :attr:`~pydtnn_lite.layers.base.Layer.sums_output_grads`)."""
         out = []
         for index, source in self._gradient_sums():
-            if not self.layers[index].adds_input_grad:
+            if not self.layers[index].adds_input_grad and not self.layers[source].sums_output_grads:
                 n = self.layers[source].elements(batch)
                 out.append((source, KernelCost(Stage.BP, "add", n, 3 * n * self.layers[source].itemsize, (n,))))
         return out

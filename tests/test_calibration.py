@@ -141,8 +141,8 @@ def test_grid_respects_its_limits_and_samples_both_optimizers_and_every_convolut
     grid = calibration_grid((8, 16), QUICK, seed=0)
     drawn = Counter(p.family for p in grid)
     # The draw, and for conv the cheapest probe of each form the draw missed.
-    assert {family: drawn[family] for family in ("dense", "pool", "merge")} == {
-        family: QUICK.points[family] for family in ("dense", "pool", "merge")}
+    assert {family: drawn[family] for family in ("dense", "pool", "merge", "residual")} == {
+        family: QUICK.points[family] for family in ("dense", "pool", "merge", "residual")}
     assert QUICK.points["conv"] <= drawn["conv"] <= QUICK.points["conv"] + 2
 
     def form(probe):
@@ -159,8 +159,8 @@ def test_grid_respects_its_limits_and_samples_both_optimizers_and_every_convolut
 
 @pytest.mark.parametrize("probe", [Probe("conv", 4, (8, 3, 4, 3, 2, 1)), Probe("dense", 4, (16, 8, 10), "adam"),
                                    Probe("pool", 4, (8, 4, 3, 2, 1)), Probe("merge", 4, (4, 4)),
-                                   Probe("model", 4, ("lenet", "digits"))],
-                         ids=["conv", "dense", "pool", "merge", "a job's network"])
+                                   Probe("residual", 4, (4, 4)), Probe("model", 4, ("lenet", "digits"))],
+                         ids=["conv", "dense", "pool", "merge", "residual", "a job's network"])
 def test_every_kernel_call_of_a_probe_step_becomes_one_sample(probe):
     backend = make_backend()
     evictions = []
@@ -495,6 +495,7 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert result.stdout.count("wrote") == 1  # rank 0 alone writes and reports
     # The network sampled whole in two rounds, and how far apart they fell.
     assert re.search(r"^networks sampled whole, in 2 rounds .*: mlp:4 x\d+\.\d\d$", result.stdout, re.MULTILINE)
+    assert "relu_grad_sum" in Calibration.load(str(out)).kernel_samples  # the grid's residual probes
     calibration = Calibration.load(str(out))
     assert calibration.allreduce_ranks == 2 and calibration.machine["ranks"] == 2
     # A rank per core (on this 2-core machine): one rank's two threads timed against the two ranks.

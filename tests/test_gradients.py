@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pydtnn_lite.costs import Stage
 from pydtnn_lite.layers import (
     Add,
     AvgPool2D,
@@ -22,6 +23,7 @@ from pydtnn_lite.layers import (
 )
 from pydtnn_lite.layers import conv as conv_module
 from pydtnn_lite.models import create_model
+from pydtnn_lite.network import Network
 
 from helpers import (
     FLOAT64,
@@ -163,6 +165,26 @@ def test_residual_and_dense_connectivity():
     x = np.random.default_rng(2).normal(size=(3, 5, 5, 2))
     labels = np.array([2, 0, 1])
     assert network_gradient_error(net, x, labels) <= TOLERANCE
+
+
+def test_a_relu_whose_output_feeds_several_layers_sums_their_gradients_in_its_backward():
+    """ResNet's block outputs: a ReLU feeding a convolution and the block's Add (two
+    gradients), and one feeding a Concat as well (three)."""
+    net = Network("residual", (5, 5, 2), 3)
+    stem = net.add(Conv2D(3, 3, padding=1))
+    first = net.add(ReLU(), stem)
+    total = net.add(Add(), net.add(Conv2D(3, 3, padding=1), first), first)
+    second = net.add(ReLU(), total)
+    joined = net.add(Concat(), net.add(Add(), net.add(Conv2D(3, 3, padding=1), second), second), first)
+    net.add(GlobalAvgPool2D(), joined)
+    net.add(Flatten())
+    net.add(Dense(3))
+    net.build(FLOAT64, seed=4)
+    assert [net.layers[index].output_grad_terms for index in (first, second)] == [3, 2]
+    backward = [cost.kernel for _, cost in net.costs(2) if cost.stage == Stage.BP]
+    assert backward.count("relu_grad_sum") == 2 and "add" not in backward and "relu_grad" not in backward
+    x = np.random.default_rng(5).normal(size=(3, 5, 5, 2))
+    assert network_gradient_error(net, x, np.array([2, 0, 1])) <= TOLERANCE
 
 
 def test_mean_squared_error():

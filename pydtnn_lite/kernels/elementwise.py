@@ -19,6 +19,12 @@ def relu_grad(grad_out: Any, out: Any) -> Any:
     return grad_out * (out > 0)
 
 
+def relu_grad_sum(grad_outs: Sequence[Any], out: Any) -> Any:
+    """:func:`relu_grad` of the sum of ``grad_outs`` (two or more): the gradients of an
+    output that feeds several layers (a residual block's)."""
+    return relu_grad(add(grad_outs), out)
+
+
 def dropout_mask(x: Any, key: Sequence[int], global_batch: int, offset: int, rate: float) -> Any:
     """Inverted-dropout mask for ``x``, rows ``offset...`` of a global batch: 0 with
     probability ``rate``, else 1/(1-rate).

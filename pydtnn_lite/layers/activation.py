@@ -4,14 +4,17 @@ from __future__ import annotations
 from typing import Any
 
 from pydtnn_lite import kernels
-from pydtnn_lite.costs import KernelCost, Stage
+from pydtnn_lite.costs import KernelCost, Stage, fused_cost
 from pydtnn_lite.layers.base import Layer, StepContext
 
 
 class ReLU(Layer):
-    """``max(x, 0)``; backward masks the gradient with the sign of the output."""
+    """``max(x, 0)``; backward masks the gradient with the sign of the output. Where the
+    output feeds several layers (a residual block's), backward masks the sum of their
+    gradients as it adds them up: one pass over memory fewer."""
 
     kind = "relu"
+    sums_output_grads = True
 
     def forward(self, x: Any, ctx: StepContext) -> Any:
         self.out = kernels.relu(x)
@@ -22,8 +25,18 @@ class ReLU(Layer):
         self.out = None
         return grad_in
 
+    def backward_of_sum(self, grad_outs: list) -> Any:
+        grad_in = kernels.relu_grad_sum(grad_outs, self.out)
+        self.out = None
+        return grad_in
+
     def costs(self, batch: int) -> list[KernelCost]:
-        return relu_costs(self.elements(batch), self.itemsize)
+        n, s, terms = self.elements(batch), self.itemsize, self.output_grad_terms
+        forward, backward = relu_costs(n, s)
+        if terms == 1:
+            return [forward, backward]
+        sums = [KernelCost(Stage.BP, "add", n, 3 * n * s, (n,))] * (terms - 1)  # the network's, unfused
+        return [forward, fused_cost("relu_grad_sum", terms * n, (terms + 2) * n * s, (n, terms), sums + [backward])]
 
 
 def relu_costs(n: int, itemsize: int) -> list[KernelCost]:

@@ -75,6 +75,9 @@ class Layer:
     # Whether the layer has :meth:`backward_summing`: where its input feeds several layers,
     # the sum of their gradients in the pass that writes its own, instead of a separate add.
     sums_input_grads = False
+    # Whether the layer has :meth:`backward_of_sum`: where its output feeds several layers, the
+    # sum of their gradients in the pass of its own backward, instead of a separate add.
+    sums_output_grads = False
 
     def __init__(self) -> None:
         self.name = self.kind  # made unique ("conv3") by the network
@@ -88,6 +91,9 @@ class Layer:
         # Set by the network where ``sums_input_grads`` and the input has a gradient from a later
         # consumer when this layer's backward runs: the network calls backward_summing then.
         self.adds_input_grad = False
+        # Set by the network where ``sums_output_grads``: how many gradients of its output
+        # backward_of_sum receives (one per consumer that has one).
+        self.output_grad_terms = 1
         self.itemsize = 4
 
     def build(self, input_shapes: Sequence[Shape], backend: Backend, rng: np.random.Generator) -> Shape:
@@ -116,6 +122,12 @@ class Layer:
     def backward_summing(self, grad_out: Any, addend: Any) -> Any:
         """:meth:`backward`, with ``addend`` (the gradient the input has from its later
         consumers) added to the input gradient as it is written; where ``sums_input_grads``."""
+        raise NotImplementedError
+
+    def backward_of_sum(self, grad_outs: list) -> Any:
+        """:meth:`backward` of the sum of ``grad_outs``, the gradients of the layer's output
+        from its several consumers, summed as the input gradient is written; where
+        ``sums_output_grads``."""
         raise NotImplementedError
 
     def costs(self, batch: int) -> list[KernelCost]:

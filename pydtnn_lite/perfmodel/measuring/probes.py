@@ -51,12 +51,12 @@ MERGE_CHANNELS = (16, 64, 128, 256)
 
 @dataclass(frozen=True)
 class Probe:
-    """One grid point. ``family`` is conv, dense, pool or merge; ``shape`` its parameters:
+    """One grid point. ``family`` is conv, dense, pool, merge or residual; ``shape`` its parameters:
 
     - conv: (size, in channels, filters, kernel, stride, padding);
     - dense: (inputs, units, classes);
     - pool: (size, channels, window, stride, padding);
-    - merge: (size, channels).
+    - merge and residual: (size, channels).
 
     Or, off the grid, a job's own network: family model, ``shape`` (zoo model name, the
     generated data set whose shapes it takes), its calls sampled at their exact sizes.
@@ -119,11 +119,14 @@ class Probe:
             _, _, window, stride, padding = self.shape
             net.add(MaxPool2D(window, stride=stride, padding=padding))
             net.add(AvgPool2D(window, stride=stride, padding=padding))
-        else:  # merge: a shortcut and a concatenation, so backward also sums gradients
+        elif self.family == "merge":  # a shortcut and a concatenation, so backward also sums gradients
             activation = net.add(ReLU(), first)
             total = net.add(Add(), activation, first)
             net.add(Concat(), total, first)
             net.add(Dropout(0.5))
+        else:  # residual: a ReLU feeding two shortcuts, as a residual block's output, sums their gradients
+            activation = net.add(ReLU(), first)
+            net.add(Add(), net.add(Add(), activation, first), activation)
         if self.family != "dense":
             net.add(GlobalAvgPool2D())
             net.add(Flatten())
@@ -157,7 +160,7 @@ def _candidates(family: str, batch_sizes: Sequence[int]) -> Iterator[Probe]:
                 yield Probe("pool", batch, (size, channels, window, stride, padding))
     else:
         for batch, size, channels in itertools.product(batch_sizes, SIZES, MERGE_CHANNELS):
-            yield Probe("merge", batch, (size, channels))
+            yield Probe(family, batch, (size, channels))
 
 
 def _conv_form(probe: Probe) -> str:
@@ -192,8 +195,8 @@ class GridSize:
 # Sized to calibrate in minutes on 2 cores (docs/performance-model.md, 'How well the models
 # fit here'); covers the layers of VGG11 and ResNet18 at batch 64 on CIFAR-sized images
 # (up to 512 channels).
-FULL = GridSize({"conv": 300, "dense": 48, "pool": 96, "merge": 64}, 8e9, 1 << 22)
-QUICK = GridSize({"conv": 6, "dense": 4, "pool": 3, "merge": 3}, 5e7, 1 << 16)
+FULL = GridSize({"conv": 300, "dense": 48, "pool": 96, "merge": 64, "residual": 32}, 8e9, 1 << 22)
+QUICK = GridSize({"conv": 6, "dense": 4, "pool": 3, "merge": 3, "residual": 2}, 5e7, 1 << 16)
 
 
 def calibration_grid(batch_sizes: Sequence[int], size: GridSize, seed: int = 0) -> list[Probe]:
