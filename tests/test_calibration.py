@@ -521,7 +521,7 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     # its samples where its layers repeat sizes); but its updates by the model fitted on the
     # grid's, and the first, which follows the step's other work, with the time such calls
     # took beyond their prediction.
-    assert calibration.settings["jobs"] == ["mlp:4:synthetic"]
+    assert calibration.settings["jobs"] == ["mlp:4:synthetic"] and calibration.settings["job_rounds"] == 2
     network = create_model("mlp", (32, 32, 3), 10).build(make_backend())
     for _, cost in step_costs(network, SGD(network), 4):
         if cost.cold_start:

@@ -223,6 +223,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                 "min_seconds": settings.min_seconds, "grid": grid_settings,
                 "allreduce_sizes": list(settings.allreduce_sizes), "seed": settings.seed,
                 "jobs": [f"{model}:{batch}:{dataset}" for model, batch, dataset in settings.jobs],
+                "job_rounds": settings.job_rounds,
                 "seconds": dict(timings, total=round(time.perf_counter() - started, 2)),
                 # Other jobs slow the kernels down: the 1-minute load average, this job's ranks included.
                 "load_average": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)}}
