@@ -21,7 +21,7 @@ import numpy as np
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import Backend, make_backend
 from pydtnn_lite.costs import KernelCost, Stage
-from pydtnn_lite.layers.base import Layer, Shape, StepContext
+from pydtnn_lite.layers.base import Layer, Shape, StepContext, gradient_sum_cost
 from pydtnn_lite.layers.batchnorm import link_statistics
 from pydtnn_lite.textable import format_table
 
@@ -167,10 +167,10 @@ class Network:
             for source, grad in zip(self.inputs[index], grads, strict=True):
                 if source == self.INPUT:
                     continue
-                if source in pending and self.layers[source].sums_output_grads:
-                    more.setdefault(source, []).append(grad)  # its backward adds them up
-                    continue
                 if source in pending:  # a shortcut: sum the gradients of every consumer
+                    if self.layers[source].sums_output_grads:
+                        more.setdefault(source, []).append(grad)  # its backward adds them up
+                        continue
                     with self.scope(source, Stage.BP):
                         grad = kernels.add((pending[source], grad))
                 pending[source] = grad
@@ -274,8 +274,8 @@ class Network:
         out = []
         for index, source in self._gradient_sums():
             if not self.layers[index].adds_input_grad and not self.layers[source].sums_output_grads:
-                n = self.layers[source].elements(batch)
-                out.append((source, KernelCost(Stage.BP, "add", n, 3 * n * self.layers[source].itemsize, (n,))))
+                layer = self.layers[source]
+                out.append((source, gradient_sum_cost(layer.elements(batch), layer.itemsize)))
         return out
 
     def flops_per_sample(self, stage: Stage = Stage.FP) -> float:

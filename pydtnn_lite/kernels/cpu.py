@@ -325,9 +325,9 @@ def _relu_grad_of_sum(first, second, activated, out):  # pragma: no cover (compi
 def relu_grad_sum(grad_outs: Sequence[np.ndarray], out: np.ndarray) -> np.ndarray:
     """:func:`~pydtnn_lite.kernels.elementwise.relu_grad_sum`: of two gradients in one pass
     (reading channel slices in place), a third and more added to the second first."""
-    first, second = grad_outs[0], (grad_outs[1] if len(grad_outs) == 2 else add(grad_outs[1:]))
-    if any(term.dtype != out.dtype for term in (first, second)):
+    if any(term.dtype != out.dtype for term in grad_outs):
         return elementwise.relu_grad_sum(grad_outs, out)
+    first, second = grad_outs[0], (grad_outs[1] if len(grad_outs) == 2 else add(grad_outs[1:]))
     grad = np.empty(out.shape, dtype=out.dtype)
     _relu_grad_of_sum(_rows(first), _rows(second), _rows(out), _rows(grad))
     return grad

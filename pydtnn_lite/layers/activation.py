@@ -5,7 +5,7 @@ from typing import Any
 
 from pydtnn_lite import kernels
 from pydtnn_lite.costs import KernelCost, Stage, fused_cost
-from pydtnn_lite.layers.base import Layer, StepContext
+from pydtnn_lite.layers.base import Layer, StepContext, gradient_sum_cost
 
 
 class ReLU(Layer):
@@ -35,7 +35,7 @@ class ReLU(Layer):
         forward, backward = relu_costs(n, s)
         if terms == 1:
             return [forward, backward]
-        sums = [KernelCost(Stage.BP, "add", n, 3 * n * s, (n,))] * (terms - 1)  # the network's, unfused
+        sums = [gradient_sum_cost(n, s)] * (terms - 1)  # the network's, unfused
         return [forward, fused_cost("relu_grad_sum", terms * n, (terms + 2) * n * s, (n, terms), sums + [backward])]
 
 

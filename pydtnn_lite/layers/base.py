@@ -42,6 +42,11 @@ def bias_costs(rows: int, channels: int, itemsize: int) -> tuple[KernelCost, Ker
             KernelCost(Stage.BP, "bias_grad", elements, (elements + channels) * itemsize, (rows, channels)))
 
 
+def gradient_sum_cost(n: int, itemsize: int) -> KernelCost:
+    """The backward ``add`` of two gradients of ``n`` elements, where a layer's output feeds two layers."""
+    return KernelCost(Stage.BP, "add", n, 3 * n * itemsize, (n,))
+
+
 def gemm_layer_costs(m: int, n: int, k: int, itemsize: int, use_bias: bool,
                      needs_input_grad: bool) -> tuple[list[KernelCost], list[KernelCost]]:
     """(FP, BP) costs of a layer computed as ``(m x k) @ (k x n)`` plus a bias: the forward
