@@ -84,12 +84,17 @@ FUSED_KERNELS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Kernels that run on the rank's threads only from this many elements (their ``dims[0]``):
+# below, they copy on one thread, as the pool's hand-off costs more than a second thread
+# saves on data that fits in the cache. The host's kernels and the performance model read it.
+THREADED_FROM_ELEMENTS: dict[str, int] = {"concat": 1 << 21}
+
 # A kernel's revision, raised when a change to its code moves its time; kernels not named
 # here are at revision 1. A calibration records the revisions it timed: merging keeps each
 # kernel's samples from the files that timed its newest revision, and a prediction warns
 # where its calibration timed an older one.
 KERNEL_REVISIONS: dict[str, int] = {
-    "concat": 2,  # copied by every thread, not by NumPy on one
+    "concat": 3,  # 2: copied by every thread, not by NumPy on one; 3: each output row written once
     "batchnorm_sums": 2,  # one read of memory, deviations from each block's first row summed in float32 runs
     # The batch-norm loops read their inputs flat by row strides (2-D indexing left channel
     # slices unvectorised); the input gradient may add the input's other gradients in.

@@ -112,13 +112,16 @@ def test_elementwise_kernels_match_numpy(dtype):
     np.testing.assert_allclose(cpu.add([x, grad, third]), elementwise.add([x, grad, third]), rtol=1e-6)
 
 
-@pytest.mark.parametrize("parallel_bytes", [0, cpu.CONCAT_PARALLEL_BYTES])
-def test_concat_matches_numpy(parallel_bytes, monkeypatch):
+@pytest.mark.parametrize("parallel_elements", [0, cpu.CONCAT_PARALLEL_ELEMENTS])
+def test_concat_matches_numpy(parallel_elements, monkeypatch):
     """Three inputs, one a channel slice (a view whose rows are not contiguous), through the
-    threads' copy and through NumPy's below its size threshold."""
-    monkeypatch.setattr(cpu, "CONCAT_PARALLEL_BYTES", parallel_bytes)
+    threads' copy and through NumPy's below its size threshold; and with a read-only input,
+    which the compiled copy cannot take with the others."""
+    monkeypatch.setattr(cpu, "CONCAT_PARALLEL_ELEMENTS", parallel_elements)
     first, wide, third = (normal((2, 5, 3, channels), np.float32, seed) for seed, channels in enumerate((4, 9, 1)))
     inputs = [first, wide[..., 2:7], third]
+    np.testing.assert_array_equal(cpu.concat(inputs), np.concatenate(inputs, axis=-1))
+    third.flags.writeable = False
     np.testing.assert_array_equal(cpu.concat(inputs), np.concatenate(inputs, axis=-1))
 
 

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from pydtnn_lite.costs import KERNEL_REVISIONS, KernelCost, Stage
+from pydtnn_lite.costs import KERNEL_REVISIONS, THREADED_FROM_ELEMENTS, KernelCost, Stage
 from pydtnn_lite.perfmodel.measuring.data_loading import read_ahead_share
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, allreduce_models
@@ -37,10 +37,13 @@ def test_more_ranks_than_cores_time_share_every_kernel(ranks, scale):
 def test_one_rank_with_every_core_speeds_up_only_the_threaded_kernels():
     job = Placement(1, 1, 2, 2)
     assert not job.oversubscribed
-    for threaded in ("gemm", "im2col", "batchnorm_sums", "sgd_update"):
+    for threaded in ("gemm", "im2col", "batchnorm_sums", "sgd_update", "relu_grad_sum"):
         assert kernel_scale(threaded, job, CALIBRATED) == pytest.approx(0.5)
-    for single in ("concat", "softmax_cross_entropy", "dropout_mask"):
+    for single in ("softmax_cross_entropy", "dropout_mask"):
         assert kernel_scale(single, job, CALIBRATED) == 1.0
+    threads_from = THREADED_FROM_ELEMENTS["concat"]  # a concatenation copies on the threads from this size
+    assert kernel_scale("concat", job, CALIBRATED, dims=(threads_from,)) == pytest.approx(0.5)
+    assert kernel_scale("concat", job, CALIBRATED, dims=(threads_from - 1,)) == 1.0
 
 
 def test_the_shortfall_of_threads_measured_at_every_core_is_prorated_below_it():
@@ -58,7 +61,7 @@ def test_one_rank_with_every_core_runs_its_threaded_kernels_as_the_calibration_m
     assert kernel_scale("gemm", job, CALIBRATED, scaling) == pytest.approx(0.55)  # half the time, 10 % more
     for memory_bound in ("relu", "batchnorm_sums", "winograd_input", "sgd_update"):
         assert kernel_scale(memory_bound, job, CALIBRATED, scaling) == pytest.approx(1.0)  # no gain at all
-    assert kernel_scale("concat", job, CALIBRATED, scaling) == 1.0  # one thread either way
+    assert kernel_scale("dropout_mask", job, CALIBRATED, scaling) == 1.0  # one thread either way
     assert kernel_scale("relu", CALIBRATED, CALIBRATED, scaling) == 1.0  # the calibration's own placement
     # A calibration of one rank on both cores predicting a rank per core: the other way round.
     assert kernel_scale("relu", CALIBRATED, job, scaling) == pytest.approx(2.0 / 2.0)
@@ -95,7 +98,10 @@ def test_the_parallel_loops_of_a_rank_of_several_threads_pay_the_hand_off_per_ca
         assert kernel_handoff(loop, one_process, CALIBRATED, scaling) == pytest.approx(1e-4)
         assert kernel_handoff(loop, CALIBRATED, CALIBRATED, scaling) == 0.0  # one thread: the loop in place
     assert kernel_handoff("gemm", one_process, CALIBRATED, scaling) == 0.0  # OpenBLAS's threads, in its samples
-    assert kernel_handoff("concat", one_process, CALIBRATED, scaling) == 0.0  # not a parallel loop
+    assert kernel_handoff("dropout_mask", one_process, CALIBRATED, scaling) == 0.0  # not a parallel loop
+    large, small = (THREADED_FROM_ELEMENTS["concat"],), (THREADED_FROM_ELEMENTS["concat"] - 1,)
+    assert kernel_handoff("concat", one_process, CALIBRATED, scaling, large) == pytest.approx(1e-4)
+    assert kernel_handoff("concat", one_process, CALIBRATED, scaling, small) == 0.0  # NumPy's copy, in place
     assert kernel_handoff("relu", one_process, CALIBRATED, None) == 0.0  # a file without thread scaling
     assert kernel_handoff("relu", one_process, CALIBRATED, ThreadScaling(2, 1.1, 2.0)) == 0.0  # nor a hand-off
     # Two 2-thread ranks on 2 cores: each wake-up waits behind the other rank's threads.
@@ -171,12 +177,12 @@ def test_threads_beyond_the_cores_share_them():
     assert job.nodes == 2 and job.time_sharing == 2.0 and job.blas_cores == 1.0
     assert kernel_scale("gemm", job, CALIBRATED) == 1.0  # two threads at half a core each
     assert kernel_scale("relu", job, CALIBRATED) == 1.0  # threaded as the GEMM
-    assert kernel_scale("concat", job, CALIBRATED) == 2.0
+    assert kernel_scale("dropout_mask", job, CALIBRATED) == 2.0
 
 
 def test_a_calibration_whose_ranks_outnumbered_its_cores_timed_its_kernels_unshared():
     crowded = Placement(4, 4, 2, 1)  # 4 ranks on 2 cores, as under an emulated 2 x 2 cluster
-    assert kernel_scale("gemm", crowded, crowded) == 2.0 and kernel_scale("concat", crowded, crowded) == 2.0
+    assert kernel_scale("gemm", crowded, crowded) == 2.0 and kernel_scale("dropout_mask", crowded, crowded) == 2.0
     assert kernel_scale("gemm", CALIBRATED, crowded) == 1.0  # a job of one rank per core
 
 

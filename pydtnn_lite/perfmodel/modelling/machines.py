@@ -129,8 +129,9 @@ class AdjustedMachine:
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         seconds = self.base.kernel_seconds(kernel, cost)
         calibration = self.base.calibration
-        handoff = kernel_handoff(kernel, self.placement, calibration.placement, calibration.thread_scaling)
-        return seconds * self._scale(kernel, cost.flops, seconds, tuple(cost.dims)) + handoff
+        dims = tuple(cost.dims)
+        handoff = kernel_handoff(kernel, self.placement, calibration.placement, calibration.thread_scaling, dims)
+        return seconds * self._scale(kernel, cost.flops, seconds, dims) + handoff
 
     def allreduce_seconds(self, nbytes: float, procs: int) -> float:
         return self.base.allreduce_seconds(nbytes, procs) * self.drift.communication

@@ -11,14 +11,16 @@ speed:
   a reduction overlapped with backward costs the step its CPU time on the rank's share
   of the cores rather than its duration (``machines.AdjustedMachine``).
 - **Threads.** GEMM (BLAS) and the host's parallel loops (im2col, col2im, the Winograd
-  transforms, batch norm, ReLU, the residual add, pooling, the SGD and Adam updates:
-  ``kernels/cpu.py``, ``kernels/winograd_cpu.py``) run on the rank's threads; the other
-  kernels run on one. With more (or fewer) cores per rank than in the calibration, a
-  threaded kernel scales by the ratio of the cores it gets, times what the calibration
-  measured of that ratio (:class:`ThreadScaling`): one rank of two threads ran the
-  memory-bound loops at about half the speed the ratio says. On several threads each
-  parallel loop's call also pays the pool's hand-off (:func:`kernel_handoff`), which a
-  one-thread rank, calling its loops in place, does not.
+  transforms, batch norm, ReLU, the residual add, the sum of an output's gradients in its
+  ReLU's backward, pooling, the SGD and Adam updates, and concatenations from
+  ``costs.THREADED_FROM_ELEMENTS``: ``kernels/cpu.py``, ``kernels/winograd_cpu.py``) run on
+  the rank's threads; the other kernels run on one (:func:`runs_threaded`). With more (or
+  fewer) cores per rank than in the calibration, a threaded kernel scales by the ratio of
+  the cores it gets, times what the calibration measured of that ratio
+  (:class:`ThreadScaling`): one rank of two threads ran the memory-bound loops at about
+  half the speed the ratio says. On several threads each parallel loop's call also pays
+  the pool's hand-off (:func:`kernel_handoff`), which a one-thread rank, calling its
+  loops in place, does not.
 
 - **Background threads.** A rank that reads its batches ahead does so on a thread of its
   own. Where the node has a core to spare for it, that work is hidden from the step;
@@ -35,7 +37,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from pydtnn_lite.costs import GEMM
+from pydtnn_lite.costs import GEMM, THREADED_FROM_ELEMENTS
 
 SHAPE_NEIGHBOURS = 5  # measured GEMM shapes whose median ratio a shape takes
 
@@ -45,7 +47,14 @@ THREADED_KERNELS = frozenset({GEMM, "im2col", "col2im", "batchnorm_sums", "batch
                               "batchnorm_relu_grad_sums", "batchnorm_relu_grad_input", "relu", "relu_grad", "add",
                               "maxpool", "maxpool_grad", "avgpool", "avgpool_grad", "sgd_update",
                               "adam_update", "winograd_filter", "winograd_filter_grad", "winograd_input",
-                              "winograd_output", "winograd_output_grad", "winograd_input_grad"})
+                              "winograd_output", "winograd_output_grad", "winograd_input_grad",
+                              "relu_grad_sum", "concat"})
+
+
+def runs_threaded(kernel: str, dims: tuple = ()) -> bool:
+    """Whether a call of ``kernel`` over ``dims`` runs on the rank's threads: a threaded
+    kernel, at least as large as :data:`~pydtnn_lite.costs.THREADED_FROM_ELEMENTS` asks."""
+    return kernel in THREADED_KERNELS and (not dims or dims[0] >= THREADED_FROM_ELEMENTS.get(kernel, 0))
 
 
 @dataclass(frozen=True)
@@ -94,11 +103,11 @@ class ThreadScaling:
             self._nearest[dims] = statistics.median(ratio for _, ratio in nearest)
         return self._nearest[dims]
 
-    def handoff_seconds(self, kernel: str, threads: int) -> float:
-        """What a call of ``kernel`` costs on ``threads`` threads beyond its work: a parallel
-        loop's hand-off to the pool; none on one thread (the loop runs in place) nor for GEMM
-        (OpenBLAS's threads are its own, and its samples hold them)."""
-        if threads <= 1 or kernel == GEMM or kernel not in THREADED_KERNELS or self.handoff is None:
+    def handoff_seconds(self, kernel: str, threads: int, dims: tuple = ()) -> float:
+        """What a call of ``kernel`` over ``dims`` costs on ``threads`` threads beyond its work:
+        a parallel loop's hand-off to the pool; none on one thread (the loop runs in place) nor
+        for GEMM (OpenBLAS's threads are its own, and its samples hold them)."""
+        if threads <= 1 or kernel == GEMM or not runs_threaded(kernel, dims) or self.handoff is None:
             return 0.0
         return self.handoff
 
@@ -176,7 +185,7 @@ def kernel_scale(kernel: str, job: Placement, calibrated: Placement,
     scheduler's time slice: where its ranks outnumbered the cores (a calibration under an
     emulated cluster of 2 nodes x 2 ranks on 2 cores), its kernels still ran as if on cores
     of their own, and a job time-shares them by its own placement only."""
-    if kernel not in THREADED_KERNELS:
+    if not runs_threaded(kernel, dims):
         return job.time_sharing
     scale = calibrated.threads_per_rank / job.blas_cores
     if scaling is not None:
@@ -185,14 +194,15 @@ def kernel_scale(kernel: str, job: Placement, calibrated: Placement,
     return scale
 
 
-def kernel_handoff(kernel: str, job: Placement, calibrated: Placement, scaling: ThreadScaling | None) -> float:
-    """The seconds a call of ``kernel`` on a rank of ``job`` adds to its scaled time
+def kernel_handoff(kernel: str, job: Placement, calibrated: Placement, scaling: ThreadScaling | None,
+                   dims: tuple = ()) -> float:
+    """The seconds a call of ``kernel`` over ``dims`` on a rank of ``job`` adds to its scaled time
     (:func:`kernel_scale`): the parallel loops' hand-offs, which a calibration's one-thread
     ranks (the only ones that measure ``scaling``) never paid. Where threads share cores,
     each wake-up waits its turn as the work does."""
     if scaling is None or calibrated.threads_per_rank > 1:
         return 0.0
-    return scaling.handoff_seconds(kernel, job.threads_per_rank) * job.time_sharing
+    return scaling.handoff_seconds(kernel, job.threads_per_rank, dims) * job.time_sharing
 
 
 def thread_scaling_gap(job: Placement, calibrated: Placement, scaling: ThreadScaling | None) -> str | None:
