@@ -97,7 +97,8 @@ def torch_model(network: Network):
                 inputs = [images if s == network.INPUT else outputs[s] for s in network.inputs[index]]
                 kind = network.layers[index].kind
                 if kind == "add":
-                    outputs.append(sum(inputs[1:], inputs[0]))
+                    total = sum(inputs[1:], inputs[0])
+                    outputs.append(torch.relu(total) if network.layers[index].activation else total)
                 elif kind == "concat":
                     outputs.append(torch.cat(inputs, dim=1))
                 else:

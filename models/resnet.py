@@ -1,7 +1,7 @@
 """ResNet-18 (basic blocks) and ResNet-50 (bottleneck blocks), He et al. (2016)."""
 from __future__ import annotations
 
-from pydtnn_lite.layers import Add, Dense, Flatten, GlobalAvgPool2D, MaxPool2D, ReLU
+from pydtnn_lite.layers import Add, Dense, Flatten, GlobalAvgPool2D, MaxPool2D
 from pydtnn_lite.models.blocks import conv_bn_relu, is_imagenet_sized
 from pydtnn_lite.network import Network
 
@@ -19,7 +19,7 @@ def _basic_block(net: Network, source: int, in_channels: int, width: int, stride
     branch = conv_bn_relu(net, source, width, 3, stride=stride, padding=1)
     branch = conv_bn_relu(net, branch, width, 3, padding=1, relu=False)
     shortcut = _shortcut(net, source, in_channels, width, stride)
-    return net.add(ReLU(), net.add(Add(), branch, shortcut)), width
+    return net.add(Add(activation="relu"), branch, shortcut), width
 
 
 def _bottleneck_block(net: Network, source: int, in_channels: int, width: int, stride: int) -> tuple[int, int]:
@@ -28,7 +28,7 @@ def _bottleneck_block(net: Network, source: int, in_channels: int, width: int, s
     branch = conv_bn_relu(net, branch, width, 3, stride=stride, padding=1)
     branch = conv_bn_relu(net, branch, out_channels, 1, relu=False)
     shortcut = _shortcut(net, source, in_channels, out_channels, stride)
-    return net.add(ReLU(), net.add(Add(), branch, shortcut)), out_channels
+    return net.add(Add(activation="relu"), branch, shortcut), out_channels
 
 
 def _resnet(name: str, block, blocks_per_stage: tuple, input_shape: tuple, num_classes: int) -> Network:

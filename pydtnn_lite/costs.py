@@ -81,6 +81,7 @@ FUSED_KERNELS: dict[str, tuple[str, ...]] = {
     # The sums of an output's gradients from its consumers (one add fewer than terms) and
     # the ReLU gradient of the total.
     "relu_grad_sum": ("add", "relu_grad"),
+    "add_relu": ("add", "relu"),  # a residual block's sum and the ReLU after it
 }
 
 

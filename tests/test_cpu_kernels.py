@@ -154,6 +154,7 @@ def test_relu_lets_nan_through_as_numpy_does():
     grad = np.array([np.nan, np.nan, 1.0], dtype=np.float32)
     np.testing.assert_array_equal(cpu.relu_grad(grad, x), elementwise.relu_grad(grad, x))
     np.testing.assert_array_equal(cpu.relu_grad_sum([grad, grad], x), elementwise.relu_grad_sum([grad, grad], x))
+    np.testing.assert_array_equal(cpu.add_relu([x, grad]), elementwise.add_relu([x, grad]))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -167,6 +168,19 @@ def test_the_relu_gradient_of_a_sum_matches_numpy(dtype):
     np.testing.assert_array_equal(two, elementwise.relu_grad_sum(terms[:2], activated))  # the same sums, in order
     assert (two == 0).any() and (two != 0).any()
     np.testing.assert_allclose(cpu.relu_grad_sum(terms, activated), elementwise.relu_grad_sum(terms, activated),
+                               rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_relu_of_a_sum_matches_numpy(dtype):
+    """A residual block's output: two inputs in one pass (one a channel slice of a wider map,
+    read in place), and a third added to the second first."""
+    wide = normal((4, 5, 5, 10), dtype, seed=1)
+    inputs = [normal((4, 5, 5, 6), dtype), wide[..., 2:8], normal((4, 5, 5, 6), dtype, seed=3)]
+    two = cpu.add_relu(inputs[:2])
+    np.testing.assert_array_equal(two, elementwise.add_relu(inputs[:2]))  # the same sums, in order
+    assert (two == 0).any() and (two > 0).any()
+    np.testing.assert_allclose(cpu.add_relu(inputs), elementwise.add_relu(inputs),
                                rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 
 
@@ -329,6 +343,7 @@ def test_one_thread_runs_every_loop_in_place_with_the_same_results(monkeypatch):
             test_im2col_and_col2im_match_numpy(np.float32, shape, kernel, stride, padding)
         test_elementwise_kernels_match_numpy(np.float32)
         test_the_relu_gradient_of_a_sum_matches_numpy(np.float32)
+        test_the_relu_of_a_sum_matches_numpy(np.float32)
         test_concat_matches_numpy(0, monkeypatch)
         test_batchnorm_kernels_match_numpy(np.float32, (15, 32, 32, 8))
         test_kernels_read_a_channel_slice_in_place_and_match_numpy(np.float32)

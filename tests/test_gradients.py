@@ -131,7 +131,27 @@ def test_dropout():
 
 def test_add_and_concat():
     check_layer(Add(), [(3, 3, 2), (3, 3, 2)])
+    check_layer(Add(activation="relu"), [(3, 3, 2), (3, 3, 2), (3, 3, 2)])
     check_layer(Concat(), [(3, 3, 2), (3, 3, 5)])
+
+
+def test_an_add_with_its_relu_fused_in_sums_the_gradients_of_its_output_in_its_backward():
+    """ResNet's block outputs as one layer: the sum and its ReLU in one forward pass, and the
+    gradients of the layers the output feeds masked as they are added up."""
+    net = Network("residual", (5, 5, 2), 3)
+    stem = net.add(Conv2D(3, 3, padding=1))
+    first = net.add(Add(activation="relu"), net.add(Conv2D(3, 3, padding=1), stem), stem)
+    second = net.add(Add(activation="relu"), net.add(Conv2D(3, 3, padding=1), first), first)
+    net.add(GlobalAvgPool2D(), second)
+    net.add(Flatten())
+    net.add(Dense(3))
+    net.build(FLOAT64, seed=6)
+    assert [net.layers[index].output_grad_terms for index in (first, second)] == [2, 1]
+    kernels = [(index, cost.stage, cost.kernel) for index, cost in net.costs(2) if index in (first, second)]
+    assert kernels == [(first, Stage.FP, "add_relu"), (first, Stage.BP, "relu_grad_sum"),
+                       (second, Stage.FP, "add_relu"), (second, Stage.BP, "relu_grad")]
+    x = np.random.default_rng(7).normal(size=(3, 5, 5, 2))
+    assert network_gradient_error(net, x, np.array([2, 0, 1])) <= TOLERANCE
 
 
 def test_softmax_cross_entropy():

@@ -7,8 +7,8 @@ layers, without a line of layer code knowing. With tracing off the entries are t
 functions, so an untraced step pays nothing.
 
 On the host, the memory-bound kernels (im2col, col2im, batch norm, ReLU, batch norm
-fused with ReLU, the ReLU gradient of a sum of gradients, the residual add, the
-concatenation, pooling, the SGD and Adam updates) are the Numba loops of
+fused with ReLU, the ReLU gradient of a sum of gradients, the residual add (with the
+ReLU after it fused in or not), the concatenation, pooling, the SGD and Adam updates) are the Numba loops of
 :mod:`~pydtnn_lite.kernels.cpu` (the Winograd transforms: of
 :mod:`~pydtnn_lite.kernels.winograd_cpu`), which use every thread of the process; the NumPy
 versions they replace stay the reference. On a GPU, :mod:`~pydtnn_lite.kernels.gpu` runs
@@ -67,6 +67,7 @@ relu = _by_array_type(cpu.relu, elementwise.relu)
 relu_grad = _by_array_type(cpu.relu_grad, elementwise.relu_grad)
 relu_grad_sum = _by_first_array_type(cpu.relu_grad_sum, elementwise.relu_grad_sum)
 add = _by_first_array_type(cpu.add, elementwise.add)
+add_relu = _by_first_array_type(cpu.add_relu, elementwise.add_relu)
 concat = _by_first_array_type(cpu.concat, elementwise.concat)
 bias_grad = _by_array_type(blas.bias_grad, gpu.bias_grad)
 batchnorm_sums = _by_array_type(cpu.batchnorm_sums, gpu.batchnorm_sums)
@@ -87,7 +88,7 @@ adam_update = _by_array_type(cpu.adam_update, update.adam_update)
 
 __all__ = [
     "gemm", "bias_add", "bias_grad", "im2col", "col2im", "relu", "relu_grad", "relu_grad_sum",
-    "dropout_mask", "dropout_apply", "add", "concat", "split", "softmax_cross_entropy",
+    "dropout_mask", "dropout_apply", "add", "add_relu", "concat", "split", "softmax_cross_entropy",
     "softmax_cross_entropy_grad", "squared_error", "squared_error_grad", "batchnorm_sums",
     "batchnorm_normalize", "batchnorm_grad_sums",
     "batchnorm_grad_input", "batchnorm_relu_normalize", "batchnorm_relu_grad_sums", "batchnorm_relu_grad_input",

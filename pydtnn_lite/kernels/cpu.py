@@ -355,6 +355,26 @@ def add(inputs: Sequence[np.ndarray]) -> np.ndarray:
     return total
 
 
+@ParallelLoop
+def _add_relu(first, second, out):  # pragma: no cover (compiled)
+    rows, channels = out.shape
+    for row in prange(rows):
+        for c in range(channels):
+            total = first[row, c] + second[row, c]
+            out[row, c] = total if not total < 0 else 0  # NaN passes, as through np.maximum
+
+
+def add_relu(inputs: Sequence[np.ndarray]) -> np.ndarray:
+    """:func:`~pydtnn_lite.kernels.elementwise.add_relu`: of two inputs in one pass (reading
+    channel slices in place), a third and more added to the second first."""
+    if any(term.dtype != inputs[0].dtype for term in inputs):
+        return elementwise.add_relu(inputs)
+    second = inputs[1] if len(inputs) == 2 else add(inputs[1:])
+    out = np.empty(inputs[0].shape, dtype=inputs[0].dtype)
+    _add_relu(_rows(inputs[0]), _rows(second), _rows(out))
+    return out
+
+
 # Below this the concatenation is NumPy's: it fits in the cache, where the pool's hand-off
 # costs more than the second thread saves (64 images of 4x4x992: 0.12 ms against 0.38).
 CONCAT_PARALLEL_ELEMENTS = THREADED_FROM_ELEMENTS["concat"]

@@ -25,6 +25,11 @@ def relu_grad_sum(grad_outs: Sequence[Any], out: Any) -> Any:
     return relu_grad(add(grad_outs), out)
 
 
+def add_relu(inputs: Sequence[Any]) -> Any:
+    """:func:`relu` of the :func:`add` of ``inputs``: a residual block's output."""
+    return relu(add(inputs))
+
+
 def dropout_mask(x: Any, key: Sequence[int], global_batch: int, offset: int, rate: float) -> Any:
     """Inverted-dropout mask for ``x``, rows ``offset...`` of a global batch: 0 with
     probability ``rate``, else 1/(1-rate).

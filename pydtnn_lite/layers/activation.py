@@ -7,6 +7,8 @@ from pydtnn_lite import kernels
 from pydtnn_lite.costs import KernelCost, Stage, fused_cost
 from pydtnn_lite.layers.base import Layer, StepContext, gradient_sum_cost
 
+ACTIVATIONS = (None, "relu")  # what BatchNorm and Add take as ``activation``
+
 
 class ReLU(Layer):
     """``max(x, 0)``; backward masks the gradient with the sign of the output. Where the
@@ -31,15 +33,21 @@ class ReLU(Layer):
         return grad_in
 
     def costs(self, batch: int) -> list[KernelCost]:
-        n, s, terms = self.elements(batch), self.itemsize, self.output_grad_terms
-        forward, backward = relu_costs(n, s)
-        if terms == 1:
-            return [forward, backward]
-        sums = [gradient_sum_cost(n, s)] * (terms - 1)  # the network's, unfused
-        return [forward, fused_cost("relu_grad_sum", terms * n, (terms + 2) * n * s, (n, terms), sums + [backward])]
+        n, s = self.elements(batch), self.itemsize
+        return [relu_costs(n, s)[0], relu_backward_cost(n, s, self.output_grad_terms)]
 
 
 def relu_costs(n: int, itemsize: int) -> list[KernelCost]:
     """The forward and backward calls of a ReLU over ``n`` elements of ``itemsize`` bytes."""
     return [KernelCost(Stage.FP, "relu", n, 2 * n * itemsize, (n,)),
             KernelCost(Stage.BP, "relu_grad", n, 3 * n * itemsize, (n,))]
+
+
+def relu_backward_cost(n: int, itemsize: int, terms: int) -> KernelCost:
+    """The backward call of a ReLU over ``n`` elements whose output has ``terms`` gradients
+    (one per consumer): the ReLU gradient, or that of their sum as one fused call."""
+    backward = relu_costs(n, itemsize)[1]
+    if terms == 1:
+        return backward
+    sums = [gradient_sum_cost(n, itemsize)] * (terms - 1)  # the network's, unfused
+    return fused_cost("relu_grad_sum", terms * n, (terms + 2) * n * itemsize, (n, terms), sums + [backward])

@@ -11,11 +11,9 @@ from pydtnn_lite.backend import Backend, array_module
 from pydtnn_lite.costs import ALLREDUCE, KernelCost, Stage, fused_cost
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.kernels.normalization import shifted_sums
-from pydtnn_lite.layers.activation import relu_costs
+from pydtnn_lite.layers.activation import ACTIVATIONS, relu_costs
 from pydtnn_lite.layers.base import Layer, Shape, StepContext
 from pydtnn_lite.layers.merge import Concat
-
-ACTIVATIONS = (None, "relu")
 
 
 class BatchNorm(Layer):

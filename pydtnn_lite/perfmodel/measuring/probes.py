@@ -124,9 +124,11 @@ class Probe:
             total = net.add(Add(), activation, first)
             net.add(Concat(), total, first)
             net.add(Dropout(0.5))
-        else:  # residual: a ReLU feeding two shortcuts, as a residual block's output, sums their gradients
+        else:  # residual: a ReLU, and an Add with its ReLU fused in (a residual block's output), each
+            # feeding two shortcuts, sum their gradients
             activation = net.add(ReLU(), first)
-            net.add(Add(), net.add(Add(), activation, first), activation)
+            block_output = net.add(Add(activation="relu"), activation, first)
+            net.add(Add(), net.add(Add(), block_output, activation), block_output)
         if self.family != "dense":
             net.add(GlobalAvgPool2D())
             net.add(Flatten())

@@ -11,16 +11,16 @@ speed:
   a reduction overlapped with backward costs the step its CPU time on the rank's share
   of the cores rather than its duration (``machines.AdjustedMachine``).
 - **Threads.** GEMM (BLAS) and the host's parallel loops (im2col, col2im, the Winograd
-  transforms, batch norm, ReLU, the residual add, the sum of an output's gradients in its
-  ReLU's backward, pooling, the SGD and Adam updates, and concatenations from
-  ``costs.THREADED_FROM_ELEMENTS``: ``kernels/cpu.py``, ``kernels/winograd_cpu.py``) run on
-  the rank's threads; the other kernels run on one (:func:`runs_threaded`). With more (or
-  fewer) cores per rank than in the calibration, a threaded kernel scales by the ratio of
-  the cores it gets, times what the calibration measured of that ratio
-  (:class:`ThreadScaling`): one rank of two threads ran the memory-bound loops at about
-  half the speed the ratio says. On several threads each parallel loop's call also pays
-  the pool's hand-off (:func:`kernel_handoff`), which a one-thread rank, calling its
-  loops in place, does not.
+  transforms, batch norm, ReLU, the residual add (with its ReLU or without), the sum of an
+  output's gradients in its ReLU's backward, pooling, the SGD and Adam updates, and
+  concatenations from ``costs.THREADED_FROM_ELEMENTS``: ``kernels/cpu.py``,
+  ``kernels/winograd_cpu.py``) run on the rank's threads; the other kernels run on one
+  (:func:`runs_threaded`). With more (or fewer) cores per rank than in the calibration, a
+  threaded kernel scales by the ratio of the cores it gets, times what the calibration
+  measured of that ratio (:class:`ThreadScaling`): one rank of two threads ran the
+  memory-bound loops at about half the speed the ratio says. On several threads each
+  parallel loop's call also pays the pool's hand-off (:func:`kernel_handoff`), which a
+  one-thread rank, calling its loops in place, does not.
 
 - **Background threads.** A rank that reads its batches ahead does so on a thread of its
   own. Where the node has a core to spare for it, that work is hidden from the step;
@@ -48,7 +48,7 @@ THREADED_KERNELS = frozenset({GEMM, "im2col", "col2im", "batchnorm_sums", "batch
                               "maxpool", "maxpool_grad", "avgpool", "avgpool_grad", "sgd_update",
                               "adam_update", "winograd_filter", "winograd_filter_grad", "winograd_input",
                               "winograd_output", "winograd_output_grad", "winograd_input_grad",
-                              "relu_grad_sum", "concat"})
+                              "relu_grad_sum", "add_relu", "concat"})
 
 
 def runs_threaded(kernel: str, dims: tuple = ()) -> bool:
