@@ -7,9 +7,9 @@ layers, without a line of layer code knowing. With tracing off the entries are t
 functions, so an untraced step pays nothing.
 
 On the host, the memory-bound kernels (im2col, col2im, batch norm, ReLU, batch norm
-fused with ReLU, the ReLU gradient of a sum of gradients, the residual add (with the
-ReLU after it fused in or not), the concatenation, pooling, the SGD and Adam updates) are the Numba loops of
-:mod:`~pydtnn_lite.kernels.cpu` (the Winograd transforms: of
+fused with ReLU, the ReLU gradient of a sum of gradients, the residual add with the ReLU
+after it fused in or not, the concatenation, pooling, the SGD and Adam updates) are the
+Numba loops of :mod:`~pydtnn_lite.kernels.cpu` (the Winograd transforms: of
 :mod:`~pydtnn_lite.kernels.winograd_cpu`), which use every thread of the process; the NumPy
 versions they replace stay the reference. On a GPU, :mod:`~pydtnn_lite.kernels.gpu` runs
 the window kernels (im2col, col2im and the pooling kernels) and the batch-norm kernels as
