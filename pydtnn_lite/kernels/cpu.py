@@ -315,6 +315,12 @@ def relu_grad(grad_out: np.ndarray, out: np.ndarray) -> np.ndarray:
     return grad
 
 
+def _two_terms(terms: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The two operands of a loop that sums ``terms`` (two or more) as it reads them: the
+    first, and the second with any further terms added to it first (:func:`add`)."""
+    return terms[0], (terms[1] if len(terms) == 2 else add(terms[1:]))
+
+
 @ParallelLoop
 def _relu_grad_of_sum(first, second, activated, out):  # pragma: no cover (compiled)
     rows, channels = out.shape
@@ -328,7 +334,7 @@ def relu_grad_sum(grad_outs: Sequence[np.ndarray], out: np.ndarray) -> np.ndarra
     (reading channel slices in place), a third and more added to the second first."""
     if any(term.dtype != out.dtype for term in grad_outs):
         return elementwise.relu_grad_sum(grad_outs, out)
-    first, second = grad_outs[0], (grad_outs[1] if len(grad_outs) == 2 else add(grad_outs[1:]))
+    first, second = _two_terms(grad_outs)
     grad = np.empty(out.shape, dtype=out.dtype)
     _relu_grad_of_sum(_rows(first), _rows(second), _rows(out), _rows(grad))
     return grad
@@ -369,9 +375,9 @@ def add_relu(inputs: Sequence[np.ndarray]) -> np.ndarray:
     channel slices in place), a third and more added to the second first."""
     if any(term.dtype != inputs[0].dtype for term in inputs):
         return elementwise.add_relu(inputs)
-    second = inputs[1] if len(inputs) == 2 else add(inputs[1:])
-    out = np.empty(inputs[0].shape, dtype=inputs[0].dtype)
-    _add_relu(_rows(inputs[0]), _rows(second), _rows(out))
+    first, second = _two_terms(inputs)
+    out = np.empty(first.shape, dtype=first.dtype)
+    _add_relu(_rows(first), _rows(second), _rows(out))
     return out
 
 
@@ -402,10 +408,12 @@ def concat(inputs: Sequence[np.ndarray]) -> np.ndarray:
     input at a time into its columns of the output, whose every pass read each output line
     it wrote part of (docs/performance.md)."""
     out = np.empty(inputs[0].shape[:-1] + (sum(term.shape[-1] for term in inputs),), dtype=inputs[0].dtype)
+    if out.size < CONCAT_PARALLEL_ELEMENTS:
+        return elementwise.concat(inputs)
     spans = [_strided(term) for term in inputs]
     sources = tuple(span for span, _ in spans)
-    if out.size < CONCAT_PARALLEL_ELEMENTS or len({numba.typeof(source) for source in sources}) != 1:
-        return elementwise.concat(inputs)  # small, or of mixed types that one compiled loop cannot take
+    if len({numba.typeof(source) for source in sources}) != 1:
+        return elementwise.concat(inputs)  # of mixed types, which one compiled loop cannot take
     _join_rows(_rows(out).shape[0], sources, np.array([stride for _, stride in spans]),
                np.array([term.shape[-1] for term in inputs]), out.reshape(-1))
     return out
