@@ -69,7 +69,7 @@ def parse_command_line(parser: argparse.ArgumentParser, argv: Sequence[str] | No
     command ends it with one error line and status 2, as a bad flag does.
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
-    finder = argparse.ArgumentParser(add_help=False)
+    finder = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     finder.add_argument("--config", default=None)
     found, arguments = finder.parse_known_args(arguments)
     path = found.config

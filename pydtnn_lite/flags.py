@@ -13,7 +13,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 USAGE_ERROR_EXIT = 2
 # The rank of this process as the MPI launchers tell it, before MPI is started (mpiexec of MPICH and
@@ -34,8 +34,13 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (``PROG: error: ...``) on the job's first rank, exit 2.
 
     argparse prints the whole usage before the error, once per rank of an MPI job; the
-    usage stays one ``--help`` away.
+    usage stays one ``--help`` away. A flag must be spelled out: argparse would take a
+    prefix for the one flag it begins (``predict --ranks 8`` as ``--ranks-per-node 8``).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         if launcher_rank() == 0:

@@ -104,3 +104,17 @@ def test_only_the_first_rank_of_a_job_reports_a_bad_flag(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         train.build_parser().parse_args(["--lr", "nan"])
     assert "argument --lr" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_flag_is_taken_only_as_spelled_out(command, capsys):
+    """A prefix of a flag is refused, never read as the one flag it begins (``predict --ranks 8``
+    as ``--ranks-per-node 8``)."""
+    make, needed = COMMANDS[command]
+    parser = make()
+    longest = max((option for action in parser._actions for option in action.option_strings
+                   if option.startswith("--") and action.nargs != 0), key=len)
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args([*needed, longest[:-2], "1"])
+    assert exit_.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
