@@ -65,6 +65,11 @@ def rewrite_meta(change):
     return damage
 
 
+def another_header(directory) -> None:
+    text = (directory / "steps.csv").read_text()
+    (directory / "steps.csv").write_text("rank,step,seconds\n" + text.split("\n", 1)[1])
+
+
 def cut_meta(directory) -> None:
     (directory / "meta.json").write_text((directory / "meta.json").read_text()[:30])
 
@@ -73,6 +78,8 @@ DAMAGES = {
     "cut events": (cut_events, r"events.csv line \d+: \d+ fields instead of 14"),
     "header-only events": (header_only("events.csv"), "events.csv holds no kernel of a training step"),
     "header-only steps": (header_only("steps.csv"), "steps.csv holds no traced training step"),
+    "another version's steps": (another_header, "steps.csv line 1: not a StepRecord file of this version .*: "
+                                                  "trace the run again"),
     "NUL bytes": (append_bytes(b"\0\0\0\0"), r"events.csv line \d+:"),
     "not UTF-8": (append_bytes(b"\xff\xfe\n"), r"events.csv line \d+: not UTF-8"),
     "cut meta": (cut_meta, r"meta.json line \d+: not JSON"),

@@ -98,7 +98,8 @@ def read_records(path: str, kind: type[Record]) -> list[Record]:
     try:
         header = next(reader, None)
         if header != expected:
-            raise ValueError(f"{path} line 1: not a {kind.__name__} file (header {header or 'missing'})")
+            raise ValueError(f"{path} line 1: not a {kind.__name__} file of this version (header "
+                             f"{header or 'missing'}): trace the run again")
         for row in reader:
             if len(row) != len(expected):
                 raise ValueError(f"{path} line {reader.line_num}: {len(row)} fields instead of {len(expected)}; "
