@@ -88,14 +88,15 @@ def test_an_override_lets_a_resume_change_a_training_flag(tmp_path, finished_che
 
 
 def damaged_files(directory, source) -> dict:
-    """A truncated checkpoint and a checkpoint without its metadata, beside a good one."""
+    """A truncated checkpoint, one without its metadata, an empty file, a text file and a missing one."""
     good = (source / "checkpoint.npz").read_bytes()
     (directory / "truncated.npz").write_bytes(good[:len(good) // 2])
     with np.load(source / "checkpoint.npz") as archive:
         np.savez(directory / "bare.npz", **{k: archive[k] for k in archive.files if not k.startswith("meta/")})
     (directory / "empty.npz").write_bytes(b"")
+    (directory / "text.npz").write_text("weights\n")
     return {"truncated": directory / "truncated.npz", "bare": directory / "bare.npz",
-            "empty": directory / "empty.npz"}
+            "empty": directory / "empty.npz", "not a zip": directory / "text.npz", "missing": directory / "none.npz"}
 
 
 @pytest.mark.parametrize("kind, flag, message", [
@@ -103,6 +104,8 @@ def damaged_files(directory, source) -> dict:
     ("empty", "--resume", "is damaged or not an .npz file"),
     ("bare", "--resume", "lacks its metadata"),
     ("truncated", "--load-weights", "--load-weights"),
+    ("not a zip", "--load-weights", "is damaged or not an .npz file (no zip archive in it)"),
+    ("missing", "--load-weights", "no such file: check the path"),
 ])
 def test_a_damaged_checkpoint_or_weights_file_gives_one_line(tmp_path, finished_checkpoint, kind, flag, message):
     path = damaged_files(tmp_path, finished_checkpoint)[kind]

@@ -73,7 +73,12 @@ def save_checkpoint(directory: str, network: Network, optimizer: Optimizer, glob
 
 
 def read_npz(path: str, what: str) -> dict[str, np.ndarray]:
-    """Every array of the .npz file ``path``; UserError naming ``what`` and the file when it is damaged."""
+    """Every array of the .npz file ``path``; UserError naming ``what`` and the file when it is
+    missing or damaged."""
+    if not os.path.isfile(path):
+        raise UserError(f"{what} {path}: no such file: check the path")
+    if not zipfile.is_zipfile(path):  # NumPy would read it as a pickle and suggest loading it unsafely
+        raise UserError(f"{what} {path} is damaged or not an .npz file (no zip archive in it): use another copy")
     try:
         with np.load(path) as archive:
             return {name: archive[name] for name in archive.files}
