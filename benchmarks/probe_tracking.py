@@ -20,6 +20,12 @@ probe leaves: the spread of log(network / probe) over the network's own spread (
 1, dividing the network's time by the probe's steadies it; above 1, the correction adds
 the probe's noise). The baseline is the first round after an untimed warm-up round,
 measured in the same run.
+
+Each round also trains the network as a job does, its gradients summed by the trainer's
+bucketed Allreduce overlapped with backward (``measure_probe(reduced=True)``), and the
+last line sets its kernels against the calibration's sampling of the same round: a
+median near x1 says the calibration samples the network as training runs it, so that
+what a prediction misses on this machine is the machine's move, not the method.
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ from pydtnn_lite.textable import format_table
 COLUMNS = ("core GEMM", "core copy", "kernel probe", "kernel probe GEMMs", "network GEMMs", "network kernels")
 PROBES = COLUMNS[:4]
 NETWORK = "network kernels"
+TRAINED = "network kernels, trained"  # the same network, its gradients reduced as in a training job
 
 
 def log_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -81,11 +88,13 @@ def one_round(comm: MPICommunicator, model: str, batch: int, dataset: str) -> di
     probed = probe_kernels(comm)
     [network] = job_probes([(model, batch, dataset)])
     sampled = measure_probe(network, backend, comm, 3, CacheEvictor(backend), min_seconds=1.0)
+    trained = measure_probe(network, backend, comm, 3, CacheEvictor(backend), min_seconds=1.0, reduced=True)
     return {"core GEMM": 1.0 / gemm_pace, "core copy": 1.0 / copy_pace,
             "kernel probe": sum(s.seconds for calls in probed.calls.values() for s in calls),
             "kernel probe GEMMs": sum(s.seconds for s in probed.calls.get(GEMM, [])),
             "network GEMMs": sum(s.seconds for s in sampled.samples.get(GEMM, [])),
-            NETWORK: sum(s.seconds for calls in sampled.samples.values() for s in calls)}
+            NETWORK: sum(s.seconds for calls in sampled.samples.values() for s in calls),
+            TRAINED: sum(s.seconds for calls in trained.samples.values() for s in calls)}
 
 
 def main() -> None:
@@ -110,7 +119,8 @@ def main() -> None:
             first = rounds[0]
             print(f"round {index + 1}: " + ", ".join(f"{name} x{rounds[-1][name] / first[name]:.3f}"
                                                      for name in COLUMNS) +
-                  f" (network kernels {1e3 * rounds[-1][NETWORK]:.1f} ms)", flush=True)
+                  f" (network kernels {1e3 * rounds[-1][NETWORK]:.1f} ms sampled, "
+                  f"{1e3 * rounds[-1][TRAINED]:.1f} ms trained)", flush=True)
     if comm.rank != 0:
         return
     rows = []
@@ -127,6 +137,10 @@ def main() -> None:
           f"x{network_spread:.3f} (slowest round over fastest)")
     print(format_table(["probe", "moved (slowest / fastest)", "slope of the network on it", "correlation",
                         f"correlation over {args.window}-round means", "spread left corrected by it"], rows))
+    trained_over_sampled = sorted(r[TRAINED] / r[NETWORK] for r in rounds)
+    print(f"trained as a job over sampled as calibrating does, the same round: median "
+          f"x{statistics.median(trained_over_sampled):.3f} (x{trained_over_sampled[0]:.3f} to "
+          f"x{trained_over_sampled[-1]:.3f})")
 
 
 if __name__ == "__main__":

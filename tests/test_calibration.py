@@ -185,6 +185,19 @@ def test_every_kernel_call_of_a_probe_step_becomes_one_sample(probe):
     assert len(im2col.dims) == 6
 
 
+def test_a_probe_trained_as_a_job_samples_the_same_calls_without_waits_or_evictions():
+    """``reduced``: the trainer's own gradient reduction in place of the probes' barrier, the
+    sampling that ``benchmarks/probe_tracking.py`` sets the calibration's against."""
+    probe, backend, evictions = Probe("conv", 4, (8, 3, 4, 3, 2, 1)), make_backend(), []
+    sampled = measure_probe(probe, backend, SerialCommunicator(), repeats=2, evict=lambda: evictions.append(1))
+    trained = measure_probe(probe, backend, SerialCommunicator(), repeats=2, evict=lambda: evictions.append(1),
+                            reduced=True)
+    assert len(evictions) == 3 and trained.waits == []  # the evictions and waits are the sampling's alone
+    assert {name: [s.dims for s in calls] for name, calls in trained.samples.items()} == \
+        {name: [s.dims for s in calls] for name, calls in sampled.samples.items()}
+    assert trained.overhead[0] == sampled.overhead[0]  # the same compute calls a step
+
+
 def test_the_environment_states_the_last_level_cache_that_is_evicted(monkeypatch):
     assert cache_size_bytes("32768K\n") == 32 << 20 and cache_size_bytes("1048576") == 1 << 20
     assert cache_size_bytes("lots") is None

@@ -111,7 +111,7 @@ class ProbeMeasurement:
 
 
 def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: int, evict: Callable[[], None],
-                  min_seconds: float = 0.0, seed: int = 0) -> ProbeMeasurement:
+                  min_seconds: float = 0.0, seed: int = 0, reduced: bool = False) -> ProbeMeasurement:
     """Train the probe on every rank of ``ranks`` at once (collective) and sample every
     kernel call of its training step.
 
@@ -120,23 +120,28 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
     a step of a small probe takes a few milliseconds, and its median over a longer span is
     less at the mercy of whatever else the machine runs at that moment. ``evict()`` runs
     between backward and the update of every step (e.g. a
-    :class:`~pydtnn_lite.perfmodel.measuring.host.CacheEvictor`).
+    :class:`~pydtnn_lite.perfmodel.measuring.host.CacheEvictor`). ``reduced``: the ranks
+    sum their gradients instead, with the trainer's bucketed Allreduce overlapped with
+    backward, as a training job's step does (no waits, no eviction): what calibrating
+    samples can be set against (``benchmarks/probe_tracking.py``).
     """
     most = max(repeats, MAX_STEPS)
     network = probe.network().build(backend, seed=seed)
     optimizer = Adam(network) if probe.optimizer == "adam" else SGD(network)
-    synchronizer = ProbeSynchronizer(network, ranks, evict)
-    data = RandomImages(probe.batch * (most + 1), probe.batch, probe.input_shape, probe.classes, seed)
-    trainer = build_trainer(network, data, TrainerSettings(probe.batch, seed=seed, steps_per_epoch=1),
-                            optimizer=optimizer, schedule=LearningRateSchedule(LEARNING_RATE),
-                            synchronizer=synchronizer)
+    synchronizer = None if reduced else ProbeSynchronizer(network, ranks, evict)
+    global_batch = probe.batch * (ranks.size if reduced else 1)  # each rank trains on the probe's batch
+    data = RandomImages(global_batch * (most + 1), probe.batch, probe.input_shape, probe.classes, seed)
+    trainer = build_trainer(network, data, TrainerSettings(global_batch, seed=seed, steps_per_epoch=1),
+                            comm=ranks if reduced else None, optimizer=optimizer,
+                            schedule=LearningRateSchedule(LEARNING_RATE), synchronizer=synchronizer)
     started = time.perf_counter()
     trainer.train_epoch(0)
     warm_up = time.perf_counter() - started
     steps = max(ranks.allgather_object(int(np.clip(math.ceil(min_seconds / max(warm_up, 1e-6)), repeats, most))))
     trainer.steps_per_epoch = 1 + steps
-    synchronizer.waits.clear()
-    synchronizer.untraced.clear()
+    if synchronizer is not None:
+        synchronizer.waits.clear()
+        synchronizer.untraced.clear()
     tracer = Tracer(trainer, skip_steps=1).attach()
     try:
         trainer.train_epoch(0)
@@ -145,8 +150,9 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
     costs = keyed_costs(step_costs(network, optimizer, probe.batch)
                         + [(NO_LAYER, h2d_copy_cost(probe.batch, probe.input_shape))])
     warm, cold = paired_samples(tracer.kernels, costs)
-    return ProbeMeasurement(warm, list(synchronizer.waits),
-                            step_overhead(tracer.kernels, tracer.steps, synchronizer.untraced), cold)
+    untraced = synchronizer.untraced if synchronizer is not None else [0.0] * len(tracer.steps)
+    return ProbeMeasurement(warm, list(synchronizer.waits) if synchronizer is not None else [],
+                            step_overhead(tracer.kernels, tracer.steps, untraced), cold)
 
 
 def step_overhead(records: Sequence[KernelRecord], steps: Sequence[StepRecord],
