@@ -11,7 +11,10 @@ throughput is that of the second epoch (the first pays allocation and warm-up). 
 adds environment variables to its runs: ``--variant spin MPIR_CVAR_CH4_PROGRESS_THROTTLE=0``
 undoes a setting the product makes. The default variant, ``product``, adds none.
 
-Prints the median img/s of every run kind and its ratio to the baseline's median.
+Prints the median img/s of every run kind and its ratio to the baseline's median, then
+what compute alone allows each rank count against the baseline: one rank of one thread
+times a step on its share of the batch (in this process, in every round beside the
+jobs), and R ranks on C cores need max(1, R / C) such steps of time a step.
 """
 from __future__ import annotations
 
@@ -23,9 +26,11 @@ import subprocess
 import sys
 import tempfile
 
+from pydtnn_lite.comm import SerialCommunicator
+from pydtnn_lite.runtime import set_blas_threads, usable_cores
 from pydtnn_lite.textable import format_table
 
-from common import interleave
+from common import interleave, make_trainer, median_seconds
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 EPOCH_THROUGHPUT = re.compile(r"epoch 2/2: .*?([\d.]+) img/s")
@@ -66,6 +71,20 @@ def throughput(args: argparse.Namespace, ranks: int, environment: dict[str, str]
     return float(found.group(1))
 
 
+def one_rank_step(args: argparse.Namespace, batch: int) -> float:
+    """Seconds of a training step of one rank of one thread on ``batch`` images (median of ``--steps``)."""
+    set_blas_threads(1)  # as each rank of a job with at least as many ranks as cores
+    trainer = make_trainer(args.model, args.dataset, batch, SerialCommunicator())
+    data = trainer.load_step(0, 0)
+    return median_seconds(lambda: trainer.train_step(data), args.steps)
+
+
+def compute_bound(step_seconds: float, ranks: int, cores: int) -> float:
+    """The shortest step ``ranks`` ranks of one thread allow on ``cores`` cores, each rank's
+    step taking ``step_seconds`` alone: ranks beyond the cores take turns."""
+    return step_seconds * max(1.0, ranks / cores)
+
+
 def main() -> None:
     args = parse_args()
     variants = {name: dict(setting.split("=", 1) for setting in settings)
@@ -77,7 +96,13 @@ def main() -> None:
     def job(name: str, ranks: int, environment: dict[str, str]):
         return lambda: {f"{name}, {ranks} ranks": throughput(args, ranks, environment)}
 
-    samples = interleave([job(*run) for run in runs], args.rounds, warmup=0)
+    def alone(ranks: int):
+        return lambda: {f"alone, {args.batch_size // ranks} images": one_rank_step(args, args.batch_size // ranks)}
+
+    jobs = [job(*run) for run in runs] + [alone(ranks) for ranks in args.ranks]
+    samples = interleave(jobs, args.rounds, warmup=0)
+    steps_alone = {ranks: statistics.median(samples.pop(f"alone, {args.batch_size // ranks} images"))
+                   for ranks in args.ranks}
     base = statistics.median(samples[f"{BASELINE}, {baseline_ranks} ranks"])
     rows = [[label, " ".join(f"{v:.1f}" for v in values), f"{statistics.median(values):.1f}",
              f"{statistics.median(values) / base:.2f}"] for label, values in samples.items()]
@@ -85,6 +110,13 @@ def main() -> None:
     print(format_table(["run", "img/s per round", "median img/s", f"/ {baseline_ranks} ranks"], rows))
     for name, environment in variants.items():
         print(f"{name}: {' '.join(f'{k}={v}' for k, v in environment.items()) or 'no added environment'}")
+    cores = usable_cores()
+    for ranks in args.ranks[1:]:
+        bound = compute_bound(steps_alone[baseline_ranks], baseline_ranks, cores) / compute_bound(
+            steps_alone[ranks], ranks, cores)
+        print(f"compute alone bounds {ranks} ranks at {bound:.2f}x of {baseline_ranks} on {cores} cores (one rank of "
+              f"one thread: {args.batch_size // ranks} images {steps_alone[ranks] * 1e3:.1f} ms, "
+              f"{args.batch_size // baseline_ranks} images {steps_alone[baseline_ranks] * 1e3:.1f} ms a step)")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ sys.path.insert(0, BENCHMARKS)
 from core_speed import longest  # noqa: E402
 from heterogeneous import verdict_of  # noqa: E402
 from host_kernels import NUMPY_VERSIONS  # noqa: E402
+from oversubscription import compute_bound  # noqa: E402
 from probe_tracking import log_fit, spread_left, window_means  # noqa: E402
 from validation_accuracy import Config, steps_to_trace  # noqa: E402
 
@@ -57,6 +58,14 @@ def test_a_slow_spell_lasts_from_its_first_slow_instant_to_the_next_fast_one():
     assert longest(instants, [False, True, True, False, True, False]) == 2.0
     assert longest(instants, [False] * 6) == 0.0
     assert longest(instants, [False, False, False, False, True, True]) == 1.0  # until the last instant
+
+
+def test_the_oversubscription_bound_lets_ranks_beyond_the_cores_take_turns():
+    assert compute_bound(0.1, ranks=8, cores=2) == pytest.approx(0.4)  # four ranks a core, one after the other
+    assert compute_bound(0.3, ranks=2, cores=2) == pytest.approx(0.3)  # a core each
+    assert compute_bound(0.3, ranks=1, cores=2) == pytest.approx(0.3)  # an idle core buys a one-thread rank nothing
+    # 8 ranks of 8 images (0.1 s a step) against 2 of 32 (0.3 s): compute alone allows 0.75x.
+    assert compute_bound(0.3, 2, 2) / compute_bound(0.1, 8, 2) == pytest.approx(0.75)
 
 
 def test_probe_tracking_fits_the_network_s_logarithm_on_each_probe_s():
