@@ -96,13 +96,17 @@ def main() -> None:
     def job(name: str, ranks: int, environment: dict[str, str]):
         return lambda: {f"{name}, {ranks} ranks": throughput(args, ranks, environment)}
 
-    def alone(ranks: int):
-        return lambda: {f"alone, {args.batch_size // ranks} images": one_rank_step(args, args.batch_size // ranks)}
+    counts = list(dict.fromkeys(args.ranks))  # each rank count once (--ranks 2 2 8 repeats the baseline)
 
-    jobs = [job(*run) for run in runs] + [alone(ranks) for ranks in args.ranks]
+    def alone_label(ranks: int) -> str:
+        return f"alone, {args.batch_size // ranks} images"
+
+    def alone(ranks: int):
+        return lambda: {alone_label(ranks): one_rank_step(args, args.batch_size // ranks)}
+
+    jobs = [job(*run) for run in runs] + [alone(ranks) for ranks in counts]
     samples = interleave(jobs, args.rounds, warmup=0)
-    steps_alone = {ranks: statistics.median(samples.pop(f"alone, {args.batch_size // ranks} images"))
-                   for ranks in args.ranks}
+    steps_alone = {ranks: statistics.median(samples.pop(alone_label(ranks))) for ranks in counts}
     base = statistics.median(samples[f"{BASELINE}, {baseline_ranks} ranks"])
     rows = [[label, " ".join(f"{v:.1f}" for v in values), f"{statistics.median(values):.1f}",
              f"{statistics.median(values) / base:.2f}"] for label, values in samples.items()]
@@ -111,7 +115,7 @@ def main() -> None:
     for name, environment in variants.items():
         print(f"{name}: {' '.join(f'{k}={v}' for k, v in environment.items()) or 'no added environment'}")
     cores = usable_cores()
-    for ranks in args.ranks[1:]:
+    for ranks in counts[1:]:
         bound = compute_bound(steps_alone[baseline_ranks], baseline_ranks, cores) / compute_bound(
             steps_alone[ranks], ranks, cores)
         print(f"compute alone bounds {ranks} ranks at {bound:.2f}x of {baseline_ranks} on {cores} cores (one rank of "

@@ -150,9 +150,9 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
     costs = keyed_costs(step_costs(network, optimizer, probe.batch)
                         + [(NO_LAYER, h2d_copy_cost(probe.batch, probe.input_shape))])
     warm, cold = paired_samples(tracer.kernels, costs)
-    untraced = synchronizer.untraced if synchronizer is not None else [0.0] * len(tracer.steps)
-    return ProbeMeasurement(warm, list(synchronizer.waits) if synchronizer is not None else [],
-                            step_overhead(tracer.kernels, tracer.steps, untraced), cold)
+    waits, untraced = ((list(synchronizer.waits), synchronizer.untraced) if synchronizer is not None
+                       else ([], [0.0] * len(tracer.steps)))  # a job's step: no barrier, no eviction
+    return ProbeMeasurement(warm, waits, step_overhead(tracer.kernels, tracer.steps, untraced), cold)
 
 
 def step_overhead(records: Sequence[KernelRecord], steps: Sequence[StepRecord],
