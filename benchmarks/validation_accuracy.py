@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from pydtnn_lite.costs import COMPUTE_STAGES, Stage
+from pydtnn_lite.perfmodel.measuring.host import cpu_model
+from pydtnn_lite.perfmodel.modelling.calibration_folder import calibration_file
 from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, calibrated_machine
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.prediction import predict_step
@@ -346,7 +348,8 @@ def runs_to_validate(args: argparse.Namespace, machine: CalibratedMachine) -> It
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calibration", required=True, nargs="+",
-                        help="calibration files: each validates the same runs (the first sets the steps traced)")
+                        help="calibration files (a folder: its file of this processor): each validates the same "
+                             "runs (the first sets the steps traced)")
     parser.add_argument("--configs", nargs="+", default=["vgg11:64", "vgg11:128", "resnet18:48"])
     parser.add_argument("--runs", type=int, default=3, help="rounds over the configurations (at least 2)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2], help="rank counts to run each configuration on")
@@ -367,10 +370,11 @@ def main() -> None:
                          "leave them out, or drop --traces to train new runs")
     if args.runs < 2:
         raise SystemExit("validation_accuracy: --runs must be at least 2 (the floor compares runs)")
-    machines = [calibrated_machine(path) for path in args.calibration]
+    paths = [calibration_file(path, cpu_model()) for path in args.calibration]
+    machines = [calibrated_machine(path) for path in paths]
     with runs_to_validate(args, machines[0]) as (runs, header):
         validated = validate_runs(runs, machines)
-    for index, (path, machine) in enumerate(zip(args.calibration, machines, strict=True)):
+    for index, (path, machine) in enumerate(zip(paths, machines, strict=True)):
         print_results(path, machine, validated[index], header, args.plot if index == 0 else None)
 
 

@@ -17,7 +17,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TypeVar
 
 import numpy as np
@@ -39,6 +39,7 @@ from pydtnn_lite.paths import check_writable, check_writable_file
 from pydtnn_lite.perfmodel.measuring.host import cpu_model
 from pydtnn_lite.perfmodel.measuring.kernel_probe import probe_kernels
 from pydtnn_lite.perfmodel.measuring.machine_state import StateWatch
+from pydtnn_lite.perfmodel.modelling.calibration_folder import calibration_file
 from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
 from pydtnn_lite.perfmodel.modelling.network import model_choice
 from pydtnn_lite.perfmodel.modelling.trace_validation import validate_trace
@@ -200,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="trace at most M training steps (default: all after the warm-up)")
     tracing.add_argument("--validate", default=None, metavar="CALIBRATION",
                          help="after the run, set the trace against the performance model of this calibration file "
-                              "(python -m pydtnn_lite.calibrate); needs --trace")
+                              "(python -m pydtnn_lite.calibrate), or of a folder's file measured on this processor; "
+                              "needs --trace")
 
     testing = parser.add_argument_group("fault injection (for testing the job's failure handling)")
     testing.add_argument("--inject-failure", metavar="RANK:STEP",
@@ -267,9 +269,13 @@ def make_optimizer(config: RunConfig, network: Network) -> Optimizer:
 
 
 def configure(args: argparse.Namespace, comm: Communicator) -> tuple[RunConfig, Backend]:
-    """This rank's run configuration and backend (its entry of --device); UserError on bad flags. No collectives."""
+    """This rank's run configuration and backend (its entry of --device); UserError on bad flags. No collectives.
+    A --validate folder is replaced by its file of this rank's processor and device."""
     config = RunConfig.from_arguments(args, comm.size, comm.rank)
-    return config, make_backend(config.device, config.dtype, gpu_id=comm.local_rank)
+    backend = make_backend(config.device, config.dtype, gpu_id=comm.local_rank)
+    if config.validate:
+        config = replace(config, validate=calibration_file(config.validate, cpu_model(), backend.device))
+    return config, backend
 
 
 def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_devices: bool, run_id: str) -> Job:

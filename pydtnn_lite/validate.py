@@ -57,7 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not names_a_machine(args):
             args.calibration = trace_calibration(loaded[2])
         dtype = loaded[2].get("dtype", "float32")
-        machine, machine_name, _ = machine_from_arguments(args, 8 if dtype == "float64" else 4)
+        machine, machine_name, _ = machine_from_arguments(args, 8 if dtype == "float64" else 4,
+                                                           loaded[2].get("cpu_model", ""),
+                                                           loaded[2].get("device", "cpu"))
         checked = check_trace(args.trace, loaded, machine, machine_name, args.out)
     except (OSError, ValueError, KeyError, UserError) as error:
         detail = f"the trace's meta.json lacks {error}" if isinstance(error, KeyError) else str(error)

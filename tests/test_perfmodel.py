@@ -629,17 +629,53 @@ def test_each_call_of_a_kernel_in_a_layer_is_compared_with_its_own_prediction():
     assert result.unmatched == 0
 
 
+def calibration_folder(folder) -> str:
+    """A folder of two copies of the reference calibration: ``here.json`` measured on this
+    machine's processor, and ``elsewhere.json`` on another one, measured later."""
+    with open(REFERENCE_CALIBRATION, encoding="utf-8") as handle:
+        document = json.load(handle)
+    folder.mkdir()
+    for name, processor, date in (("here", cpu_model(), "2026-01-01T00:00:00+00:00"),
+                                  ("elsewhere", "Another CPU", "2026-12-31T00:00:00+00:00")):
+        document["machine"].update(cpu_model=processor, date=date)
+        (folder / f"{name}.json").write_text(json.dumps(document), encoding="utf-8")
+    return str(folder)
+
+
 @pytest.fixture(scope="module")
 def traced_run(tmp_path_factory):
-    """A short 2-rank run traced and validated against the reference calibration: (trace directory, stdout).
-    Tests that change the trace work on a copy."""
+    """A short 2-rank run traced and validated against the reference calibration, named by
+    a folder of calibrations (:func:`calibration_folder`): (trace directory, stdout). Tests
+    that change the trace work on a copy."""
     directory = tmp_path_factory.mktemp("traced")
     trace = directory / "trace"
     trained = train_cli(2, "--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--steps-per-epoch", "4",
                         "--eval-steps", "0", "--run-dir", str(directory), "--trace", str(trace),
-                        "--validate", REFERENCE_CALIBRATION)
+                        "--validate", calibration_folder(directory / "calibrations"))
     assert trained.returncode == 0, trained.stderr[-2000:]
     return trace, trained.stdout
+
+
+def test_a_calibration_folder_gives_each_run_the_file_of_its_processor(traced_run, tmp_path):
+    trace, trained = traced_run
+    folder = trace.parent / "calibrations"
+    here, elsewhere = str(folder / "here.json"), str(folder / "elsewhere.json")
+    meta = json.loads((trace / "meta.json").read_text())
+    assert meta["calibration"] == os.path.abspath(here)
+    assert f"measured against predicted (calibration {here})" in trained
+    validated = run("pydtnn_lite.validate", str(trace), "--calibration", str(folder), "--out", str(tmp_path / "v"))
+    assert validated.returncode == 0, validated.stderr
+    assert f"(calibration {here})" in validated.stdout
+    # A run on another processor takes that one's file, however old the other is.
+    moved = tmp_path / "trace"
+    shutil.copytree(trace, moved)
+    (moved / "meta.json").write_text(json.dumps({**meta, "cpu_model": "Another CPU"}))
+    validated = run("pydtnn_lite.validate", str(moved), "--calibration", str(folder))
+    assert validated.returncode == 0, validated.stderr
+    assert f"(calibration {elsewhere})" in validated.stdout
+    predicted = run("pydtnn_lite.predict", "--model", "lenet", "--procs", "2", "--calibration", str(folder))
+    assert predicted.returncode == 0, predicted.stderr
+    assert f"calibration {here};" in predicted.stdout.splitlines()[0]
 
 
 def test_validate_a_short_traced_run_end_to_end(traced_run, tmp_path):

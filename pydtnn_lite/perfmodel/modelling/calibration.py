@@ -353,23 +353,31 @@ class Calibration:
     def load(cls, path: str) -> Calibration:
         """Read a file written by :meth:`save`. Raises OSError if it cannot be read and
         ValueError if it is not a calibration file or is damaged."""
-        try:
-            with open(path, encoding="utf-8") as handle:
-                data = json.load(handle)
-        except OSError as error:
-            raise OSError(error.errno, f"cannot read calibration file {path}: {error.strerror}") from error
-        except (ValueError, UnicodeDecodeError) as error:
-            raise ValueError(f"{path} is not a calibration file (not JSON: {error}): write one with "
-                             "python -m pydtnn_lite.calibrate --out FILE") from error
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a calibration file (no \"format\": \"{FORMAT}\"): write one with "
-                             "python -m pydtnn_lite.calibrate --out FILE")
-        if data.get("version") != VERSION:
-            raise ValueError(f"{path} is a calibration file of version {data.get('version')}, this program reads "
-                             f"version {VERSION}: calibrate again")
+        data = read_calibration_data(path)
         try:
             return cls.from_dict(data)
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"{path} is a damaged calibration file ({type(error).__name__}: {error}): "
                              "calibrate again") from error
+
+
+def read_calibration_data(path: str) -> dict:
+    """The JSON object of the calibration file at ``path``, its format and version checked.
+    Raises OSError if it cannot be read and ValueError if it is not a calibration file of
+    this version."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except OSError as error:
+        raise OSError(error.errno, f"cannot read calibration file {path}: {error.strerror}") from error
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not a calibration file (not JSON: {error}): write one with "
+                         "python -m pydtnn_lite.calibrate --out FILE") from error
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a calibration file (no \"format\": \"{FORMAT}\"): write one with "
+                         "python -m pydtnn_lite.calibrate --out FILE")
+    if data.get("version") != VERSION:
+        raise ValueError(f"{path} is a calibration file of version {data.get('version')}, this program reads "
+                         f"version {VERSION}: calibrate again")
+    return data
 

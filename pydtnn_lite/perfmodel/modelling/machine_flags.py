@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pydtnn_lite import flags
+from pydtnn_lite.perfmodel.modelling.calibration_folder import calibration_file
 from pydtnn_lite.perfmodel.modelling.clusters import PRESETS
 from pydtnn_lite.perfmodel.modelling.machines import (
     ALLREDUCE_MODELS,
@@ -22,7 +23,8 @@ def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
     and ``--allreduce-model`` to ``parser``."""
     machine = parser.add_argument_group("machine: a calibration file, or a preset changed by any of the figures")
     machine.add_argument("--calibration", default=None, metavar="FILE",
-                         help="kernel and Allreduce models from python -m pydtnn_lite.calibrate")
+                         help="kernel and Allreduce models from python -m pydtnn_lite.calibrate; a folder of such "
+                              "files: the one measured on the run's processor")
     machine.add_argument("--preset", choices=sorted(PRESETS), default=None, help="cluster preset (default ampere)")
     machine.add_argument("--peak-flops",
                          type=flags.real(0.0, 1e21, above=True), default=None, help="peak FLOP/s per node")
@@ -45,11 +47,14 @@ def names_a_machine(args: argparse.Namespace) -> bool:
     return bool(args.calibration or args.preset or any(getattr(args, figure) is not None for figure in FIGURES))
 
 
-def machine_from_arguments(args: argparse.Namespace, itemsize: int) -> tuple[Machine, str, int]:
-    """The machine the flags describe, its name, and its nodes (the default number of ranks).
+def machine_from_arguments(args: argparse.Namespace, itemsize: int, cpu_model: str,
+                           device: str = "cpu") -> tuple[Machine, str, int]:
+    """The machine the flags describe, its name, and its nodes (the default number of ranks),
+    for a run on processor ``cpu_model`` and ``device`` (which file of a calibration folder).
     Without a calibration it is a preset (default ampere) with the figures given replaced."""
     if args.calibration:
-        machine = calibrated_machine(args.calibration, args.algorithm, args.allreduce_model)
-        return machine, f"calibration {args.calibration}", machine.calibration.allreduce_ranks
+        path = calibration_file(args.calibration, cpu_model, device)
+        machine = calibrated_machine(path, args.algorithm, args.allreduce_model)
+        return machine, f"calibration {path}", machine.calibration.allreduce_ranks
     cluster = described_cluster(args.preset, args.peak_flops, args.mem_bw, args.link_bw, args.latency)
     return cluster_machine(cluster, args.algorithm or "ring", itemsize), cluster.name, cluster.nodes

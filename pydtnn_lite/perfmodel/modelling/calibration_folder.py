@@ -1,0 +1,41 @@
+"""A folder of calibration files, one per machine: each run takes the one of its own processor.
+
+A calibration holds for the processor that measured it; another processor's is carried
+over only in part by the drift correction (``validate`` warns of it). Users who run on
+several kinds of machine, and this repository, whose development machine has been an
+AMD EPYC on some days and an Intel Xeon on others, keep one file per processor in a
+folder and name the folder wherever a calibration file is asked for.
+"""
+from __future__ import annotations
+
+import os
+
+from pydtnn_lite.errors import UserError
+from pydtnn_lite.perfmodel.modelling.calibration import read_calibration_data
+
+
+def calibration_file(path: str, cpu_model: str, device: str = "cpu") -> str:
+    """``path`` where it is not a folder. In a folder, of its calibrations (``*.json``) of one
+    node's ``device`` run, the newest measured on processor ``cpu_model``, else the newest of
+    any processor. A calibration of several (emulated) nodes is never picked: name its file."""
+    if not os.path.isdir(path):
+        return path
+    candidates = []
+    for name in sorted(os.listdir(path)):
+        file = os.path.join(path, name)
+        if not name.endswith(".json") or not os.path.isfile(file):
+            continue
+        try:
+            data = read_calibration_data(file)
+        except OSError as error:
+            raise UserError(f"{error.strerror or error}: every .json file in a calibration folder is a calibration; "
+                            "move the others out") from None
+        except ValueError as error:
+            raise UserError(f"{error} (every .json file in calibration folder {path} is read)") from None
+        machine = data.get("machine", {})
+        if machine.get("device", "cpu") == device and not data.get("network"):
+            candidates.append((machine.get("cpu_model") == cpu_model, str(machine.get("date", "")), file))
+    if not candidates:
+        raise UserError(f"{path} holds no calibration of one node's {device} run: write one with "
+                        f"python -m pydtnn_lite.calibrate --out {os.path.join(path, 'NAME.json')}, or name a file")
+    return max(candidates)[2]
