@@ -1,7 +1,7 @@
 """Predicted against measured training steps on an emulated cluster (run as root, from the repository root).
 
     python benchmarks/emulated_cluster.py [--nodes 2] [--ranks-per-node 1] [--link-gbit 1 2 5]
-        [--models vgg11 resnet18] [--comm mpi [hierarchical ...]] [--calibration calibration/dev-2core.json] [--steps 6]
+        [--models vgg11 resnet18] [--comm mpi [hierarchical ...]] [--calibration calibration/] [--steps 6]
         [--keep DIR]
 
 For each link rate, launch/emulated-cluster.sh first times Allreduce into a copy of the
@@ -24,6 +24,8 @@ import shutil
 import subprocess
 import sys
 
+from pydtnn_lite.perfmodel.measuring.host import cpu_model
+from pydtnn_lite.perfmodel.modelling.calibration_folder import calibration_file
 from pydtnn_lite.textable import format_table
 
 from common import output_folder
@@ -68,11 +70,13 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["vgg11", "resnet18"])
     parser.add_argument("--comm", nargs="+", default=["mpi"],
                         help="--comm of the training runs, each in turn (mpi, hierarchical, auto)")
-    parser.add_argument("--calibration", default=os.path.join(REPO, "calibration", "dev-2core.json"))
+    parser.add_argument("--calibration", default=os.path.join(REPO, "calibration"),
+                        help="the kernels' calibration file, or a folder: its file of this processor")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--steps", type=int, default=6, help="training steps per run (the first is not traced)")
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep the traces and calibrations in DIR")
     args = parser.parse_args()
+    args.calibration = calibration_file(args.calibration, cpu_model())
     rows = []
     with output_folder(args.keep, "emulated_cluster") as folder:
         for rate in args.link_gbit:
