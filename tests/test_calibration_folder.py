@@ -36,12 +36,21 @@ def test_the_newest_file_of_the_runs_processor_and_device_on_one_node(tmp_path):
     # No file of this processor: the newest of another one (its validation warns of it).
     assert calibration_file(str(tmp_path), "Apple M3") == newest_epyc
     assert calibration_file(str(tmp_path), "Intel Xeon", "gpu") == str(tmp_path / "e.json")
+    # Dates compare as instants, whatever their offsets from UTC; an undated file is the oldest.
+    later = header(tmp_path, "f.json", "Intel Xeon", "2026-11-27T20:00:00-08:00")  # 04:00 UTC on the 28th
+    header(tmp_path, "g.json", "Intel Xeon", "")
+    assert calibration_file(str(tmp_path), "Intel Xeon") == later
 
 
 def test_a_folder_without_a_fitting_file_or_with_another_json_stops_with_one_line(tmp_path):
     header(tmp_path, "cluster.json", "Intel Xeon", "2026-11-28T00:00:00+00:00", network={"nodes": 2})
     with pytest.raises(UserError, match="holds no calibration of one node's cpu run.*calibrate --out"):
         calibration_file(str(tmp_path), "Intel Xeon")
+    damaged = tmp_path / "damaged.json"
+    damaged.write_text(json.dumps({"format": FORMAT, "version": VERSION, "machine": []}))
+    with pytest.raises(UserError, match="damaged.json is a damaged calibration file.*calibrate again"):
+        calibration_file(str(tmp_path), "Intel Xeon")
+    damaged.unlink()
     (tmp_path / "results.json").write_text(json.dumps({"step": 1.0}))
     with pytest.raises(UserError, match=r"results.json is not a calibration file.*every \.json file"):
         calibration_file(str(tmp_path), "Intel Xeon")

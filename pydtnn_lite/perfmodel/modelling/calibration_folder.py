@@ -8,7 +8,9 @@ folder and name the folder wherever a calibration file is asked for.
 """
 from __future__ import annotations
 
+import math
 import os
+from datetime import datetime
 
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.calibration import read_calibration_data
@@ -32,10 +34,21 @@ def calibration_file(path: str, cpu_model: str, device: str = "cpu") -> str:
                             "move the others out") from None
         except ValueError as error:
             raise UserError(f"{error} (every .json file in calibration folder {path} is read)") from None
-        machine = data.get("machine", {})
+        machine = data.get("machine")
+        if not isinstance(machine, dict):
+            raise UserError(f"{file} is a damaged calibration file (no machine record): calibrate again")
         if machine.get("device", "cpu") == device and not data.get("network"):
-            candidates.append((machine.get("cpu_model") == cpu_model, str(machine.get("date", "")), file))
+            candidates.append((machine.get("cpu_model") == cpu_model, _measured_at(machine), file))
     if not candidates:
         raise UserError(f"{path} holds no calibration of one node's {device} run: write one with "
                         f"python -m pydtnn_lite.calibrate --out {os.path.join(path, 'NAME.json')}, or name a file")
     return max(candidates)[2]
+
+
+def _measured_at(machine: dict) -> float:
+    """When a calibration was measured, in seconds since the epoch (its record's ISO date;
+    files that do not say count as the oldest)."""
+    try:
+        return datetime.fromisoformat(str(machine["date"])).timestamp()
+    except (KeyError, ValueError):
+        return -math.inf
