@@ -250,9 +250,10 @@ def check_outputs(config: RunConfig) -> None:
 
 
 def model_preference(config: RunConfig, bucket_bytes: float) -> Callable[[Placement], str | None] | None:
-    """With a --validate calibration that timed Allreduce between nodes, the strategy its
-    model predicts faster for a bucket (``--comm auto`` on several nodes); else None."""
-    if not config.validate:
+    """With ``--comm auto`` and a --validate calibration that timed Allreduce between nodes, the
+    strategy its model predicts faster for a bucket (on several nodes); else None. Only
+    ``auto`` consults it: no other run reads the file on every rank at start-up."""
+    if not config.validate or config.comm != "auto":
         return None
     machine = calibrated_machine(config.validate)
     timings = machine.calibration.network
