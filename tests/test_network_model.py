@@ -8,6 +8,7 @@ import pytest
 
 from pydtnn_lite.calibrate import report
 from pydtnn_lite.comm.strategy import Placement, spans_nodes_in_groups
+from pydtnn_lite.perfmodel.measuring import transfer_cost
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel, Link
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.channel import NO_TRANSFER_COST, TransferCost
@@ -167,3 +168,54 @@ def test_a_hierarchical_trace_is_validated_with_the_two_level_model():
     for raw_or_corrected in run_machines(machine, dict(meta, strategy="mpi")):
         assert raw_or_corrected.allreduce_seconds(1 << 20, 4) == pytest.approx(flat(1 / GBIT).seconds(1 << 20, 4))
         assert raw_or_corrected.overlaps_communication
+
+
+class _Clock:
+    """A clock that the fake calls below move on by what each costs."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _ClockedRequest:
+    """A bucket's reduction done at its second test; a test costs 0.5 s of ``clock``."""
+
+    def __init__(self, clock: _Clock) -> None:
+        self.clock, self.tests = clock, 0
+
+    def test(self) -> bool:
+        self.clock.now += 0.5
+        self.tests += 1
+        return self.tests >= 2
+
+
+class _ClockedComm:
+    """Posting a bucket costs 1 s of ``clock``."""
+
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
+
+    def barrier(self) -> None:
+        """Nothing to wait for."""
+
+    def iallreduce(self, bucket: object) -> _ClockedRequest:
+        self.clock.now += 1.0
+        return _ClockedRequest(self.clock)
+
+
+def test_a_post_is_timed_with_the_test_the_trainer_makes_right_after_it(monkeypatch):
+    """The trainer tests its buckets as soon as it has posted them (the test that takes the
+    peer's first share in over TCP, counted as communication in the trace): the calibration
+    times a post the same way, the post and that test, and leaves the rest to the kernels."""
+    clock = _Clock()
+    monkeypatch.setattr(transfer_cost.time, "perf_counter", clock)
+    comm = _ClockedComm(clock)
+
+    def kernel() -> None:
+        clock.now += 10.0
+    kernels, elapsed, posting = transfer_cost.overlapped_kernels(comm, kernel, [object(), object()])
+    assert (kernels, posting, elapsed) == (1, 2 * (1.0 + 0.5), 2 * (1.0 + 0.5) + 10.0 + 2 * 0.5)
+    assert transfer_cost.lone_post_round(comm, kernel, [object(), object()]) == 1.5

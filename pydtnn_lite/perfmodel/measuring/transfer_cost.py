@@ -10,10 +10,13 @@ test of the outstanding buckets after each, while :data:`BUCKETS` buckets of
 :data:`BUCKET_BYTES` reduce over all the ranks.
 
 - Posting: the seconds of the call that starts a bucket's reduction (MPICH over TCP
-  writes the bucket's first share into the socket inside it), each bucket posted alone
-  onto an idle link, as backward posts its buckets one at a time: 0.6 ms for a 4 MiB
-  bucket over 1 Gbit/s and 0.8 over 5 here, where training's posts took 0.6-1.3 ms. Six
-  posted back to back averaged 0.2-0.4 ms, five of them finding the sockets full.
+  writes the bucket's first share into the socket inside it) and of the test the trainer
+  makes right after it (which takes in what the peers have sent of the bucket and sums
+  it), each bucket posted alone onto an idle link, as backward posts its buckets one at a
+  time: for a 4 MiB bucket 0.6 ms over 1 and 2 Gbit/s here, about the call alone, and 1.5
+  over 5, where the call alone took 0.8 and training's tests right after a post 0.3-0.5
+  (the faster the link, the more of the peer's share the test finds). Six posted back to
+  back averaged 0.2-0.4 ms, five of them finding the sockets full.
 - CPU: kernels of a few milliseconds, against the same kernels alone just before; the
   difference, less the posting, per byte of the buckets.
 - Window: kernels of :data:`LONG_KERNEL_SECONDS`, longer than the link needs for what the
@@ -54,10 +57,11 @@ def overlapped_kernels(comm: MPICommunicator, kernel: Callable[[], object],
                        buckets: list[np.ndarray]) -> tuple[int, float, float]:
     """Reduce ``buckets`` over ``comm`` while running ``kernel`` with a test of the outstanding
     buckets after each, until all are done: (kernels run, seconds taken, seconds of them
-    posting the buckets); collective."""
+    posting the buckets and testing them once right after); collective."""
     comm.barrier()
     started = time.perf_counter()
     pending = [comm.iallreduce(bucket) for bucket in buckets]
+    pending = [request for request in pending if not request.test()]  # as the trainer tests right after posting
     posting = time.perf_counter() - started
     kernels = 0
     while pending:
@@ -79,8 +83,9 @@ def transfer_round(comm: MPICommunicator, kernel: Callable[[], object], buckets:
 
 
 def lone_post_round(comm: MPICommunicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
-    """The mean seconds of posting one of ``buckets`` onto an idle link, each reduced to its
-    end, tested after every ``kernel``, before the next is posted; collective."""
+    """The mean seconds of posting one of ``buckets`` onto an idle link and testing it right
+    after, each reduced to its end, tested after every ``kernel``, before the next is posted;
+    collective."""
     return statistics.fmean(overlapped_kernels(comm, kernel, [bucket])[2] for bucket in buckets)
 
 

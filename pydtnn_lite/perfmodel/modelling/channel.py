@@ -26,7 +26,8 @@ class TransferCost:
     """What moving a bucket over MPI on a network costs beside the computation: CPU seconds
     per byte of the bucket, the bucket bytes the link moves at most between two MPI
     calls (infinite: no limit), and the seconds of the call that posts a bucket's
-    reduction (MPICH over TCP starts sending inside it)."""
+    reduction (MPICH over TCP starts sending inside it) and of the trainer's test right
+    after it."""
 
     cpu_per_byte: float = 0.0
     window_bytes: float = math.inf
