@@ -65,3 +65,16 @@ def test_a_blocking_call_runs_the_outstanding_phases_back_to_back_behind_the_lin
     # At 1: A1's other half, then B1, A2 and B2 whole, 3.5 s, and nothing left.
     assert channel.finish(1.0, 2) == pytest.approx(4.5)
     assert channel.time == pytest.approx(4.5) and not any(channel.phases_left)
+
+
+def test_a_bucket_whose_exchanges_inside_the_nodes_stay_off_the_link_holds_it_for_its_link_part():
+    # Each bucket 2 s, of which 1 s on the link: phases of 0.5 s back to back, 2 s for both,
+    # and the last bucket's second off the link after them.
+    channel = Channel([4.0, 4.0], [2.0, 2.0], 2, False, TransferCost(), link_seconds=[1.0, 1.0])
+    channel.call(2)
+    assert [phase.seconds_left for phase in channel.moving] == [0.5] * 4
+    assert channel.finish(0.0, 2) == pytest.approx(3.0)
+    done = Channel([4.0, 4.0], [2.0, 2.0], 2, False, TransferCost(), link_seconds=[1.0, 1.0])
+    done.call(2)
+    done.advance(5.0)  # both buckets through: nothing left to wait for, on the link or off it
+    assert done.finish(5.0, 2) == pytest.approx(5.0)

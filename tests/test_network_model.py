@@ -12,7 +12,7 @@ from pydtnn_lite.perfmodel.measuring import transfer_cost
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel, Link
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.channel import NO_TRANSFER_COST, TransferCost
-from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine
+from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, calibrated_machine
 from pydtnn_lite.perfmodel.modelling.network import (
     NetworkTimings,
     TwoLevelAllreduce,
@@ -219,3 +219,22 @@ def test_a_post_is_timed_with_the_test_the_trainer_makes_right_after_it(monkeypa
     kernels, elapsed, posting = transfer_cost.overlapped_kernels(comm, kernel, [object(), object()])
     assert (kernels, posting, elapsed) == (1, 2 * (1.0 + 0.5), 2 * (1.0 + 0.5) + 10.0 + 2 * 0.5)
     assert transfer_cost.lone_post_round(comm, kernel, [object(), object()]) == 1.5
+
+
+def test_a_flat_reduction_across_nodes_of_several_ranks_holds_the_links_for_the_inter_node_part(tmp_path):
+    """On 2 nodes of 2 ranks, MPICH's halving and doubling cross the link in half their
+    steps: the links carry what an Allreduce among the two leaders moves, the rest stays
+    inside the nodes. With one rank per node, or another rank count than the calibration's,
+    the links carry the whole reduction."""
+    def machine(network: NetworkTimings) -> CalibratedMachine:
+        path = str(tmp_path / f"{network.ranks_per_node}.json")
+        Calibration({"ranks": 4, "ranks_per_node": 4}, 1e11, 1e10, {},
+                    [(p, float(n), 3 * (50e-6 + n / GBIT)) for p in (2, 4) for n in SIZES],
+                    allreduce_ranks=4, network=network).save(path)
+        return calibrated_machine(path)
+    two_by_two, two_by_one = machine(timings()), machine(timings(ranks_per_node=1))
+    n = 1 << 20
+    assert two_by_two.link_seconds(n, 4) == pytest.approx(50e-6 + n / GBIT, rel=1e-6)
+    assert two_by_two.allreduce_seconds(n, 4) == pytest.approx(3 * (50e-6 + n / GBIT), rel=1e-6)
+    assert two_by_two.link_seconds(n, 2) == two_by_two.allreduce_seconds(n, 2)
+    assert two_by_one.link_seconds(n, 2) == two_by_one.allreduce_seconds(n, 2)

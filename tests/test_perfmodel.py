@@ -245,6 +245,9 @@ class ConstantMachine:
     def allreduce_seconds(self, nbytes: float, procs: int) -> float:
         return self.reduce if procs > 1 else 0.0
 
+    def link_seconds(self, nbytes: float, procs: int) -> float:
+        return self.allreduce_seconds(nbytes, procs)
+
     def allreduce_during_compute_seconds(self, nbytes: float, procs: int) -> float:
         return self.during if procs > 1 else 0.0
 

@@ -55,12 +55,17 @@ class Channel:
     """The link of a step's buckets (``bucket_bytes``, each timed ``bucket_seconds`` as a
     blocking Allreduce over ``procs`` ranks), its time in seconds from backward's start.
     ``inside_calls``: phases start only inside MPI calls (MPI over TCP), at most
-    ``cost.window_bytes`` moving between two calls."""
+    ``cost.window_bytes`` moving between two calls. ``link_seconds`` (default
+    ``bucket_seconds``) is the part of each reduction the link carries, shared out over
+    its phases; the rest, its exchanges inside the nodes, runs beside the other buckets'
+    phases on the link, and only the last bucket's lengthens a blocking call."""
 
     def __init__(self, bucket_bytes: list[float], bucket_seconds: list[float], procs: int, inside_calls: bool,
-                 cost: TransferCost) -> None:
+                 cost: TransferCost, link_seconds: list[float] | None = None) -> None:
+        on_link = bucket_seconds if link_seconds is None else link_seconds
         self.phases = reduction_phases(procs)
-        self.phase_seconds = [seconds / self.phases for seconds in bucket_seconds]
+        self.phase_seconds = [seconds / self.phases for seconds in on_link]
+        self.off_link = [max(0.0, total - linked) for total, linked in zip(bucket_seconds, on_link, strict=True)]
         self.phase_bytes = [nbytes / self.phases for nbytes in bucket_bytes]
         self.phases_left = [self.phases] * len(bucket_bytes)
         self.inside_calls, self.cost = inside_calls, cost
@@ -105,12 +110,16 @@ class Channel:
 
     def finish(self, now: float, ready: int) -> float:
         """A blocking call at ``now``: the first ``ready`` buckets run their phases back to
-        back, behind what the link is moving; when they are done."""
+        back, behind what the link is moving; when they are done, the last of them inside
+        the nodes too."""
         self.advance(now)  # the rank's cores are the call's own from here
+        unfinished = [phase.bucket for phase in self.moving] + [b for b in range(ready) if self.phases_left[b]]
         done = self.time + sum(phase.seconds_left for phase in self.moving)
         for bucket in range(ready):
             done += self.phases_left[bucket] * self.phase_seconds[bucket]
             self.phases_left[bucket] = 0
+        if unfinished:
+            done += self.off_link[max(unfinished)]
         self.moving.clear()
         self.time = done
         return done

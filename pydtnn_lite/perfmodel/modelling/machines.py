@@ -30,6 +30,7 @@ from pydtnn_lite.perfmodel.modelling.drift import (
     probe_moves,
     work_ratio,
 )
+from pydtnn_lite.perfmodel.modelling.network import TwoLevelAllreduce
 from pydtnn_lite.perfmodel.modelling.placement import Placement, kernel_handoff, kernel_scale, thread_scaling_gap
 from pydtnn_lite.perfmodel.modelling.prediction import Machine, RooflineMachine
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample
@@ -46,6 +47,9 @@ class CalibratedMachine:
     The ranks wait for the slowest as much as the calibration's ranks did.
     ``allreduce_cpu`` models the CPU time per rank of the reductions at the process counts
     that time-share the cores (None where the calibration holds no such samples).
+    ``inter_node`` models the Allreduce among one rank per node where the calibration's
+    nodes held several ranks each (None elsewhere): what a job-wide reduction of the
+    calibration's ranks moves over the links between the nodes.
     """
 
     calibration: Calibration
@@ -53,6 +57,7 @@ class CalibratedMachine:
     overlaps_communication: bool = False
     allreduce_cpu: AllreduceTime | None = None
     starts_inside_calls: bool = True  # MPICH moves a reduction's data only inside MPI calls
+    inter_node: AllreduceTime | None = None
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         return self.calibration.kernel_seconds(kernel, cost)
@@ -67,6 +72,17 @@ class CalibratedMachine:
             raise UserError("the calibration holds no Allreduce timings: calibrate under mpiexec -n 2 or more "
                             "to predict several ranks")
         return self.allreduce.seconds(nbytes, procs)
+
+    def link_seconds(self, nbytes: float, procs: int) -> float:
+        """On the calibration's nodes of several ranks each, a job-wide reduction of its ranks
+        exchanges between the nodes what an Allreduce among one rank per node does (MPICH's
+        halving and doubling cross the links in half their steps, the other half stays inside
+        the nodes); elsewhere the links carry the whole reduction."""
+        whole = self.allreduce_seconds(nbytes, procs)
+        network = self.calibration.network
+        if self.inter_node is None or network is None or procs != network.ranks:
+            return whole
+        return min(whole, self.inter_node.seconds(nbytes, network.nodes))
 
     def allreduce_during_compute_seconds(self, nbytes: float, procs: int) -> float:
         return self.allreduce_seconds(nbytes, procs)  # the calibration's ranks each have a core
@@ -135,6 +151,9 @@ class AdjustedMachine:
 
     def allreduce_seconds(self, nbytes: float, procs: int) -> float:
         return self.base.allreduce_seconds(nbytes, procs) * self.drift.communication
+
+    def link_seconds(self, nbytes: float, procs: int) -> float:
+        return self.base.link_seconds(nbytes, procs) * self.drift.communication
 
     def allreduce_during_compute_seconds(self, nbytes: float, procs: int) -> float:
         """Where the node's ranks time-share its cores, a reduction that runs while other ranks
@@ -377,10 +396,13 @@ def calibrated_machine(path: str, algorithm: str | None = None, allreduce: str =
     if allreduce not in ALLREDUCE_MODELS:
         raise UserError(f"unknown Allreduce model {allreduce!r}: choose one of {', '.join(ALLREDUCE_MODELS)}")
     samples, cpu_samples = calibration.allreduce_samples, calibration.allreduce_cpu_samples
+    network = calibration.network
     # Between nodes the network moves the data while backward computes: overlap hides it.
     return CalibratedMachine(calibration, allreduce_models(samples, algorithm)[allreduce] if samples else None,
-                             overlaps_communication=calibration.network is not None,
-                             allreduce_cpu=allreduce_models(cpu_samples, algorithm)[allreduce] if cpu_samples else None)
+                             overlaps_communication=network is not None,
+                             allreduce_cpu=allreduce_models(cpu_samples, algorithm)[allreduce] if cpu_samples else None,
+                             inter_node=TwoLevelAllreduce.from_timings(network).inter
+                             if network is not None and network.ranks_per_node > 1 else None)
 
 
 def cluster_machine(cluster: Cluster, algorithm: str = "ring", itemsize: int = 4) -> RooflineMachine:

@@ -69,6 +69,9 @@ class Machine(Protocol):
     MPI call (MPICH over TCP: the synchronizer's tests after kernels and layers, and
     blocking calls) rather than as soon as the bucket before it is done (NCCL). ``sync_wait_seconds``
     is the mean wait for the slowest of ``procs`` ranks after ``segment`` seconds of work.
+    ``link_seconds`` is the part of a reduction's seconds that the links between nodes
+    carry, where its ranks span nodes (its exchanges inside a node run beside the other
+    buckets' on the links); the whole of it elsewhere.
     ``allreduce_during_compute_seconds`` is what a reduction that runs while other ranks
     still compute adds to a step that overlap cannot hide it in (its duration, or its CPU
     time where ranks time-share the cores).
@@ -89,6 +92,8 @@ class Machine(Protocol):
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float: ...
 
     def allreduce_seconds(self, nbytes: float, procs: int) -> float: ...
+
+    def link_seconds(self, nbytes: float, procs: int) -> float: ...
 
     def allreduce_during_compute_seconds(self, nbytes: float, procs: int) -> float: ...
 
@@ -119,6 +124,9 @@ class RooflineMachine:
         return self.roofline.seconds(cost.flops, cost.bytes)
 
     def allreduce_seconds(self, nbytes: float, procs: int) -> float:
+        return self.allreduce.seconds(nbytes, procs)
+
+    def link_seconds(self, nbytes: float, procs: int) -> float:
         return self.allreduce.seconds(nbytes, procs)
 
     def allreduce_during_compute_seconds(self, nbytes: float, procs: int) -> float:
@@ -337,7 +345,8 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     after every kernel."""
     if not buckets:
         return kernels, 0.0
-    channel = Channel(bucket_bytes, bucket_seconds, procs, machine.starts_inside_calls, machine.transfer_cost)
+    channel = Channel(bucket_bytes, bucket_seconds, procs, machine.starts_inside_calls, machine.transfer_cost,
+                      [machine.link_seconds(n, procs) for n in bucket_bytes])
     queued: dict[CallKey, float] = {}
     transfer_cpu: defaultdict[int, float] = defaultdict(float)
     clock, ready, previous_layer = 0.0, 0, network.loss_index
