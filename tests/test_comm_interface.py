@@ -85,6 +85,9 @@ class Machine:
     def allreduce_seconds(self, nbytes: float, procs: int) -> float:
         return 1e-3
 
+    def link_seconds(self, nbytes: float, procs: int) -> float:
+        return 1e-3
+
     def sync_wait_seconds(self, segment: float, procs: int) -> float:
         return 0.0
 
