@@ -127,7 +127,7 @@ class RooflineMachine:
         return self.allreduce.seconds(nbytes, procs)
 
     def link_seconds(self, nbytes: float, procs: int) -> float:
-        return self.allreduce.seconds(nbytes, procs)
+        return self.allreduce_seconds(nbytes, procs)  # a described network is one link: it carries the whole
 
     def allreduce_during_compute_seconds(self, nbytes: float, procs: int) -> float:
         return self.allreduce.seconds(nbytes, procs)
