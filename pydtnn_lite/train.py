@@ -478,6 +478,7 @@ def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str, watch:
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "ranks_per_node": max(comm.allgather_object(comm.local_size)),
             "cores_per_node": usable_cores(), "machine_state": state.to_dict(),
             "core_probes": [asdict(instant) for instant in watch.instants], "strategy": comm.name,
+            "reduces_during_backward": comm.reduces_during_backward,
             "kernel_probes": [run.to_dict() for run in watch.kernel_runs],
             "nodes": len(set(comm.allgather_object(node_name())))}
     if config.validate:

@@ -73,6 +73,15 @@ def test_mpi_communicator_splits_and_times_on_sub_communicators():
     assert "split ok" in result.stdout
 
 
+def test_two_level_buckets_complete_in_the_tests_backward_makes():
+    """Hierarchical reductions move while backward computes: buckets started at different
+    moments on each rank, a whole-array sum among them, all complete by tests alone with
+    the job-wide sums."""
+    result = run(5, [os.path.join(REPO, "tests", "programs", "pipelined_reductions.py")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "pipeline ok" in result.stdout
+
+
 class Machine:
     """Every kernel and every Allreduce a millisecond: enough to plan a prediction's buckets."""
 

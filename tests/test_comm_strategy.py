@@ -80,14 +80,15 @@ def test_hierarchical_strategy_trains_as_one_process(tmp_path):
 
 
 def test_a_traced_hierarchical_run_probes_the_machine_and_records_its_strategy(tmp_path):
-    """The machine-state probes of a traced run go over MPI: a two-level communicator's requests
-    complete only when waited for, and a probe over it never ended."""
+    """The machine-state probes of a traced run go over MPI (a probe over a two-level communicator
+    whose requests completed only when waited for never ended), and the trace says that the
+    buckets were reduced during backward, for the model."""
     trace = tmp_path / "trace"
     result = train_cli(2, *LENET, "--steps-per-epoch", "2", "--comm", "hierarchical", "--trace", str(trace),
                        "--run-dir", str(tmp_path / "runs"), timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     meta = json.loads((trace / "meta.json").read_text())
-    assert meta["strategy"] == "hierarchical" and meta["nodes"] == 1
+    assert meta["strategy"] == "hierarchical" and meta["nodes"] == 1 and meta["reduces_during_backward"]
     assert meta["machine_state"]["allreduce_seconds"] > 0
     # The kernel probe, as the run started and ended, timed every kernel of the zoo's steps,
     # each call with its cost.

@@ -164,7 +164,14 @@ def test_a_hierarchical_trace_is_validated_with_the_two_level_model():
     two_level = TwoLevelAllreduce.from_timings(timings()).seconds(1 << 20, 4)
     for raw_or_corrected in run_machines(machine, dict(meta, strategy="hierarchical")):
         assert raw_or_corrected.allreduce_seconds(1 << 20, 4) == pytest.approx(two_level)
-        assert not raw_or_corrected.overlaps_communication  # its reductions run after backward
+        assert not raw_or_corrected.overlaps_communication  # traced before pipelining: reduced after backward
+    inter_node = TwoLevelAllreduce.from_timings(timings()).inter
+    pipelined = dataclasses.replace(machine, inter_node=inter_node)
+    for raw_or_corrected in run_machines(pipelined, dict(meta, strategy="hierarchical", reduces_during_backward=True)):
+        assert raw_or_corrected.allreduce_seconds(1 << 20, 4) == pytest.approx(two_level)
+        assert raw_or_corrected.overlaps_communication
+        # The links carry the leaders' Allreduce; the rest happens inside the nodes.
+        assert raw_or_corrected.link_seconds(1 << 20, 4) == pytest.approx(inter_node.seconds(1 << 20, 2))
     for raw_or_corrected in run_machines(machine, dict(meta, strategy="mpi")):
         assert raw_or_corrected.allreduce_seconds(1 << 20, 4) == pytest.approx(flat(1 / GBIT).seconds(1 << 20, 4))
         assert raw_or_corrected.overlaps_communication

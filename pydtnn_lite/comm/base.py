@@ -48,6 +48,9 @@ class Communicator(ABC):
     oversubscribed: bool  # more processes of this job on this node than cores they may use
     name: str
     blocked_seconds: float  # time spent blocked in collectives so far (waiting for data or other ranks)
+    # Whether a started reduction moves in the tests of backward, before its wait (False
+    # where it runs only when waited for).
+    reduces_during_backward: bool = True
 
     @abstractmethod
     def allreduce(self, array: Any) -> Any:

@@ -5,15 +5,21 @@ when all its ranks are GPU ranks, and the node leaders sum with MPI. GPU-side, f
 that mixes CPU and GPU ranks: a group is a GPU rank with the CPU ranks attached to it;
 the CPU gradients reach the GPU rank over MPI, the GPU ranks sum with NCCL, and the
 result goes back the same way. Each level is MPI or NCCL, chosen per group.
+
+Where every level of every rank is MPI, a bucket's reduction is pipelined: its Reduce, the
+leaders' Allreduce and its Bcast are non-blocking collectives, each started once the one
+before it completes, inside the tests that backward makes, so that buckets cross the
+network while backward computes (:class:`PipelinedRequest`).
 """
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm.base import Request
-from pydtnn_lite.comm.mpi import MPICommunicator
+from pydtnn_lite.comm.mpi import MPICommunicator, MPIRequest
 from pydtnn_lite.comm.staged import HostStagedCommunicator
 
 
@@ -74,13 +80,55 @@ class DeferredRequest(Request):
             self.done = True
 
 
+class PipelinedRequest(Request):
+    """One bucket's two-level reduction over MPI, a collective at a time.
+
+    ``stages`` start this rank's collectives in turn on the bucket's host copy; each
+    returns its mpi4py request. A stage starts once the one before it has completed, and
+    never before the previous bucket's same stage: every rank of a group must start the
+    group's collectives in one order, the buckets' order, whichever of them finishes first.
+    """
+
+    def __init__(self, owner: TwoLevelCommunicator, host: Any, array: Any,
+                 stages: Sequence[Callable[[Any], Any]]) -> None:
+        self.owner, self.host, self.array, self.stages = owner, host, array, stages
+        self.started = 0  # stages started so far
+        self.request: Any = None  # the mpi4py request of the last one started
+        self.done = False
+
+    def advance(self, previous: PipelinedRequest | None) -> None:
+        """Start this bucket's next collectives as far as they can go now; ``previous`` is
+        the bucket before it, still in flight (None where there is none)."""
+        while not self.done and (self.request is None or self.request.Test()):
+            if self.started == len(self.stages):
+                self.owner.backend.copy_from_host(self.host, self.array)
+                self.done = True
+            elif previous is None or previous.started > self.started:
+                self.request = self.stages[self.started](self.host)
+                self.started += 1
+            else:
+                return
+
+    def test(self) -> bool:
+        self.owner.progress()
+        return self.done
+
+    def wait(self) -> None:
+        while not self.done:
+            head = self.owner.in_flight[0]  # the oldest bucket waits for no other: block on its collective
+            self.owner.complete(MPIRequest(self.owner, head.request, 0, f"two-level reduction of {head.host.size} "
+                                                                        "values"))
+            self.owner.progress()
+
+
 class TwoLevelCommunicator(HostStagedCommunicator):
     """Sums device arrays inside each rank's group, then among the group leaders, then
     broadcasts the total inside each group. Host values and job control use MPI over all ranks.
 
     ``leader_of[r]`` is the leader of rank r's group (a leader leads itself);
     ``inner_kind`` and ``outer_kind`` ('mpi' or 'nccl') are this rank's group's level and
-    the leaders' level.
+    the leaders' level. Where every level of every rank is MPI the buckets are pipelined
+    (:class:`PipelinedRequest`); elsewhere each bucket runs when it is waited for.
     """
 
     def __init__(self, backend: Backend, leader_of: Sequence[int], inner_kind: str, outer_kind: str,
@@ -91,10 +139,37 @@ class TwoLevelCommunicator(HostStagedCommunicator):
         is_leader = leader == self.rank
         group = self._mpi.Split(color=leader, key=0 if is_leader else 1 + self.rank)  # the leader is the group's root
         leaders = self._mpi.Split(color=0 if is_leader else self.MPI.UNDEFINED, key=self.rank)
-        self.inner: Level | None = self._level(inner_kind, group) if group.Get_size() > 1 else None
-        self.outer: Level | None = None
-        if is_leader and leaders.Get_size() > 1:
-            self.outer = self._level(outer_kind, leaders)
+        group = group if group.Get_size() > 1 else None
+        leaders = leaders if is_leader and leaders.Get_size() > 1 else None
+        # Pipelined on every rank or on none: a leader of either kind takes part in the others' reductions.
+        self.reduces_during_backward = bool(self._mpi.allreduce(inner_kind == outer_kind == "mpi", op=self.MPI.LAND))
+        self.in_flight: deque[PipelinedRequest] = deque()
+        self.stages: list[Callable[[Any], Any]] = []
+        if self.reduces_during_backward:
+            self.stages = self._pipeline_stages(group, leaders, is_leader)
+            # Whole-array sums (not buckets) get communicators of their own: a pipeline starts
+            # its collectives when its tests find the stage before done, at moments that differ
+            # from rank to rank, and two kinds of collective must not interleave on one communicator.
+            group, leaders = (None if comm is None else comm.Dup() for comm in (group, leaders))
+        self.inner: Level | None = None if group is None else self._level(inner_kind, group)
+        self.outer: Level | None = None if leaders is None else self._level(outer_kind, leaders)
+
+    def _pipeline_stages(self, group: Any, leaders: Any, is_leader: bool) -> list[Callable[[Any], Any]]:
+        """This rank's collectives of one bucket, each starting on the bucket's host copy
+        (``group`` and ``leaders`` None where this rank has no such level). The group's
+        broadcasts run on a communicator of their own, so that each communicator sees its
+        collectives in the buckets' order."""
+        sum_op, in_place = self.MPI.SUM, self.MPI.IN_PLACE
+        stages: list[Callable[[Any], Any]] = []
+        if group is not None:
+            stages.append((lambda host: group.Ireduce(in_place, host, op=sum_op, root=0)) if is_leader
+                          else (lambda host: group.Ireduce(host, None, op=sum_op, root=0)))
+        if leaders is not None:
+            stages.append(lambda host: leaders.Iallreduce(in_place, host, op=sum_op))
+        if group is not None:
+            broadcasts = group.Dup()
+            stages.append(lambda host: broadcasts.Ibcast(host, root=0))
+        return stages
 
     def _level(self, kind: str, mpi_comm: Any) -> Level:
         if kind == "nccl":
@@ -113,7 +188,21 @@ class TwoLevelCommunicator(HostStagedCommunicator):
         return array
 
     def iallreduce(self, array: Any) -> Request:
-        return DeferredRequest(lambda: self.allreduce(array))
+        if not self.reduces_during_backward:
+            return DeferredRequest(lambda: self.allreduce(array))
+        request = PipelinedRequest(self, self.stage(array), array, self.stages)
+        self.in_flight.append(request)
+        self.progress()
+        return request
+
+    def progress(self) -> None:
+        """Move every bucket in flight as far as it can go now, oldest first."""
+        previous = None
+        for request in self.in_flight:
+            request.advance(previous)
+            previous = request
+        while self.in_flight and self.in_flight[0].done:
+            self.in_flight.popleft()
 
     def describe(self) -> str:
         return f"{super().describe()}, summed in {len(set(self.leader_of))} group(s) then among their leaders"

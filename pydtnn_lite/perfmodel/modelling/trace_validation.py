@@ -72,9 +72,10 @@ def run_machines(machine: Machine, meta: dict) -> tuple[Machine, Machine]:
     raw, corrected = adjusted_machine(machine, placement), adjusted_machine(machine, placement, state, probed)
     network = machine.calibration.network
     if meta.get("strategy") == "hierarchical" and network is not None:  # the drift stays the flat model's
-        # Its reductions run when the synchronizer waits for them, after backward: nothing overlaps.
+        # Pipelined, its buckets cross the links during backward; otherwise (and in traces
+        # written before it was) they run when waited for, after backward: nothing overlaps.
         two_level = dataclasses.replace(machine, allreduce=TwoLevelAllreduce.from_timings(network),
-                                        overlaps_communication=False)
+                                        overlaps_communication=bool(meta.get("reduces_during_backward", False)))
         raw, corrected = (dataclasses.replace(adjusted, base=two_level) for adjusted in (raw, corrected))
     return raw, corrected
 
