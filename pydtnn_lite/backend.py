@@ -80,9 +80,18 @@ class Backend:
         np.copyto(out, array.reshape(out.shape))
         return out
 
+    def staged(self, array: Any) -> np.ndarray:
+        """``array``'s values in flat host memory that MPI can sum in place, to be copied back
+        with :meth:`copy_from_host`: a contiguous host array is its own (nothing is copied
+        either way); anything else is copied into a :meth:`host_buffer`."""
+        if isinstance(array, np.ndarray) and array.flags.c_contiguous:
+            return array.reshape(-1)
+        return self.copy_to_host(array, self.host_buffer(array.size, array.dtype))
+
     def copy_from_host(self, host: np.ndarray, out: Any) -> Any:
         """Copy ``host`` into the device array ``out`` (same size); device work queued later sees it."""
-        np.copyto(out, host.reshape(out.shape))
+        if not np.may_share_memory(host, out):  # else ``host`` is ``out`` staged in place
+            np.copyto(out, host.reshape(out.shape))
         return out
 
     def synchronize(self) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from pydtnn_lite import kernels
+from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import Communicator, Request, SerialCommunicator, make_gradient_synchronizer
 from pydtnn_lite.comm.base import CompletedRequest
 from pydtnn_lite.comm.gradients import FIRST_BUCKET_MB, MIB, GradientSynchronizer, plan_buckets
@@ -71,6 +72,25 @@ def test_mpi_communicator_splits_and_times_on_sub_communicators():
     result = run(3, [os.path.join(REPO, "tests", "programs", "comm_split.py")])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "split ok" in result.stdout
+
+
+def test_host_arrays_are_summed_where_they_are_and_others_through_a_copy():
+    """A gradient bucket (a contiguous slice of the flat gradients) goes to MPI as it is:
+    four copies of it a bucket cost the ranks of a two-level reduction CPU they compute with."""
+    backend = make_backend("cpu", "float32")
+    grads = np.arange(12, dtype=np.float32)
+    bucket = grads[4:8]
+    host = backend.staged(bucket)
+    assert np.shares_memory(host, grads)
+    host += 100  # what a reduction in place does
+    assert backend.copy_from_host(host, bucket) is bucket
+    np.testing.assert_array_equal(grads, np.r_[np.arange(4), np.arange(4, 8) + 100, np.arange(8, 12)])
+    every_other = grads[::2]
+    staged = backend.staged(every_other)
+    assert not np.shares_memory(staged, grads) and staged.tolist() == every_other.tolist()
+    staged[:] = -1
+    backend.copy_from_host(staged, every_other)
+    assert (grads[::2] == -1).all() and (grads[1::2] != -1).all()
 
 
 def test_two_level_buckets_complete_in_the_tests_backward_makes():

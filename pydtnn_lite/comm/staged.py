@@ -45,8 +45,9 @@ class HostStagedCommunicator(MPICommunicator):
         self.backend = backend
 
     def stage(self, array: Any) -> Any:
-        """A host copy of ``array``, in a buffer the device can copy to at full speed."""
-        return self.backend.copy_to_host(array, self.backend.host_buffer(array.size, array.dtype))
+        """``array``'s values in host memory (:meth:`Backend.staged`): a device array's copied to a
+        buffer the device can copy to at full speed, a host array's where they are."""
+        return self.backend.staged(array)
 
     def allreduce(self, array: Any) -> Any:
         host = self.allreduce_buffer(self.stage(array))
