@@ -13,7 +13,6 @@ network while backward computes (:class:`PipelinedRequest`).
 """
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -85,40 +84,44 @@ class PipelinedRequest(Request):
 
     ``stages`` start this rank's collectives in turn on the bucket's host copy; each
     returns its mpi4py request. A stage starts once the one before it has completed, and
-    never before the previous bucket's same stage: every rank of a group must start the
+    never before the ``previous`` bucket's same stage: every rank of a group must start the
     group's collectives in one order, the buckets' order, whichever of them finishes first.
     """
 
-    def __init__(self, owner: TwoLevelCommunicator, host: Any, array: Any,
-                 stages: Sequence[Callable[[Any], Any]]) -> None:
+    def __init__(self, owner: TwoLevelCommunicator, host: Any, array: Any, stages: Sequence[Callable[[Any], Any]],
+                 previous: PipelinedRequest | None) -> None:
         self.owner, self.host, self.array, self.stages = owner, host, array, stages
+        self.previous = previous  # the bucket started before this one, until it is done
         self.started = 0  # stages started so far
         self.request: Any = None  # the mpi4py request of the last one started
         self.done = False
 
-    def advance(self, previous: PipelinedRequest | None) -> None:
-        """Start this bucket's next collectives as far as they can go now; ``previous`` is
-        the bucket before it, still in flight (None where there is none)."""
+    def advance(self) -> None:
+        """Start this bucket's next collectives as far as they can go now."""
         while not self.done and (self.request is None or self.request.Test()):
+            if self.previous is not None and self.previous.done:
+                self.previous = None
             if self.started == len(self.stages):
                 self.owner.backend.copy_from_host(self.host, self.array)
                 self.done = True
-            elif previous is None or previous.started > self.started:
+            elif self.previous is None or self.previous.started > self.started:
                 self.request = self.stages[self.started](self.host)
                 self.started += 1
             else:
                 return
 
     def test(self) -> bool:
-        self.owner.progress()
+        self.advance()
         return self.done
 
     def wait(self) -> None:
+        if self.previous is not None:
+            self.previous.wait()
+        self.advance()
         while not self.done:
-            head = self.owner.in_flight[0]  # the oldest bucket waits for no other: block on its collective
-            self.owner.complete(MPIRequest(self.owner, head.request, 0, f"two-level reduction of {head.host.size} "
-                                                                        "values"))
-            self.owner.progress()
+            self.owner.complete(MPIRequest(self.owner, self.request, 0,
+                                           f"stage {self.started} of a two-level reduction of {self.host.size} values"))
+            self.advance()
 
 
 class TwoLevelCommunicator(HostStagedCommunicator):
@@ -143,7 +146,7 @@ class TwoLevelCommunicator(HostStagedCommunicator):
         leaders = leaders if is_leader and leaders.Get_size() > 1 else None
         # Pipelined on every rank or on none: a leader of either kind takes part in the others' reductions.
         self.reduces_during_backward = bool(self._mpi.allreduce(inner_kind == outer_kind == "mpi", op=self.MPI.LAND))
-        self.in_flight: deque[PipelinedRequest] = deque()
+        self.last_bucket: PipelinedRequest | None = None
         self.stages: list[Callable[[Any], Any]] = []
         if self.reduces_during_backward:
             self.stages = self._pipeline_stages(group, leaders, is_leader)
@@ -190,19 +193,9 @@ class TwoLevelCommunicator(HostStagedCommunicator):
     def iallreduce(self, array: Any) -> Request:
         if not self.reduces_during_backward:
             return DeferredRequest(lambda: self.allreduce(array))
-        request = PipelinedRequest(self, self.stage(array), array, self.stages)
-        self.in_flight.append(request)
-        self.progress()
-        return request
-
-    def progress(self) -> None:
-        """Move every bucket in flight as far as it can go now, oldest first."""
-        previous = None
-        for request in self.in_flight:
-            request.advance(previous)
-            previous = request
-        while self.in_flight and self.in_flight[0].done:
-            self.in_flight.popleft()
+        self.last_bucket = PipelinedRequest(self, self.stage(array), array, self.stages, self.last_bucket)
+        self.last_bucket.advance()
+        return self.last_bucket
 
     def describe(self) -> str:
         return f"{super().describe()}, summed in {len(set(self.leader_of))} group(s) then among their leaders"
