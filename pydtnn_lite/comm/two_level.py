@@ -82,15 +82,14 @@ class DeferredRequest(Request):
 class PipelinedRequest(Request):
     """One bucket's two-level reduction over MPI, a collective at a time.
 
-    ``stages`` start this rank's collectives in turn on the bucket's host copy; each
-    returns its mpi4py request. A stage starts once the one before it has completed, and
+    The ``owner``'s stages start this rank's collectives in turn on the bucket's host copy;
+    each returns its mpi4py request. A stage starts once the one before it has completed, and
     never before the ``previous`` bucket's same stage: every rank of a group must start the
     group's collectives in one order, the buckets' order, whichever of them finishes first.
     """
 
-    def __init__(self, owner: TwoLevelCommunicator, host: Any, array: Any, stages: Sequence[Callable[[Any], Any]],
-                 previous: PipelinedRequest | None) -> None:
-        self.owner, self.host, self.array, self.stages = owner, host, array, stages
+    def __init__(self, owner: TwoLevelCommunicator, host: Any, array: Any, previous: PipelinedRequest | None) -> None:
+        self.owner, self.host, self.array, self.stages = owner, host, array, owner.stages
         self.previous = previous  # the bucket started before this one, until it is done
         self.started = 0  # stages started so far
         self.request: Any = None  # the mpi4py request of the last one started
@@ -115,13 +114,17 @@ class PipelinedRequest(Request):
         return self.done
 
     def wait(self) -> None:
-        if self.previous is not None:
-            self.previous.wait()
-        self.advance()
-        while not self.done:
-            self.owner.complete(MPIRequest(self.owner, self.request, 0,
-                                           f"stage {self.started} of a two-level reduction of {self.host.size} values"))
-            self.advance()
+        unfinished: list[PipelinedRequest] = []  # this bucket and those before it still in flight
+        bucket: PipelinedRequest | None = self
+        while bucket is not None and not bucket.done:
+            unfinished.append(bucket)
+            bucket = bucket.previous
+        for bucket in reversed(unfinished):  # oldest first: each then waits for no other
+            bucket.advance()
+            while not bucket.done:
+                bucket.owner.complete(MPIRequest(bucket.owner, bucket.request, 0, f"stage {bucket.started} of a "
+                                                 f"two-level reduction of {bucket.host.size} values"))
+                bucket.advance()
 
 
 class TwoLevelCommunicator(HostStagedCommunicator):
@@ -193,7 +196,7 @@ class TwoLevelCommunicator(HostStagedCommunicator):
     def iallreduce(self, array: Any) -> Request:
         if not self.reduces_during_backward:
             return DeferredRequest(lambda: self.allreduce(array))
-        self.last_bucket = PipelinedRequest(self, self.stage(array), array, self.stages, self.last_bucket)
+        self.last_bucket = PipelinedRequest(self, self.stage(array), array, self.last_bucket)
         self.last_bucket.advance()
         return self.last_bucket
 

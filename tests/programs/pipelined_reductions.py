@@ -3,7 +3,8 @@
 Groups {0, 1}, {2, 3, 4} (led by rank 2) and the leaders 0 and 2. Each rank starts six
 bucket reductions at moments of its own, with a whole-array sum between them, and then
 only tests the buckets (as backward does) until all are complete: no wait. Every sum must
-equal the job-wide one.
+equal the job-wide one. Then many small buckets, waited for through the last alone, which
+waits for all the buckets before it.
 """
 import time
 
@@ -13,6 +14,7 @@ from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm.two_level import TwoLevelCommunicator
 
 BUCKETS, DEADLINE_SECONDS = 6, 30.0
+MANY_BUCKETS = 1200  # more than Python's recursion limit
 
 
 def main() -> None:
@@ -38,6 +40,13 @@ def main() -> None:
     for bucket, total in zip(buckets, expected, strict=True):
         np.testing.assert_allclose(bucket, total, rtol=1e-12)
     np.testing.assert_array_equal(whole, np.full(8, 15.0))  # 1 + 2 + 3 + 4 + 5
+
+    small = [np.full(4, comm.rank + index, dtype=np.float64) for index in range(MANY_BUCKETS)]
+    requests = [comm.iallreduce(bucket) for bucket in small]
+    requests[-1].wait()
+    assert all(request.test() for request in requests)
+    for index, bucket in enumerate(small):
+        np.testing.assert_array_equal(bucket, np.full(4, 10.0 + 5 * index))  # ranks 0-4 plus 5 x index
     comm.barrier()
     if comm.rank == 0:
         print("pipeline ok")
