@@ -201,6 +201,11 @@ def test_allreduce_is_timed_between_and_inside_the_emulated_nodes(tmp_path):
     assert 0 < network.transfer.post_seconds < 20e-3  # posting a 4 MiB bucket: MPICH starts sending in the call
     # Between two MPI calls the link moves a bounded window of bytes: more than nothing, less than the buckets.
     assert 0 < network.transfer.window_bytes < 6 * (4 << 20)
+    # The same through the hierarchical strategy's pipeline, whose node levels the ranks run in their calls.
+    pipelined = network.two_level_transfer
+    assert pipelined is not None
+    assert 0 < pipelined.cpu_per_byte * (1 << 20) < 20e-3 and 0 < pipelined.post_seconds < 20e-3
+    assert 0 < pipelined.window_bytes < 6 * (4 << 20)
     # Four ranks on fewer cores time-share them: their waits for the slowest, after stretches of 50-800 ms of work.
     assert bool(network.straggler_waits) == (usable_cores() < 4)
     works = [work for work, _ in network.straggler_waits]

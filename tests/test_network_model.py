@@ -93,6 +93,10 @@ def test_the_timings_survive_the_calibration_file_and_older_files_read_without_t
     recorded = dataclasses.replace(calibration, network=dataclasses.replace(timings(), ranks_per_host=4))
     recorded.save(path)
     assert Calibration.load(path).network.ranks_per_host == 4
+    pipelined = TransferCost(2e-3 / (1 << 20), 1 << 20, 2e-3)
+    recorded = dataclasses.replace(calibration, network=dataclasses.replace(timings(), two_level_transfer=pipelined))
+    recorded.save(path)
+    assert Calibration.load(path).network.two_level_transfer == pipelined
     calibration.save(path)
     assert CalibratedMachine(loaded, None).transfer_cost == TransferCost(1e-3 / (1 << 20), 3 << 20)
     with open(path, encoding="utf-8") as handle:
@@ -175,6 +179,25 @@ def test_a_hierarchical_trace_is_validated_with_the_two_level_model():
     for raw_or_corrected in run_machines(machine, dict(meta, strategy="mpi")):
         assert raw_or_corrected.allreduce_seconds(1 << 20, 4) == pytest.approx(flat(1 / GBIT).seconds(1 << 20, 4))
         assert raw_or_corrected.overlaps_communication
+
+
+def test_a_pipelined_hierarchical_trace_is_predicted_with_the_pipelines_own_transfer_cost():
+    """The pipeline's levels inside the nodes take the ranks' cores in their posts and tests,
+    and a bucket's stages wait for the tests that find the one before done: its calibration
+    measures them apart from the flat reduction's; files without them keep the flat one's."""
+    pipelined = TransferCost(2e-3 / (1 << 20), 1 << 20, 2e-3)
+    network = dataclasses.replace(timings(), two_level_transfer=pipelined)
+    calibration = Calibration({"ranks": 4, "ranks_per_node": 4, "usable_cores": 4}, 1e11, 1e10, {},
+                              [(4, float(n), 1e-3 + n / GBIT) for n in SIZES], allreduce_ranks=4, network=network)
+    machine = CalibratedMachine(calibration, flat(1 / GBIT), overlaps_communication=True)
+    meta = {"ranks": 4, "ranks_per_node": 4, "cores_per_node": 4, "reduces_during_backward": True}
+    for raw_or_corrected in run_machines(machine, dict(meta, strategy="hierarchical")):
+        assert raw_or_corrected.transfer_cost == pipelined
+    for raw_or_corrected in run_machines(machine, dict(meta, strategy="mpi")):
+        assert raw_or_corrected.transfer_cost == timings().transfer
+    older = dataclasses.replace(machine, calibration=dataclasses.replace(calibration, network=timings()))
+    for raw_or_corrected in run_machines(older, dict(meta, strategy="hierarchical")):
+        assert raw_or_corrected.transfer_cost == timings().transfer
 
 
 class _Clock:

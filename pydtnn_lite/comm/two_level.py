@@ -95,36 +95,40 @@ class PipelinedRequest(Request):
         self.request: Any = None  # the mpi4py request of the last one started
         self.done = False
 
+    def _next_may_start(self) -> bool:
+        """Whether the previous bucket lets this one go on once its current stage completes."""
+        if self.previous is not None and self.previous.done:
+            self.previous = None
+        return self.started == len(self.stages) or self.previous is None or self.previous.started > self.started
+
     def advance(self) -> None:
         """Start this bucket's next collectives as far as they can go now."""
-        while not self.done and (self.request is None or self.request.Test()):
-            if self.previous is not None and self.previous.done:
-                self.previous = None
+        while not self.done and self._next_may_start() and (self.request is None or self.request.Test()):
             if self.started == len(self.stages):
                 self.owner.backend.copy_from_host(self.host, self.array)
                 self.done = True
-            elif self.previous is None or self.previous.started > self.started:
+            else:
                 self.request = self.stages[self.started](self.host)
                 self.started += 1
-            else:
-                return
 
     def test(self) -> bool:
         self.advance()
         return self.done
 
     def wait(self) -> None:
-        unfinished: list[PipelinedRequest] = []  # this bucket and those before it still in flight
-        bucket: PipelinedRequest | None = self
-        while bucket is not None and not bucket.done:
-            unfinished.append(bucket)
-            bucket = bucket.previous
-        for bucket in reversed(unfinished):  # oldest first: each then waits for no other
-            bucket.advance()
-            while not bucket.done:
-                bucket.owner.complete(MPIRequest(bucket.owner, bucket.request, 0, f"stage {bucket.started} of a "
-                                                 f"two-level reduction of {bucket.host.size} values"))
+        """Block on the oldest bucket in flight until this one is done, advancing every bucket
+        in flight after each completion: the later buckets' stages start meanwhile (a leader's
+        next Allreduce crosses the links while this bucket's Bcast runs), where waiting for
+        each bucket in turn would leave the links idle between them."""
+        owner = self.owner
+        while not self.done:
+            for bucket in owner.in_flight:  # oldest first: each may let the next one go on
                 bucket.advance()
+            owner.in_flight = [bucket for bucket in owner.in_flight if not bucket.done]
+            if not self.done:
+                oldest = owner.in_flight[0]  # its stage started: the buckets before it are done
+                owner.complete(MPIRequest(owner, oldest.request, 0, f"stage {oldest.started} of a "
+                                          f"two-level reduction of {oldest.host.size} values"))
 
 
 class TwoLevelCommunicator(HostStagedCommunicator):
@@ -149,7 +153,7 @@ class TwoLevelCommunicator(HostStagedCommunicator):
         leaders = leaders if is_leader and leaders.Get_size() > 1 else None
         # Pipelined on every rank or on none: a leader of either kind takes part in the others' reductions.
         self.reduces_during_backward = bool(self._mpi.allreduce(inner_kind == outer_kind == "mpi", op=self.MPI.LAND))
-        self.last_bucket: PipelinedRequest | None = None
+        self.in_flight: list[PipelinedRequest] = []  # this rank's unfinished buckets, oldest first
         self.stages: list[Callable[[Any], Any]] = []
         if self.reduces_during_backward:
             self.stages = self._pipeline_stages(group, leaders, is_leader)
@@ -196,9 +200,12 @@ class TwoLevelCommunicator(HostStagedCommunicator):
     def iallreduce(self, array: Any) -> Request:
         if not self.reduces_during_backward:
             return DeferredRequest(lambda: self.allreduce(array))
-        self.last_bucket = PipelinedRequest(self, self.stage(array), array, self.last_bucket)
-        self.last_bucket.advance()
-        return self.last_bucket
+        # Buckets that tests completed leave here; a wait prunes those it completes.
+        self.in_flight = [bucket for bucket in self.in_flight if not bucket.done]
+        bucket = PipelinedRequest(self, self.stage(array), array, self.in_flight[-1] if self.in_flight else None)
+        self.in_flight.append(bucket)
+        bucket.advance()
+        return bucket
 
     def describe(self) -> str:
         return f"{super().describe()}, summed in {len(set(self.leader_of))} group(s) then among their leaders"

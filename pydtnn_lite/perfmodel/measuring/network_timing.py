@@ -11,15 +11,20 @@ Reduce and Bcast took 20 ms against 12 ms for the Allreduce, and steps timed aga
 the Allreduce waited 50-55 ms a bucket where the model gave 44. The job-wide samples of
 :mod:`allreduce_timing` serve the flat reduction; with one rank per node they are the
 inter-node samples too, and are not timed twice. Beside them it measures what moving
-buckets over the network costs the computing ranks (:mod:`transfer_cost`) and, where the
-job's ranks time-share the cores, how long they wait for the slowest (:mod:`straggler_waits`).
+buckets over the network costs the computing ranks (:mod:`transfer_cost`), flat and, where
+the nodes hold several ranks, through the hierarchical strategy's pipeline (whose levels
+inside the nodes are the ranks' own work, done in the calls that post and test the
+buckets), and, where the job's ranks time-share the cores, how long they wait for the
+slowest (:mod:`straggler_waits`).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm.nodes import emulated_link_gbit
+from pydtnn_lite.comm.strategy import Placement, build_communicator
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import time_allreduce
 from pydtnn_lite.perfmodel.measuring.machine_state import wait_idly
 from pydtnn_lite.perfmodel.measuring.straggler_waits import time_straggler_waits
@@ -50,6 +55,9 @@ def network_timings(comm: MPICommunicator, node: str, sizes: Sequence[int],
         inter_node = tuple((float(n), t) for p, n, t in job_samples if p == comm.size and n in sizes)
         return NetworkTimings(len(nodes), 1, emulated_link_gbit(), inter_node, transfer=transfer,
                               ranks_per_host=comm.local_size, straggler_waits=waits)
+    placement = Placement(("cpu",) * comm.size, tuple(nodes.index(name) for name in names))
+    hierarchical = build_communicator("hierarchical", placement, make_backend("cpu"), comm, comm.timeout)
+    two_level_transfer = measure_transfer(hierarchical)
     leaders = comm.split(0 if names.index(node) == comm.rank else None, comm.rank)
     inter: list[float] = []
     if leaders is not None:
@@ -65,4 +73,5 @@ def network_timings(comm: MPICommunicator, node: str, sizes: Sequence[int],
     inter = comm.broadcast_object(inter, root=0)
     return NetworkTimings(len(nodes), ranks_per_node, emulated_link_gbit(),
                           tuple(zip(map(float, sizes), inter, strict=True)),
-                          tuple(zip(map(float, sizes), slowest, strict=True)), transfer, comm.local_size, waits)
+                          tuple(zip(map(float, sizes), slowest, strict=True)), transfer, comm.local_size, waits,
+                          two_level_transfer)

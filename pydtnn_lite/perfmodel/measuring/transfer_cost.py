@@ -36,7 +36,7 @@ from pydtnn_lite.comm.gradients import MIB
 from pydtnn_lite.perfmodel.modelling.channel import TransferCost
 
 if TYPE_CHECKING:
-    from pydtnn_lite.comm.mpi import MPICommunicator
+    from pydtnn_lite.comm.base import Communicator
 
 BUCKET_BYTES = 4 * MIB  # the trainer's default bucket
 BUCKETS = 6
@@ -53,7 +53,7 @@ def gemm_kernel() -> Callable[[], object]:
     return lambda: matrix @ matrix
 
 
-def overlapped_kernels(comm: MPICommunicator, kernel: Callable[[], object],
+def overlapped_kernels(comm: Communicator, kernel: Callable[[], object],
                        buckets: list[np.ndarray]) -> tuple[int, float, float]:
     """Reduce ``buckets`` over ``comm`` while running ``kernel`` with a test of the outstanding
     buckets after each, until all are done: (kernels run, seconds taken, seconds of them
@@ -71,7 +71,7 @@ def overlapped_kernels(comm: MPICommunicator, kernel: Callable[[], object],
     return kernels, time.perf_counter() - started, posting
 
 
-def transfer_round(comm: MPICommunicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
+def transfer_round(comm: Communicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
     """Seconds per bucket byte that a reduction of ``buckets`` over ``comm``, tested after
     every ``kernel``, adds to this rank's kernels besides posting them; collective."""
     started = time.perf_counter()
@@ -82,21 +82,21 @@ def transfer_round(comm: MPICommunicator, kernel: Callable[[], object], buckets:
     return max(0.0, elapsed - posting - kernels * alone) / sum(bucket.nbytes for bucket in buckets)
 
 
-def lone_post_round(comm: MPICommunicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
+def lone_post_round(comm: Communicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
     """The mean seconds of posting one of ``buckets`` onto an idle link and testing it right
     after, each reduced to its end, tested after every ``kernel``, before the next is posted;
     collective."""
     return statistics.fmean(overlapped_kernels(comm, kernel, [bucket])[2] for bucket in buckets)
 
 
-def window_round(comm: MPICommunicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
+def window_round(comm: Communicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
     """The bucket bytes per test that a reduction of ``buckets`` over ``comm`` moved, tested
     after every ``kernel``; collective."""
     tests, _, _ = overlapped_kernels(comm, kernel, buckets)
     return sum(bucket.nbytes for bucket in buckets) / tests
 
 
-def measure_transfer(comm: MPICommunicator, rounds: int = ROUNDS) -> TransferCost:
+def measure_transfer(comm: Communicator, rounds: int = ROUNDS) -> TransferCost:
     """The CPU seconds per byte of a bucket that moving it over the job's network costs a
     rank computing beside it and the seconds of posting one alone (the medians over ``rounds``),
     and the bucket bytes the link moves between two tests (the median over

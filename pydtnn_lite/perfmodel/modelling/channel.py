@@ -33,6 +33,16 @@ class TransferCost:
     window_bytes: float = math.inf
     post_seconds: float = 0.0
 
+    def to_dict(self) -> dict:
+        return {"cpu_per_byte": self.cpu_per_byte, "post_seconds": self.post_seconds,
+                "window_bytes": None if math.isinf(self.window_bytes) else self.window_bytes}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TransferCost:
+        return cls(float(data["cpu_per_byte"]),
+                   math.inf if data["window_bytes"] is None else float(data["window_bytes"]),
+                   float(data["post_seconds"]))
+
 
 NO_TRANSFER_COST = TransferCost()
 

@@ -50,6 +50,7 @@ class CalibratedMachine:
     ``inter_node`` models the Allreduce among one rank per node where the calibration's
     nodes held several ranks each (None elsewhere): what a job-wide reduction of the
     calibration's ranks moves over the links between the nodes.
+    ``two_level``: the reductions are the hierarchical strategy's (:meth:`hierarchical`).
     """
 
     calibration: Calibration
@@ -58,6 +59,17 @@ class CalibratedMachine:
     allreduce_cpu: AllreduceTime | None = None
     starts_inside_calls: bool = True  # MPICH moves a reduction's data only inside MPI calls
     inter_node: AllreduceTime | None = None
+    two_level: bool = False
+
+    def hierarchical(self, pipelined: bool) -> CalibratedMachine:
+        """This machine reducing as the hierarchical strategy does on the calibration's nodes:
+        its two levels' timings, the buckets crossing the links during backward where
+        ``pipelined`` and after it otherwise (itself where the calibration has no nodes)."""
+        network = self.calibration.network
+        if network is None:
+            return self
+        return replace(self, allreduce=TwoLevelAllreduce.from_timings(network), overlaps_communication=pipelined,
+                       two_level=True)
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         return self.calibration.kernel_seconds(kernel, cost)
@@ -99,7 +111,11 @@ class CalibratedMachine:
     @property
     def transfer_cost(self) -> TransferCost:
         network = self.calibration.network
-        return network.transfer if network else NO_TRANSFER_COST
+        if network is None:
+            return NO_TRANSFER_COST
+        if self.two_level and network.two_level_transfer is not None:
+            return network.two_level_transfer
+        return network.transfer
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,11 @@ class NetworkTimings:
     on an emulated cluster, whose nodes are one machine's (None in files written before it
     was recorded). Where they time-shared the cores, ``straggler_waits`` holds (seconds of
     work, mean seconds waited for the slowest rank) after stretches of work on all the
-    ranks at once (empty otherwise, and in files written before they were measured)."""
+    ranks at once (empty otherwise, and in files written before they were measured).
+    ``two_level_transfer`` is ``transfer`` measured through the hierarchical strategy's
+    pipelined reductions, whose levels inside the nodes take the ranks' cores in the calls
+    that post and test the buckets (None with one rank per node, and in files written
+    before it was measured)."""
 
     nodes: int
     ranks_per_node: int
@@ -44,6 +48,7 @@ class NetworkTimings:
     transfer: TransferCost = NO_TRANSFER_COST
     ranks_per_host: int | None = None
     straggler_waits: tuple[tuple[float, float], ...] = ()
+    two_level_transfer: TransferCost | None = None
 
     @property
     def ranks(self) -> int:
@@ -66,7 +71,8 @@ class NetworkTimings:
                 "transfer_cpu_per_byte": self.transfer.cpu_per_byte,
                 "window_bytes": None if math.isinf(self.transfer.window_bytes) else self.transfer.window_bytes,
                 "post_seconds": self.transfer.post_seconds, "ranks_per_host": self.ranks_per_host,
-                "straggler_waits": [list(sample) for sample in self.straggler_waits]}
+                "straggler_waits": [list(sample) for sample in self.straggler_waits],
+                "two_level_transfer": None if self.two_level_transfer is None else self.two_level_transfer.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict) -> NetworkTimings:
@@ -78,7 +84,9 @@ class NetworkTimings:
                                 math.inf if data.get("window_bytes") is None else float(data["window_bytes"]),
                                 float(data.get("post_seconds", 0.0))),
                    None if data.get("ranks_per_host") is None else int(data["ranks_per_host"]),
-                   tuple((float(work), float(wait)) for work, wait in data.get("straggler_waits", [])))
+                   tuple((float(work), float(wait)) for work, wait in data.get("straggler_waits", [])),
+                   None if data.get("two_level_transfer") is None
+                   else TransferCost.from_dict(data["two_level_transfer"]))
 
 
 def _level(procs: int, samples: tuple[tuple[float, float], ...]) -> AllreduceTime | None:

@@ -21,7 +21,6 @@ from pydtnn_lite.perfmodel.modelling.machines import (
     adjusted_machine,
     calibration_warnings,
 )
-from pydtnn_lite.perfmodel.modelling.network import TwoLevelAllreduce
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.prediction import Machine, StepPrediction, predict_step
 from pydtnn_lite.perfmodel.modelling.report import summary_text, validation_figures, write_report
@@ -70,12 +69,9 @@ def run_machines(machine: Machine, meta: dict) -> tuple[Machine, Machine]:
     state = MachineState.from_dict(meta["machine_state"]) if meta.get("machine_state") else None
     probed = kernel_probe_of(meta)
     raw, corrected = adjusted_machine(machine, placement), adjusted_machine(machine, placement, state, probed)
-    network = machine.calibration.network
-    if meta.get("strategy") == "hierarchical" and network is not None:  # the drift stays the flat model's
-        # Pipelined, its buckets cross the links during backward; otherwise (and in traces
-        # written before it was) they run when waited for, after backward: nothing overlaps.
-        two_level = dataclasses.replace(machine, allreduce=TwoLevelAllreduce.from_timings(network),
-                                        overlaps_communication=bool(meta.get("reduces_during_backward", False)))
+    if meta.get("strategy") == "hierarchical":  # the drift stays the flat model's
+        # Traces written before the reductions were pipelined ran them after backward.
+        two_level = machine.hierarchical(pipelined=bool(meta.get("reduces_during_backward", False)))
         raw, corrected = (dataclasses.replace(adjusted, base=two_level) for adjusted in (raw, corrected))
     return raw, corrected
 
