@@ -96,7 +96,8 @@ def test_host_arrays_are_summed_where_they_are_and_others_through_a_copy():
 def test_two_level_buckets_complete_in_the_tests_backward_makes():
     """Hierarchical reductions move while backward computes: buckets started at different
     moments on each rank, a whole-array sum among them, all complete by tests alone with
-    the job-wide sums."""
+    the job-wide sums; a wait for the last of many buckets completes them all; and freeing
+    a two-level communicator releases the MPI communicators it made."""
     result = run(5, [os.path.join(REPO, "tests", "programs", "pipelined_reductions.py")])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "pipeline ok" in result.stdout

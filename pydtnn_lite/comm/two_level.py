@@ -145,10 +145,12 @@ class TwoLevelCommunicator(HostStagedCommunicator):
                  name: str, world: MPICommunicator | None = None, timeout: float = 0.0) -> None:
         super().__init__(backend, world, timeout)
         self.name, self.leader_of = name, list(leader_of)
+        self.made: list[Any] = []  # the MPI communicators made here, which :meth:`free` releases
         leader = self.leader_of[self.rank]
         is_leader = leader == self.rank
-        group = self._mpi.Split(color=leader, key=0 if is_leader else 1 + self.rank)  # the leader is the group's root
-        leaders = self._mpi.Split(color=0 if is_leader else self.MPI.UNDEFINED, key=self.rank)
+        # The leader is its group's root.
+        group = self._kept(self._mpi.Split(color=leader, key=0 if is_leader else 1 + self.rank))
+        leaders = self._kept(self._mpi.Split(color=0 if is_leader else self.MPI.UNDEFINED, key=self.rank))
         group = group if group.Get_size() > 1 else None
         leaders = leaders if is_leader and leaders.Get_size() > 1 else None
         # Pipelined on every rank or on none: a leader of either kind takes part in the others' reductions.
@@ -160,7 +162,7 @@ class TwoLevelCommunicator(HostStagedCommunicator):
             # Whole-array sums (not buckets) get communicators of their own: a pipeline starts
             # its collectives when its tests find the stage before done, at moments that differ
             # from rank to rank, and two kinds of collective must not interleave on one communicator.
-            group, leaders = (None if comm is None else comm.Dup() for comm in (group, leaders))
+            group, leaders = (None if comm is None else self._kept(comm.Dup()) for comm in (group, leaders))
         self.inner: Level | None = None if group is None else self._level(inner_kind, group)
         self.outer: Level | None = None if leaders is None else self._level(outer_kind, leaders)
 
@@ -177,9 +179,22 @@ class TwoLevelCommunicator(HostStagedCommunicator):
         if leaders is not None:
             stages.append(lambda host: leaders.Iallreduce(in_place, host, op=sum_op))
         if group is not None:
-            broadcasts = group.Dup()
+            broadcasts = self._kept(group.Dup())
             stages.append(lambda host: broadcasts.Ibcast(host, root=0))
         return stages
+
+    def _kept(self, mpi_comm: Any) -> Any:
+        """``mpi_comm``, remembered for :meth:`free` (MPI's null communicator needs no release)."""
+        if mpi_comm != self.MPI.COMM_NULL:
+            self.made.append(mpi_comm)
+        return mpi_comm
+
+    def free(self) -> None:
+        """Release the MPI communicators this one made (collective over the job's ranks, its
+        buckets done); the job's own communicator stays. MPI holds a few thousand per process."""
+        for mpi_comm in self.made:
+            mpi_comm.Free()
+        self.made.clear()
 
     def _level(self, kind: str, mpi_comm: Any) -> Level:
         if kind == "nccl":

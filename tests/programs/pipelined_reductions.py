@@ -4,7 +4,8 @@ Groups {0, 1}, {2, 3, 4} (led by rank 2) and the leaders 0 and 2. Each rank star
 bucket reductions at moments of its own, with a whole-array sum between them, and then
 only tests the buckets (as backward does) until all are complete: no wait. Every sum must
 equal the job-wide one. Then many small buckets, waited for through the last alone, which
-waits for all the buckets before it.
+waits for all the buckets before it. Last, more two-level communicators made and freed in
+turn than MPI holds at once.
 """
 import time
 
@@ -15,6 +16,7 @@ from pydtnn_lite.comm.two_level import TwoLevelCommunicator
 
 BUCKETS, DEADLINE_SECONDS = 6, 30.0
 MANY_BUCKETS = 1200  # more than Python's recursion limit
+MANY_COMMUNICATORS = 450  # unfreed, the 410th failed here: MPICH holds 2048 per process, each makes up to 5
 
 
 def main() -> None:
@@ -48,6 +50,10 @@ def main() -> None:
     for index, bucket in enumerate(small):
         np.testing.assert_array_equal(bucket, np.full(4, 10.0 + 5 * index))  # ranks 0-4 plus 5 x index
     comm.barrier()
+
+    for _ in range(MANY_COMMUNICATORS):
+        TwoLevelCommunicator(make_backend("cpu", "float64"), [0, 0, 2, 2, 2], "mpi", "mpi", "hierarchical").free()
+    comm.free()
     if comm.rank == 0:
         print("pipeline ok")
 

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm.nodes import emulated_link_gbit
-from pydtnn_lite.comm.strategy import Placement, build_communicator
+from pydtnn_lite.comm.strategy import Placement, node_leaders
+from pydtnn_lite.comm.two_level import TwoLevelCommunicator
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import time_allreduce
 from pydtnn_lite.perfmodel.measuring.machine_state import wait_idly
 from pydtnn_lite.perfmodel.measuring.straggler_waits import time_straggler_waits
@@ -55,9 +56,12 @@ def network_timings(comm: MPICommunicator, node: str, sizes: Sequence[int],
         inter_node = tuple((float(n), t) for p, n, t in job_samples if p == comm.size and n in sizes)
         return NetworkTimings(len(nodes), 1, emulated_link_gbit(), inter_node, transfer=transfer,
                               ranks_per_host=comm.local_size, straggler_waits=waits)
+    # The hierarchical strategy of CPU ranks on these nodes: MPI at both levels.
     placement = Placement(("cpu",) * comm.size, tuple(nodes.index(name) for name in names))
-    hierarchical = build_communicator("hierarchical", placement, make_backend("cpu"), comm, comm.timeout)
+    hierarchical = TwoLevelCommunicator(make_backend("cpu"), node_leaders(placement), "mpi", "mpi", "hierarchical",
+                                        comm, comm.timeout)
     two_level_transfer = measure_transfer(hierarchical)
+    hierarchical.free()
     leaders = comm.split(0 if names.index(node) == comm.rank else None, comm.rank)
     inter: list[float] = []
     if leaders is not None:
