@@ -537,8 +537,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tracer = Tracer(job.trainer, config.trace_skip, config.trace_steps) if config.trace else None
         if tracer is not None:
             # The machine's state over the traced steps: a validation corrects for its drift since
-            # calibrating. Probed over MPI, as the calibration's (a two-level communicator's requests
-            # complete only when waited for, which the probe's idle wait never does).
+            # calibrating. Probed over MPI, as the calibration's (a two-level communicator with an
+            # NCCL level completes its requests only when waited for, which the probe's idle wait never does).
             on_host = job.network.backend.device == "cpu"
             job.watch = StateWatch(world, lambda: len(tracer.steps),
                                    lambda: probe_kernels(world, config.dataset, on_host=on_host))
