@@ -40,9 +40,10 @@ from pydtnn_lite.perfmodel.measuring.host import cpu_model
 from pydtnn_lite.perfmodel.measuring.kernel_probe import probe_kernels
 from pydtnn_lite.perfmodel.measuring.machine_state import StateWatch
 from pydtnn_lite.perfmodel.modelling.calibration_folder import calibration_file
-from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
-from pydtnn_lite.perfmodel.modelling.network import model_choice
+from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine, faster_strategy
+from pydtnn_lite.perfmodel.modelling.placement import Placement as RankPlacement
 from pydtnn_lite.perfmodel.modelling.trace_validation import validate_trace
+from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from pydtnn_lite.progress import ProgressBar, StepLines, make_progress
 from pydtnn_lite.resume import resume
 from pydtnn_lite.run_config import RunConfig
@@ -249,18 +250,22 @@ def check_outputs(config: RunConfig) -> None:
         check_writable_file(config.save_weights, "--save-weights")
 
 
-def model_preference(config: RunConfig, bucket_bytes: float) -> Callable[[Placement], str | None] | None:
+def model_preference(config: RunConfig, world: Communicator) -> Callable[[Placement], str | None] | None:
     """With ``--comm auto`` and a --validate calibration that timed Allreduce between nodes, the
-    strategy its model predicts faster for a bucket (on several nodes); else None. Only
-    ``auto`` consults it: no other run reads the file on every rank at start-up."""
+    strategy its model predicts the shorter step for on the job's nodes (flat or two-level,
+    each with its overlap); else None. Only ``auto`` consults it: no other run reads the
+    file on every rank at start-up."""
     if not config.validate or config.comm != "auto":
         return None
     machine = calibrated_machine(config.validate)
-    timings = machine.calibration.network
-    if timings is None or machine.allreduce is None:
+    if machine.calibration.network is None or machine.allreduce is None:
         return None
-    flat = machine.allreduce
-    return lambda placement: model_choice(flat, timings, bucket_bytes, placement.nodes)
+    network, optimizer = build_workload(config.model, config.dataset, config.dtype, config.optimizer)
+    ranks = RankPlacement(world.size, world.local_size, usable_cores(),
+                          config.blas_threads or default_blas_threads(world))
+    batch = max(1, config.global_batch // world.size)
+    return lambda placement: faster_strategy(machine, network, optimizer, batch, ranks, placement.nodes,
+                                             config.bucket_mb)
 
 
 def make_optimizer(config: RunConfig, network: Network) -> Optimizer:
@@ -517,7 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         world = comm  # MPI over all ranks, whatever strategy reduces the gradients
         comm, placement, strategy = connect(world, backend, config.comm, bucket_elements, node_name(),
                                             config.collective_timeout,
-                                            model_preference(config, config.bucket_mb * (1 << 20)))
+                                            model_preference(config, world))
         mixed = bool(placement.cpu_ranks and placement.gpu_ranks)
         job = collectively(comm, lambda: build_job(config, comm, backend, mixed, run_id))
     except UserError as error:  # every rank raises it: after agreeing in collectively(), or from the same placement

@@ -181,6 +181,20 @@ def test_two_nodes_train_as_one_process(tmp_path):
 
 
 @needs_emulation
+def test_auto_takes_the_strategy_the_model_predicts_faster_on_the_nodes(tmp_path):
+    """2 nodes x 2 ranks with --comm auto and a calibration of such nodes: the model's
+    choice, said in the first line, and the run validated against it."""
+    result = cluster(2, 2, sys.executable, "-m", "pydtnn_lite.train", "--model", "mlp", "--dataset", "synthetic",
+                     "--batch-size", "32", "--steps-per-epoch", "3", "--eval-steps", "0", "--no-progress",
+                     "--comm", "auto", "--validate", os.path.join(REPO, "calibration", "emulated-2x2-1gbit-quick.json"),
+                     "--trace", str(tmp_path / "trace"), "--trace-skip", "1", timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "strategy (auto: predicted faster by the model)" in output
+    assert "measured ms  predicted ms" in output
+
+
+@needs_emulation
 def test_allreduce_is_timed_between_and_inside_the_emulated_nodes(tmp_path):
     """On 2 nodes x 2 ranks, the calibration's network timings: among one rank per node over
     the link, among each node's ranks, and the CPU that moving buckets costs the ranks."""

@@ -12,16 +12,20 @@ from pydtnn_lite.perfmodel.measuring import transfer_cost
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel, Link
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.channel import NO_TRANSFER_COST, TransferCost
-from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, calibrated_machine
+from pydtnn_lite.perfmodel.modelling.machines import (
+    CalibratedMachine,
+    adjusted_machine,
+    calibrated_machine,
+    faster_strategy,
+)
 from pydtnn_lite.perfmodel.modelling.network import (
     NetworkTimings,
     TwoLevelAllreduce,
-    model_choice,
-    preferred_strategy,
 )
 from pydtnn_lite.perfmodel.modelling.placement import Placement as RankPlacement
 from pydtnn_lite.perfmodel.modelling.synchronization import SyncWaitModel
 from pydtnn_lite.perfmodel.modelling.trace_validation import run_machines
+from pydtnn_lite.perfmodel.modelling.workload import build_workload
 
 SIZES = (1 << 10, 1 << 16, 1 << 20, 1 << 22)
 GBIT = 1e9 / 8  # bytes per second of one Gbit/s
@@ -61,19 +65,26 @@ def test_another_rank_count_is_refused():
         TwoLevelAllreduce.from_timings(timings()).seconds(1 << 20, 8)
 
 
-def test_the_faster_reduction_of_a_bucket_is_preferred():
-    two_level = TwoLevelAllreduce.from_timings(timings())
-    # A flat ring over 4 ranks sends 1.5 n over the slow link: slower than the two levels.
-    assert preferred_strategy(flat(1 / GBIT), two_level, 4 << 20) == "hierarchical"
-    # A flat reduction 100x cheaper per byte than the link wins.
-    assert preferred_strategy(flat(0.01 / GBIT), two_level, 4 << 20) == "mpi"
+def test_auto_takes_the_strategy_of_the_shorter_predicted_step_on_the_nodes_the_calibration_timed():
+    """The model predicts a whole step each way, its overlap included: two levels where the
+    flat reduction is slow across the links, flat where it is fast; no choice where the job's
+    nodes are not the calibration's."""
+    calibration = Calibration({"ranks": 4, "ranks_per_node": 4, "usable_cores": 4}, 1e11, 1e10, {},
+                              [(4, 1024.0, 1e-4)], allreduce_ranks=4, network=timings())
+    network, optimizer = build_workload("mlp", "synthetic")
+    ranks = RankPlacement(4, 4, 4, 1)
 
+    def choice(beta: float, nodes: tuple[int, ...] = (0, 0, 1, 1)) -> str | None:
+        machine = CalibratedMachine(calibration, flat(beta), overlaps_communication=True)
+        return faster_strategy(machine, network, optimizer, 32, ranks, nodes)
 
-def test_the_model_chooses_only_for_the_placement_it_timed():
-    two_nodes_of_two = (0, 0, 1, 1)
-    assert model_choice(flat(1 / GBIT), timings(), 4 << 20, two_nodes_of_two) == "hierarchical"
-    assert model_choice(flat(1 / GBIT), timings(), 4 << 20, (0, 0, 0, 1)) is None  # uneven nodes
-    assert model_choice(flat(1 / GBIT), timings(), 4 << 20, (0, 0, 1, 1, 2, 2)) is None  # more nodes
+    assert choice(10 / GBIT) == "hierarchical"  # flat: 15x the link's time per byte
+    assert choice(0.01 / GBIT) == "mpi"  # flat 100x cheaper per byte than the link
+    assert choice(10 / GBIT, (0, 0, 0, 1)) is None  # uneven nodes
+    assert choice(10 / GBIT, (0, 0, 1, 1, 2, 2)) is None  # more nodes
+    unnetworked = dataclasses.replace(calibration, network=None)
+    assert faster_strategy(CalibratedMachine(unnetworked, flat(1 / GBIT)), network, optimizer, 32, ranks,
+                           (0, 0, 1, 1)) is None
 
 
 def test_auto_asks_the_model_only_where_flat_and_hierarchical_differ():

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from pydtnn_lite.costs import COMPUTE_STAGES, DATA_LOAD, FUSED_KERNELS, GEMM, KernelCost, Stage
 from pydtnn_lite.errors import UserError
+from pydtnn_lite.network import Network
+from pydtnn_lite.optim import Optimizer
 from pydtnn_lite.perfmodel.modelling.allreduce import (
     AllreduceModel,
     AllreduceTime,
@@ -32,7 +35,7 @@ from pydtnn_lite.perfmodel.modelling.drift import (
 )
 from pydtnn_lite.perfmodel.modelling.network import TwoLevelAllreduce
 from pydtnn_lite.perfmodel.modelling.placement import Placement, kernel_handoff, kernel_scale, thread_scaling_gap
-from pydtnn_lite.perfmodel.modelling.prediction import Machine, RooflineMachine
+from pydtnn_lite.perfmodel.modelling.prediction import Machine, RooflineMachine, predict_step
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline
 
@@ -233,6 +236,24 @@ class AdjustedMachine:
 
 
 OUTSIDE_KERNELS = "outside_kernels"  # the interpreter's time between kernels: scaled as a memory-bound kernel
+
+
+def faster_strategy(machine: CalibratedMachine, network: Network, optimizer: Optimizer, batch: int,
+                    placement: Placement, nodes: Sequence[int], bucket_mb: float = 4.0) -> str | None:
+    """'hierarchical' where the model predicts a CPU job's step shorter with its buckets
+    reduced in two levels (pipelined, beside backward) than flat, else 'mpi': ``batch``
+    samples a rank, the ranks placed as ``placement`` and on ``nodes`` (each rank's node
+    index). None where the calibration timed no network or timed other nodes than the
+    job's: the two-level timings hold for the placement they were measured on."""
+    timings = machine.calibration.network
+    per_node = Counter(nodes)
+    if (timings is None or machine.allreduce is None or len(per_node) != timings.nodes
+            or set(per_node.values()) != {timings.ranks_per_node}):
+        return None
+    steps = {name: predict_step(network, optimizer, batch, len(nodes), adjusted_machine(reducing, placement),
+                                bucket_mb).step_with_overlap
+             for name, reducing in (("mpi", machine), ("hierarchical", machine.hierarchical(pipelined=True)))}
+    return min(steps, key=steps.__getitem__)
 
 
 def adjusted_machine(machine: CalibratedMachine, placement: Placement | None = None,

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceTime, InterpolatedAllreduce, fit_allreduce
@@ -120,19 +118,3 @@ class TwoLevelAllreduce:
         inter = self.inter.seconds(nbytes, self.timings.nodes) if self.inter else 0.0
         intra = self.intra.seconds(nbytes, self.timings.ranks_per_node) if self.intra else 0.0
         return inter + intra
-
-
-def preferred_strategy(flat: AllreduceTime, two_level: TwoLevelAllreduce, bucket_bytes: float) -> str:
-    """'hierarchical' when the two-level reduction of a bucket is predicted faster than the flat one, else 'mpi'."""
-    procs = two_level.timings.ranks
-    return "hierarchical" if two_level.seconds(bucket_bytes, procs) < flat.seconds(bucket_bytes, procs) else "mpi"
-
-
-def model_choice(flat: AllreduceTime, timings: NetworkTimings, bucket_bytes: float,
-                 nodes: Sequence[int]) -> str | None:
-    """:func:`preferred_strategy` for a job whose ranks sit on ``nodes`` (each rank's node
-    index), where they sit as the timings' ranks did; None elsewhere (the model knows no other placement)."""
-    per_node = Counter(nodes)
-    if len(per_node) != timings.nodes or set(per_node.values()) != {timings.ranks_per_node}:
-        return None
-    return preferred_strategy(flat, TwoLevelAllreduce.from_timings(timings), bucket_bytes)
