@@ -260,12 +260,15 @@ def model_preference(config: RunConfig, world: Communicator) -> Callable[[Placem
     machine = calibrated_machine(config.validate)
     if machine.calibration.network is None or machine.allreduce is None:
         return None
-    network, optimizer = build_workload(config.model, config.dataset, config.dtype, config.optimizer)
     ranks = RankPlacement(world.size, world.local_size, usable_cores(),
                           config.blas_threads or default_blas_threads(world))
     batch = max(1, config.global_batch // world.size)
-    return lambda placement: faster_strategy(machine, network, optimizer, batch, ranks, placement.nodes,
-                                             config.bucket_mb)
+
+    def prefer(placement: Placement) -> str | None:
+        # The model's network is built here, only for a job that spans nodes of several ranks.
+        network, optimizer = build_workload(config.model, config.dataset, config.dtype, config.optimizer)
+        return faster_strategy(machine, network, optimizer, batch, ranks, placement.nodes, config.bucket_mb)
+    return prefer
 
 
 def make_optimizer(config: RunConfig, network: Network) -> Optimizer:
