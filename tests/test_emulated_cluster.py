@@ -186,7 +186,7 @@ def test_auto_takes_the_strategy_the_model_predicts_faster_on_the_nodes(tmp_path
     choice, said in the first line, and the run validated against it."""
     result = cluster(2, 2, sys.executable, "-m", "pydtnn_lite.train", "--model", "mlp", "--dataset", "synthetic",
                      "--batch-size", "32", "--steps-per-epoch", "3", "--eval-steps", "0", "--no-progress",
-                     "--comm", "auto", "--validate", os.path.join(REPO, "calibration", "emulated-2x2-1gbit-quick.json"),
+                     "--comm", "auto", "--validate", os.path.join(REPO, "calibration", "emulated-2x2-1gbit.json"),
                      "--trace", str(tmp_path / "trace"), "--trace-skip", "1", timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
