@@ -39,9 +39,10 @@ class TransferCost:
 
     @classmethod
     def from_dict(cls, data: dict) -> TransferCost:
-        return cls(float(data["cpu_per_byte"]),
-                   math.inf if data["window_bytes"] is None else float(data["window_bytes"]),
-                   float(data["post_seconds"]))
+        """The record of :meth:`to_dict`; a field it lacks (or holds as null) keeps its default."""
+        return cls(float(data.get("cpu_per_byte") or 0.0),
+                   math.inf if data.get("window_bytes") is None else float(data["window_bytes"]),
+                   float(data.get("post_seconds") or 0.0))
 
 
 NO_TRANSFER_COST = TransferCost()

@@ -9,13 +9,17 @@ sum. The flat reduction is the job-wide Allreduce the calibration timed on all i
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceTime, InterpolatedAllreduce, fit_allreduce
 from pydtnn_lite.perfmodel.modelling.channel import NO_TRANSFER_COST, TransferCost
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.synchronization import SyncWaitModel, fit_sync_wait
+
+# The flat reduction's transfer cost sits in the network record under these keys (files
+# written before the pipeline's cost was recorded beside it as a record of its own).
+FLAT_TRANSFER_KEYS = {"cpu_per_byte": "transfer_cpu_per_byte", "window_bytes": "window_bytes",
+                      "post_seconds": "post_seconds"}
 
 
 @dataclass(frozen=True)
@@ -66,9 +70,8 @@ class NetworkTimings:
         return {"nodes": self.nodes, "ranks_per_node": self.ranks_per_node, "link_gbit": self.link_gbit,
                 "inter_node": [list(sample) for sample in self.inter_node],
                 "intra_node": [list(sample) for sample in self.intra_node],
-                "transfer_cpu_per_byte": self.transfer.cpu_per_byte,
-                "window_bytes": None if math.isinf(self.transfer.window_bytes) else self.transfer.window_bytes,
-                "post_seconds": self.transfer.post_seconds, "ranks_per_host": self.ranks_per_host,
+                **{FLAT_TRANSFER_KEYS[key]: value for key, value in self.transfer.to_dict().items()},
+                "ranks_per_host": self.ranks_per_host,
                 "straggler_waits": [list(sample) for sample in self.straggler_waits],
                 "two_level_transfer": None if self.two_level_transfer is None else self.two_level_transfer.to_dict()}
 
@@ -78,9 +81,7 @@ class NetworkTimings:
                    None if data["link_gbit"] is None else float(data["link_gbit"]),
                    tuple((float(n), float(t)) for n, t in data["inter_node"]),
                    tuple((float(n), float(t)) for n, t in data["intra_node"]),
-                   TransferCost(float(data.get("transfer_cpu_per_byte", 0.0)),
-                                math.inf if data.get("window_bytes") is None else float(data["window_bytes"]),
-                                float(data.get("post_seconds", 0.0))),
+                   TransferCost.from_dict({key: data.get(stored) for key, stored in FLAT_TRANSFER_KEYS.items()}),
                    None if data.get("ranks_per_host") is None else int(data["ranks_per_host"]),
                    tuple((float(work), float(wait)) for work, wait in data.get("straggler_waits", [])),
                    None if data.get("two_level_transfer") is None
