@@ -19,6 +19,7 @@ from pydtnn_lite.perfmodel.modelling.drift import (
     beyond_noise,
     drift_between,
     kernel_ratios,
+    lasting_imbalance,
     like_for_like,
     probe_moves,
 )
@@ -144,9 +145,20 @@ def test_a_rank_on_a_core_of_the_mean_speed_waits_for_the_slowest_core():
     assert CoreRates((150e9, 100e9), (16e9, 12e9), shared=True).imbalance() == 0.0
     assert CoreRates((150e9,), (16e9,)).imbalance() == 0.0
     even, apart = CoreRates((100e9, 100e9), (10e9, 10e9)), CoreRates((150e9, 100e9), (10e9, 10e9))
-    assert MachineState.over([even, apart]).imbalance == pytest.approx(0.1)  # a run's: the mean in time
+    # A run's: each core's mean time, 1/120 and 1/100 per GFLOP; the slower 1/100 over their mean 1/109.09.
+    assert MachineState.over([even, apart]).imbalance == pytest.approx(1 / 11)
     assert MachineState.over([even, even, apart], typical=True).imbalance == 0.0  # a calibration's: the median
     assert drift_between(THEN, MachineState.over([apart])).imbalance == pytest.approx(0.2)
+
+
+def test_a_core_slow_at_one_instant_and_fast_at_the_next_is_no_lasting_imbalance():
+    # Each instant 20 % apart, the slower core changing: the ranks wander, neither stays behind.
+    first_slow, second_slow = CoreRates((100e9, 150e9), (10e9, 10e9)), CoreRates((150e9, 100e9), (10e9, 10e9))
+    assert first_slow.imbalance() == pytest.approx(0.2) and second_slow.imbalance() == pytest.approx(0.2)
+    assert lasting_imbalance([first_slow, second_slow]) == pytest.approx(0.0)
+    assert MachineState.over([first_slow, second_slow, first_slow]).imbalance == pytest.approx(
+        (2 / 100 + 1 / 150) / 3 / ((2 / 100 + 1 / 150 + 2 / 150 + 1 / 100) / 6) - 1)
+    assert lasting_imbalance([first_slow, CoreRates((100e9, 100e9, 100e9), (10e9,) * 3)]) == 0.0  # other cores
 
 
 def test_the_wait_at_a_synchronisation_adds_the_slowest_core_to_the_ranks_wandering():

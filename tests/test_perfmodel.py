@@ -280,6 +280,47 @@ def test_prediction_adds_up_and_overlap_hides_communication_behind_backward():
     assert host_mpi.step_with_overlap == pytest.approx(host_mpi.step_without_overlap)
 
 
+def test_where_the_link_is_the_bottleneck_the_wait_for_the_slowest_rank_hides_behind_it():
+    """Conv - Conv - pool - Flatten - Dense, its first bucket the Dense layer's gradient
+    alone, the second the rest. A bucket ends only once the slowest rank has posted it,
+    and that rank runs its work a fraction ``wait`` slower. On an idle link the others wait
+    for it at the end, the whole ``wait`` of the step's work; on a link busy until long
+    after backward the buckets end when it has moved them, and the wait adds only how
+    much later the slowest rank posted the first bucket."""
+    net = Network("lag", (6, 6, 3), 4)
+    for layer in (Conv2D(5, 3, padding=1), Conv2D(7, 3, padding=1), GlobalAvgPool2D(), Flatten(), Dense(4)):
+        net.add(layer)
+    network = net.build(make_backend("cpu", "float32"), seed=0)
+    optimizer = SGD(network, momentum=0.0)
+    dense = len(network.layers) - 1
+    first_bucket_mb = network.layers[dense].param_count * 4 / MIB
+    kernel, wait = 1e-3, 0.1
+
+    def step(reduce: float, lag: float, outside: float = 0.0) -> StepPrediction:
+        return predict_step(network, optimizer, 8, 2, ConstantMachine(kernel, reduce, wait=lag, outside=outside),
+                            bucket_mb=64.0, first_bucket_mb=first_bucket_mb)
+
+    idle, idle_lagging = step(1e-9, 0.0), step(1e-9, wait)
+    assert len(idle.bucket_bytes) == 2
+    work = kernel * sum(k.stage in ("FP", "BP", "WU") for k in idle.kernels)
+    assert idle_lagging.step_with_overlap - idle.step_with_overlap == pytest.approx(wait * work)
+
+    busy, busy_lagging = step(1.0, 0.0), step(1.0, wait)
+    # The first bucket is posted once the loss's and the Dense layer's backward are done.
+    before_first_post = kernel * sum(k.stage in ("FP", "WU") or (k.stage == "BP" and k.layer >= dense)
+                                     for k in busy.kernels)
+    assert busy.step_with_overlap - work > 1.0  # the buckets outlast backward
+    assert busy_lagging.step_with_overlap - busy.step_with_overlap == pytest.approx(wait * before_first_post)
+    assert next(k for k in busy_lagging.kernels if k.kernel == "sync_wait").seconds == pytest.approx(wait * work)
+    # The interpreter's time between backward's calls passes beside the link too: of the
+    # calls after the first post, it hides.
+    outside = 1e-4
+    calls = sum(k.stage in ("FP", "BP", "WU") for k in busy.kernels)
+    after_first_post = sum(k.stage == "BP" and k.layer < dense for k in busy.kernels)
+    assert step(1.0, 0.0, outside).step_with_overlap - busy.step_with_overlap == pytest.approx(
+        outside * (calls - after_first_post))
+
+
 def test_a_batch_norm_reduction_of_backward_waits_for_the_buckets_ahead_of_it_on_the_channel():
     """Conv - BN - Conv - BN - pool - Flatten - Dense, its first bucket the Dense layer's
     gradient alone, the second the rest (ready only when backward is done). The second BN's
