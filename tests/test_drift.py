@@ -251,14 +251,16 @@ def test_the_runs_of_a_kernel_probe_are_averaged_piece_by_piece():
 def test_only_the_move_beyond_the_probes_noise_is_corrected():
     assert beyond_noise(1.1, 0.12) == 1.0  # a 10 % move within a +-12 % probe: noise
     assert beyond_noise(1.5) == pytest.approx(1.5)  # probes without a spread: all of it
-    # 3 % and 4 % spreads combine to 5 %; a 2x slower machine keeps 2 / 1.05 of its move.
-    assert beyond_noise(2.0, 0.03, 0.04) == pytest.approx(2.0 / 1.05)
-    assert beyond_noise(0.5, 0.03, 0.04) == pytest.approx(0.5 * 1.05)  # faster: shrunk alike
+    # 3 % and 4 % spreads combine to 5 %: a 2x slower machine keeps its move on the
+    # logarithm shrunk by 1 - (ln 1.05 / ln 2)^2 = 0.99505, 1.9932 of its 2.
+    assert beyond_noise(2.0, 0.03, 0.04) == pytest.approx(1.99314, rel=1e-5)
+    assert beyond_noise(0.5, 0.03, 0.04) == pytest.approx(1 / 1.99314, rel=1e-5)  # faster: shrunk alike
+    assert beyond_noise(1.0, 0.05) == 1.0
     noisy = MachineState(60e9, 25e9, 2, 1 << 20, 375e-6, gemm_spread=0.2, copy_spread=0.3, allreduce_spread=0.1)
     drift = drift_between(THEN, noisy)
-    assert drift.compute == pytest.approx(1.5 / 1.2)
+    assert drift.compute == pytest.approx(1.38193, rel=1e-5)  # 1.5 with +-20 %: ln 1.5 x (1 - 0.2022)
     assert drift.memory == 1.0  # 25 % faster copies, with +-30 % copies: not corrected
-    assert drift.communication == pytest.approx(1.25 / 1.1)
+    assert drift.communication == pytest.approx(1.20014, rel=1e-5)  # 1.25 with +-10 %: ln 1.25 x (1 - 0.1824)
     assert drift.measured == pytest.approx(0.5) and drift.noise == pytest.approx(0.3)
     assert "repeat within +-30 %" in drift.describe()
     assert math.isclose(drift_between(THEN, THEN).compute, 1.0)
@@ -279,8 +281,9 @@ def test_each_probed_kernel_moves_by_the_ratio_of_its_calls_total_times():
              "sgd_update": [KernelSample((4096,), 1e4, 5e4, 1e-4)]}  # updates follow the copy probe
     before = {"relu": [20e-6, 60e-6], "gemm": [5e-5], "sgd_update": [5e-5]}
     assert kernel_ratios(calls, before, {}) == {"relu": pytest.approx(1.5)}
-    # A ratio known within 20 % keeps 1.5 / 1.2 of its move; a kernel without a time then is left out.
-    assert kernel_ratios(calls, before, {"relu": 0.2})["relu"] == pytest.approx(1.5 / 1.2)
+    # A ratio known within 20 % keeps ln 1.5 x (1 - (ln 1.2 / ln 1.5)^2) of its move on the
+    # logarithm, 1.3819; a kernel without a time then is left out.
+    assert kernel_ratios(calls, before, {"relu": 0.2})["relu"] == pytest.approx(1.38193, rel=1e-5)
     assert kernel_ratios(calls, {"gemm": [5e-5]}, {}) == {}
     drift = dataclasses.replace(drift_between(THEN, MachineState(60e9, 25e9)), kernels={"relu": 1.5})
     assert drift.scale("relu") == pytest.approx(1.5) and drift.scale("add") == pytest.approx(0.8)
@@ -333,12 +336,12 @@ def test_each_kind_of_work_moves_as_the_probe_s_whole_and_apart_beyond_its_sprea
     slower = {kind: [(name, 1.5 * seconds) for name, seconds in pieces] for kind, pieces in calm.items()}
     moves = probe_moves(now, [calm, slower])
     assert moves == {"relu": pytest.approx(1.6), "add": pytest.approx(0.8), "outside": pytest.approx(0.8)}
-    # Twice as slow as a whole, shares unmoved: every kind 2x, less the noise of a run
-    # against the median of two totals of spread ln(1.5) / sqrt(2).
+    # Twice as slow as a whole, shares unmoved: every kind 2x, its move shrunk by the noise
+    # of a run against the median of two totals of spread ln(1.5) / sqrt(2).
     doubled = {kind: [(name, 2.5 * seconds) for name, seconds in pieces] for kind, pieces in calm.items()}
     noise = math.log(1.5) / math.sqrt(2) * math.sqrt(1 + 1.2533 ** 2 / 2)
-    assert probe_moves(doubled, [calm, slower]) == {kind: pytest.approx(2.0 / (1 + noise), rel=1e-4)
-                                                    for kind in calm}
+    shrunk = math.exp(math.log(2.0) * (1 - (math.log1p(noise) / math.log(2.0)) ** 2))
+    assert probe_moves(doubled, [calm, slower]) == {kind: pytest.approx(shrunk, rel=1e-4) for kind in calm}
     # References whose ReLU took 1/4 and 2/5 of their work: a share within that spread moved as the whole.
     assert probe_moves(now, [calm, now])["relu"] == probe_moves(now, [calm, now])["add"]
     # A kind some reference timed at other sizes is left out; without references, everything.

