@@ -88,10 +88,9 @@ class CoreRates:
         """How much longer the slowest core takes over a GEMM than the cores' mean (0.05:
         5 %), what a rank on an average core waits at a synchronisation per second of work;
         0 where ranks time-share the cores (the OS moves each over all of them)."""
-        if self.shared or len(self.gemm_flops) < 2:
+        if self.shared:
             return 0.0
-        times = [1.0 / flops for flops in self.gemm_flops]
-        return max(times) / statistics.fmean(times) - 1.0
+        return _slowest_over_mean([1.0 / flops for flops in self.gemm_flops])
 
 
 @dataclass(frozen=True)
@@ -153,7 +152,14 @@ def lasting_imbalance(instants: Sequence[CoreRates], median: bool = False) -> fl
     if any(instant.shared for instant in instants) or len({len(i.gemm_flops) for i in instants}) != 1:
         return 0.0
     per_core = zip(*([1.0 / flops for flops in instant.gemm_flops] for instant in instants), strict=True)
-    return CoreRates(tuple(1.0 / _middle(times, median) for times in per_core), ()).imbalance()
+    return _slowest_over_mean([_middle(times, median) for times in per_core])
+
+
+def _slowest_over_mean(core_times: Sequence[float]) -> float:
+    """How much longer the slowest of ``core_times`` is than their mean (0 for one core)."""
+    if len(core_times) < 2:
+        return 0.0
+    return max(core_times) / statistics.fmean(core_times) - 1.0
 
 
 def mean_allreduce(allreduce: Sequence[tuple[int, int, float, float]]) -> tuple[int, int, float | None, float]:
