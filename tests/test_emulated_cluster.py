@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -25,6 +26,21 @@ LOCK = "/run/lock/pydtnn-lite-emulated-cluster.lock"
 PREFIX = "pdtl-"
 CAN_EMULATE = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
 needs_emulation = pytest.mark.skipif(not CAN_EMULATE, reason="emulating a cluster needs root, ip and tc")
+# Held by each test of this file: pytest-xdist's workers run tests of one file side by side
+# under plain ``-n``, and a cluster started by one would make the launcher refuse the other's,
+# or appear among the namespaces that another test expects to see removed.
+ONE_TEST_AT_A_TIME = os.path.join(tempfile.gettempdir(), "pydtnn-lite-emulated-cluster-tests.lock")
+
+
+@pytest.fixture(autouse=True)
+def alone_on_the_machine():
+    """No other test of this file runs meanwhile, in this pytest process or another."""
+    with open(ONE_TEST_AT_A_TIME, "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 def launch(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
