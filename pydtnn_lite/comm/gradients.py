@@ -8,7 +8,9 @@ Allreduce starts as soon as its last layer is done, and while any is outstanding
 kernel call tests them: MPICH makes no progress in the background (over TCP a bucket
 begins to move only inside an MPI call), so these tests are what moves the data while
 backward computes, and a test only at layer boundaries leaves a network link idle through
-a long layer's backward. The tests wrap the kernel entries from outside
+a long layer's backward. Each outstanding bucket is tested: MPICH advances every started
+collective by a step per pass of its progress engine, so testing only the oldest moves
+less (docs/performance.md, "How many tests a kernel call makes"). The tests wrap the kernel entries from outside
 (``kernels.instrument``) only while buckets are outstanding, outside a tracer's timing.
 """
 from __future__ import annotations
