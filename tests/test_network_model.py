@@ -12,7 +12,9 @@ from pydtnn_lite.perfmodel.measuring import transfer_cost
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel, Link
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.channel import NO_TRANSFER_COST, TransferCost
+from pydtnn_lite.perfmodel.modelling.drift import Drift
 from pydtnn_lite.perfmodel.modelling.machines import (
+    AdjustedMachine,
     CalibratedMachine,
     adjusted_machine,
     calibrated_machine,
@@ -279,3 +281,22 @@ def test_a_flat_reduction_across_nodes_of_several_ranks_holds_the_links_for_the_
     assert two_by_two.allreduce_seconds(n, 4) == pytest.approx(3 * (50e-6 + n / GBIT), rel=1e-6)
     assert two_by_two.link_seconds(n, 2) == two_by_two.allreduce_seconds(n, 2)
     assert two_by_one.link_seconds(n, 2) == two_by_one.allreduce_seconds(n, 2)
+
+
+def test_a_links_rate_does_not_move_with_the_machine_but_a_nodes_own_reductions_do():
+    """The run's communication probe scales the reductions; between nodes the links' hold on
+    a bucket stays the calibrated one, while on one node it is the cores' work and moves."""
+    placement = RankPlacement(2, 2, 2)  # emulated nodes share the machine's cores
+    slower = Drift(communication=1.5)
+    samples = [(2, float(n), 50e-6 + n / GBIT) for n in SIZES]
+    across = CalibratedMachine(Calibration({"ranks": 2, "ranks_per_node": 1}, 1e11, 1e10, {}, samples,
+                                           network=timings(ranks_per_node=1)), flat(1 / GBIT))
+    inside = CalibratedMachine(Calibration({"ranks": 2, "ranks_per_node": 2}, 1e11, 1e10, {}, samples),
+                               flat(1 / GBIT))
+    n = 1 << 22
+    for base in (across, inside):
+        assert AdjustedMachine(base, placement, slower).allreduce_seconds(n, 2) == pytest.approx(
+            1.5 * base.allreduce_seconds(n, 2))
+    assert AdjustedMachine(across, placement, slower).link_seconds(n, 2) == pytest.approx(across.link_seconds(n, 2))
+    assert AdjustedMachine(inside, placement, slower).link_seconds(n, 2) == pytest.approx(
+        1.5 * inside.link_seconds(n, 2))

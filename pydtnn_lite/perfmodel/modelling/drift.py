@@ -20,7 +20,9 @@ predicted time is scaled by the ratio of the rate that bounds it, then to now:
   otherwise, and the time between kernels, by the copy rates (memory-bound, or the
   interpreter's pace, which moves with the memory system and the clock alike);
 - communication, by the probe's Allreduce time now against the calibration's probe,
-  carried over to the run's rank count by the calibration's Allreduce model.
+  carried over to the run's rank count by the calibration's Allreduce model; not the
+  links' rate between nodes, which the machine's moves leave as it was
+  (``AdjustedMachine.link_seconds``).
 
 A shared machine's cores change speed on their own, by a third for seconds at a time: a
 probe of one instant says little of a run of a minute. A run probes every core between
