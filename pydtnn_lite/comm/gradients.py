@@ -10,8 +10,9 @@ begins to move only inside an MPI call), so these tests are what moves the data 
 backward computes, and a test only at layer boundaries leaves a network link idle through
 a long layer's backward. Each outstanding bucket is tested: MPICH advances every started
 collective by a step per pass of its progress engine, so testing only the oldest moves
-less (docs/performance.md, "How many tests a kernel call makes"). The tests wrap the kernel entries from outside
-(``kernels.instrument``) only while buckets are outstanding, outside a tracer's timing.
+less (docs/performance.md, "How many tests a kernel call makes"). The tests wrap the
+kernel entries from outside (``kernels.instrument``) only while buckets are outstanding,
+outside a tracer's timing.
 """
 from __future__ import annotations
 
