@@ -132,6 +132,10 @@ def test_validation_accuracy_sets_the_model_against_the_runs_themselves(tmp_path
     for label in ("model, run 1", "model, run 2", "model, median", "between runs, median", "split-half, median",
                   "model / between runs"):
         assert result.stdout.count(label) == 1, result.stdout
+    # The summary names the run farthest off, not only the runs' median.
+    run_errors = re.findall(r"model, run \d\s+([+-]\d+\.\d)", result.stdout)
+    farthest = max(run_errors, key=lambda error: abs(float(error)))
+    assert f"of a single run {farthest} % (lenet b16 x2)" in result.stdout, result.stdout
     assert sorted(os.listdir(kept)) == ["lenet-16-2-0", "lenet-16-2-1"]
     assert (kept / "lenet-16-2-0" / "events.csv").is_file()
     assert re.search(r"calibrated 2\d{3}-\d\d-\d\d \d\d:\d\d, [\d.]+ to [\d.]+ h before the runs", result.stdout)
