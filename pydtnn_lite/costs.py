@@ -38,9 +38,14 @@ GEMM = "gemm"  # a matrix product: convolutions' and dense layers' compute-bound
 ALLREDUCE = "allreduce"  # a blocking sum over the ranks (batch-norm statistics, gradient buckets, the loss)
 SYNC_WAIT = "sync_wait"  # the wait for the slowest rank at the end of a step (predicted, never traced)
 # The computing rank's CPU time for moving overlapped buckets over a network inside its tests
-# (predicted, never traced: the trace holds the tests themselves and the kernels they slow).
+# (predicted, never traced: the trace holds the tests themselves), in COMM.
 TRANSFER_CPU = "transfer_cpu"
-ALLREDUCE_START = "allreduce_start"  # posting an overlapped bucket's reduction (traced by its call, as COMM)
+ALLREDUCE_START = "allreduce_start"  # posting an overlapped bucket's reduction
+ALLREDUCE_PROGRESS = "allreduce_progress"  # testing the outstanding buckets, after a kernel or a layer of backward
+ALLREDUCE_WAIT = "allreduce_wait"  # waiting for the outstanding buckets as backward ends
+# The overlapped buckets' calls count in COMM wherever they run, as the model predicts them:
+# they are what communication adds to the step, even made between two kernels of backward.
+BUCKET_CALLS = frozenset({ALLREDUCE_START, ALLREDUCE_PROGRESS, ALLREDUCE_WAIT})
 H2D_COPY = "h2d_copy"  # the copy of a batch to the device
 DATA_LOAD = "data_load"  # reading a batch from the data set
 NO_LAYER = -1  # the layer of work done for no layer: gradient buckets, the loss reduction, data loading

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from pydtnn_lite.calibrate import report
@@ -259,9 +260,27 @@ def test_a_post_is_timed_with_the_test_the_trainer_makes_right_after_it(monkeypa
 
     def kernel() -> None:
         clock.now += 10.0
-    kernels, elapsed, posting = transfer_cost.overlapped_kernels(comm, kernel, [object(), object()])
-    assert (kernels, posting, elapsed) == (1, 2 * (1.0 + 0.5), 2 * (1.0 + 0.5) + 10.0 + 2 * 0.5)
+    run = transfer_cost.overlapped_kernels(comm, kernel, [object(), object()])
+    assert (run.kernels, run.posting, run.seconds) == (1, 2 * (1.0 + 0.5), 2 * (1.0 + 0.5) + 10.0 + 2 * 0.5)
+    assert run.testing == 2 * 0.5  # the two tests after the kernel
     assert transfer_cost.lone_post_round(comm, kernel, [object(), object()]) == 1.5
+
+
+def test_the_transfer_cpu_is_split_between_the_tests_and_the_kernels_they_slow(monkeypatch):
+    """Kernels of 10 s alone take 12 beside the reduction (the network stack's interrupts):
+    of the 3 s per round that the reduction adds besides the posts, 1 is inside the tests
+    (two of 0.5 s after the kernel) and 2 in the kernel."""
+    clock = _Clock()
+    monkeypatch.setattr(transfer_cost.time, "perf_counter", clock)
+    comm = _ClockedComm(clock)
+    runs = []
+
+    def kernel() -> None:
+        clock.now += 10.0 if len(runs) < transfer_cost.ALONE_KERNELS else 12.0
+        runs.append(clock.now)
+    buckets = [np.ones(4, dtype=np.float32), np.ones(4, dtype=np.float32)]
+    cpu, in_tests = transfer_cost.transfer_round(comm, kernel, buckets)
+    assert (cpu, in_tests) == (pytest.approx(3.0 / 32), pytest.approx(1.0 / 32))
 
 
 def test_a_flat_reduction_across_nodes_of_several_ranks_holds_the_links_for_the_inter_node_part(tmp_path):

@@ -214,16 +214,17 @@ class ConstantMachine:
     share of reading ahead that the step waits for, ``during`` seconds for a reduction
     that runs while ranks compute (default ``reduce``), whether a reduction's phases begin
     only inside an MPI call (``starts_inside_calls``) and the CPU seconds per byte of a
-    bucket moved in the tests (``transfer``), the bytes that move between two tests
-    (``window``) and the seconds of posting a bucket (``post``; hand-checkable steps)."""
+    bucket moved in the tests (``transfer``, ``in_tests`` of it inside them), the bytes that
+    move between two tests (``window``) and the seconds of posting a bucket (``post``;
+    hand-checkable steps)."""
 
     def __init__(self, kernel: float, reduce: float, overlaps_communication: bool = True, wait: float = 0.0,
                  outside: float = 0.0, load: float = 0.0, background: float = 1.0,
                  during: float | None = None, starts_inside_calls: bool = False, transfer: float = 0.0,
-                 window: float = math.inf, post: float = 0.0) -> None:
+                 window: float = math.inf, post: float = 0.0, in_tests: float = 1.0) -> None:
         self.kernel, self.reduce, self.overlaps_communication = kernel, reduce, overlaps_communication
         self.starts_inside_calls, self.transfer, self.window = starts_inside_calls, transfer, window
-        self.post = post
+        self.post, self.in_tests = post, in_tests
         self.wait, self.outside, self.load, self.background = wait, outside, load, background
         self.during = reduce if during is None else during
 
@@ -253,7 +254,7 @@ class ConstantMachine:
 
     @property
     def transfer_cost(self) -> TransferCost:
-        return TransferCost(self.transfer, self.window, self.post)
+        return TransferCost(self.transfer, self.window, self.post, self.in_tests)
 
 
 def test_prediction_adds_up_and_overlap_hides_communication_behind_backward():
@@ -362,7 +363,8 @@ def test_over_mpi_a_reduction_phase_begins_only_at_a_test_once_the_one_before_it
     waits for the test at 6 (its first arrived at 5.5), B's first goes out behind it at
     7.5-9 and its second, C's two at the end: 13.5, half a kernel more. The data the tests'
     phases move while the rank computes costs it their CPU time, which lengthens backward
-    (what the link moves inside the final wait costs nothing more)."""
+    and counts as communication (what the link moves inside the final wait costs nothing
+    more)."""
     net = Network("calls", (4,), 3)
     for width in (8, 8, 3):
         net.add(Dense(width))
@@ -373,8 +375,10 @@ def test_over_mpi_a_reduction_phase_begins_only_at_a_test_once_the_one_before_it
     assert [sum(cost.stage == "BP" for layer, cost in network.costs(8) if layer == index)
             for index in range(3)] == [2, 3, 3]
 
-    def predicted(starts_inside_calls: bool, transfer: float = 0.0) -> tuple[float, StepPrediction]:
-        machine = ConstantMachine(kernel, 3 * kernel, starts_inside_calls=starts_inside_calls, transfer=transfer)
+    def predicted(starts_inside_calls: bool, transfer: float = 0.0,
+                  in_tests: float = 1.0) -> tuple[float, StepPrediction]:
+        machine = ConstantMachine(kernel, 3 * kernel, starts_inside_calls=starts_inside_calls, transfer=transfer,
+                                  in_tests=in_tests)
         step = predict_step(network, optimizer, 8, 2, machine, bucket_mb=max(sizes) * 4 / MIB,
                             first_bucket_mb=sizes[2] * 4 / MIB)
         assert [n / 4 for n in step.bucket_bytes] == [sizes[2], sizes[1], sizes[0]]
@@ -389,8 +393,19 @@ def test_over_mpi_a_reduction_phase_begins_only_at_a_test_once_the_one_before_it
     # A moves during the backward of layers 1 and 0, B's first phase during layer 0's.
     assert set(cpu) == {0, 1}
     assert sum(cpu.values()) == pytest.approx(transfer * 4 * (sizes[2] + sizes[1] / 2))
-    assert exposed == pytest.approx(4.5 * kernel)
-    assert step.step_with_overlap == pytest.approx(predicted(True)[1].step_with_overlap + sum(cpu.values()))
+    # The tests' CPU time is communication the step pays, as the trace counts the tests.
+    assert {k.stage for k in step.kernels if k.kernel == "transfer_cpu"} == {"COMM"}
+    assert exposed == pytest.approx(4.5 * kernel + sum(cpu.values()))
+    untransferred = predicted(True)[1]
+    assert step.step_with_overlap == pytest.approx(untransferred.step_with_overlap + sum(cpu.values()))
+    assert step.step_without_overlap == pytest.approx(untransferred.step_without_overlap)  # no tests to pay
+    # A quarter inside the tests, the rest in the kernels the network stack slows: the same step.
+    exposed, split = predicted(True, transfer, in_tests=0.25)
+    by_stage = {stage: sum(k.seconds for k in split.kernels if k.kernel == "transfer_cpu" and k.stage == stage)
+                for stage in ("COMM", "BP")}
+    assert by_stage == pytest.approx({"COMM": sum(cpu.values()) / 4, "BP": 3 * sum(cpu.values()) / 4})
+    assert exposed == pytest.approx(4.5 * kernel + sum(cpu.values()) / 4)
+    assert split.step_with_overlap == pytest.approx(step.step_with_overlap)
 
 
 def test_over_mpi_posting_each_bucket_costs_the_step_its_time_as_communication():

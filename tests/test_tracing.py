@@ -15,7 +15,7 @@ import pytest
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import SerialCommunicator
-from pydtnn_lite.costs import ALLREDUCE, FUSED_KERNELS, NO_LAYER, Stage
+from pydtnn_lite.costs import ALLREDUCE, BUCKET_CALLS, FUSED_KERNELS, NO_LAYER, Stage
 from pydtnn_lite.data import SyntheticDataset, open_dataset
 from pydtnn_lite.kernels import blas
 from pydtnn_lite.layers import Conv2D, Dense, Flatten, ReLU
@@ -164,6 +164,9 @@ def test_two_rank_trace_holds_every_rank_and_valid_chrome_json(tmp_path):
     assert {k.step for k in records if k.phase == TRAIN} == {1, 2}
     assert {k.rank for k in records} == {0, 1}
     assert {k.kernel for k in records} >= {"gemm", "im2col", "allreduce_start", "sgd_update", "data_load"}
+    # The buckets' posts, tests and waits are communication the step pays, even between
+    # two kernels of backward: COMM, as the performance model predicts them.
+    assert {k.stage for k in records if k.kernel in BUCKET_CALLS} == {"COMM"}
 
     document = json.loads((trace / "trace.json").read_text())
     events = document["traceEvents"]

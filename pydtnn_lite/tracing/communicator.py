@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from pydtnn_lite.comm import Communicator, Request
-from pydtnn_lite.costs import ALLREDUCE_START
+from pydtnn_lite.costs import ALLREDUCE_PROGRESS, ALLREDUCE_START, ALLREDUCE_WAIT
 
 # time(kernel, function, args, moved): run function(*args) timed as kernel on the
 # communication timeline, ``moved`` the bytes the call moves (None: none counted).
@@ -32,10 +32,10 @@ class TracedRequest(Request):
         self.request, self.time_call = request, time_call
 
     def test(self) -> bool:
-        return self.time_call("allreduce_progress", self.request.test, (), None)
+        return self.time_call(ALLREDUCE_PROGRESS, self.request.test, (), None)
 
     def wait(self) -> None:
-        self.time_call("allreduce_wait", self.request.wait, (), None)
+        self.time_call(ALLREDUCE_WAIT, self.request.wait, (), None)
 
 
 class TracedCommunicator(Communicator):

@@ -32,7 +32,17 @@ from typing import Any, NamedTuple, TypeVar
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import HostClock
-from pydtnn_lite.costs import DATA_LOAD, H2D_COPY, NO_LAYER, CallCounter, CallKey, KernelCost, Stage, keyed_costs
+from pydtnn_lite.costs import (
+    BUCKET_CALLS,
+    DATA_LOAD,
+    H2D_COPY,
+    NO_LAYER,
+    CallCounter,
+    CallKey,
+    KernelCost,
+    Stage,
+    keyed_costs,
+)
 from pydtnn_lite.network import no_scope
 from pydtnn_lite.step_costs import step_costs
 from pydtnn_lite.tracing.chrome import chrome_trace
@@ -171,8 +181,11 @@ class Tracer(TrainingObserver):
         return timed
 
     def _time_communication(self, kernel: str, function: Callable, args: tuple, moved: int | None) -> Any:
-        """The traced communicator's timer: ``function(*args)`` on the communication timeline."""
-        return self._timed(function, kernel, COMMUNICATION, self.host_clock, moved=moved)(*args)
+        """The traced communicator's timer: ``function(*args)`` on the communication timeline,
+        in COMM where it is a call of the overlapped buckets (``BUCKET_CALLS``), else in the
+        stage it runs in (a batch-norm reduction keeps its layer's)."""
+        stage = Stage.COMM if kernel in BUCKET_CALLS else None
+        return self._timed(function, kernel, COMMUNICATION, self.host_clock, stage, moved)(*args)
 
     def run(self, kernel: str, function: Callable[..., T], *args: Any) -> T:
         """The trainer's host work of a step (DATA_LOAD, or the H2D_COPY that fixes the step's batch)."""

@@ -18,7 +18,8 @@ test of the outstanding buckets after each, while :data:`BUCKETS` buckets of
   (the faster the link, the more of the peer's share the test finds). Six posted back to
   back averaged 0.2-0.4 ms, five of them finding the sockets full.
 - CPU: kernels of a few milliseconds, against the same kernels alone just before; the
-  difference, less the posting, per byte of the buckets.
+  difference, less the posting, per byte of the buckets; and the share of it spent inside
+  the tests (the rest is the kernels' own slowing by the network stack's interrupts).
 - Window: kernels of :data:`LONG_KERNEL_SECONDS`, longer than the link needs for what the
   sockets hold; the bucket bytes over the tests it took.
 """
@@ -28,6 +29,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -53,58 +55,74 @@ def gemm_kernel() -> Callable[[], object]:
     return lambda: matrix @ matrix
 
 
-def overlapped_kernels(comm: Communicator, kernel: Callable[[], object],
-                       buckets: list[np.ndarray]) -> tuple[int, float, float]:
+@dataclass(frozen=True)
+class Overlapped:
+    """A reduction run beside kernels: the kernels run, the seconds taken, and the seconds
+    of them posting the buckets (with the test right after) and testing them later."""
+
+    kernels: int
+    seconds: float
+    posting: float
+    testing: float
+
+
+def overlapped_kernels(comm: Communicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> Overlapped:
     """Reduce ``buckets`` over ``comm`` while running ``kernel`` with a test of the outstanding
-    buckets after each, until all are done: (kernels run, seconds taken, seconds of them
-    posting the buckets and testing them once right after); collective."""
+    buckets after each, until all are done; collective."""
     comm.barrier()
     started = time.perf_counter()
     pending = [comm.iallreduce(bucket) for bucket in buckets]
     pending = [request for request in pending if not request.test()]  # as the trainer tests right after posting
     posting = time.perf_counter() - started
-    kernels = 0
+    kernels, testing = 0, 0.0
     while pending:
         kernel()
         kernels += 1
+        tested = time.perf_counter()
         pending = [request for request in pending if not request.test()]
-    return kernels, time.perf_counter() - started, posting
+        testing += time.perf_counter() - tested
+    return Overlapped(kernels, time.perf_counter() - started, posting, testing)
 
 
-def transfer_round(comm: Communicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
+def transfer_round(comm: Communicator, kernel: Callable[[], object],
+                   buckets: list[np.ndarray]) -> tuple[float, float]:
     """Seconds per bucket byte that a reduction of ``buckets`` over ``comm``, tested after
-    every ``kernel``, adds to this rank's kernels besides posting them; collective."""
+    every ``kernel``, adds to this rank's kernels besides posting them, and of them the
+    seconds per byte inside the tests; collective."""
     started = time.perf_counter()
     for _ in range(ALONE_KERNELS):
         kernel()
     alone = (time.perf_counter() - started) / ALONE_KERNELS
-    kernels, elapsed, posting = overlapped_kernels(comm, kernel, buckets)
-    return max(0.0, elapsed - posting - kernels * alone) / sum(bucket.nbytes for bucket in buckets)
+    run = overlapped_kernels(comm, kernel, buckets)
+    nbytes = sum(bucket.nbytes for bucket in buckets)
+    return max(0.0, run.seconds - run.posting - run.kernels * alone) / nbytes, run.testing / nbytes
 
 
 def lone_post_round(comm: Communicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
     """The mean seconds of posting one of ``buckets`` onto an idle link and testing it right
     after, each reduced to its end, tested after every ``kernel``, before the next is posted;
     collective."""
-    return statistics.fmean(overlapped_kernels(comm, kernel, [bucket])[2] for bucket in buckets)
+    return statistics.fmean(overlapped_kernels(comm, kernel, [bucket]).posting for bucket in buckets)
 
 
 def window_round(comm: Communicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
     """The bucket bytes per test that a reduction of ``buckets`` over ``comm`` moved, tested
     after every ``kernel``; collective."""
-    tests, _, _ = overlapped_kernels(comm, kernel, buckets)
-    return sum(bucket.nbytes for bucket in buckets) / tests
+    return sum(bucket.nbytes for bucket in buckets) / overlapped_kernels(comm, kernel, buckets).kernels
 
 
 def measure_transfer(comm: Communicator, rounds: int = ROUNDS) -> TransferCost:
     """The CPU seconds per byte of a bucket that moving it over the job's network costs a
-    rank computing beside it and the seconds of posting one alone (the medians over ``rounds``),
-    and the bucket bytes the link moves between two tests (the median over
+    rank computing beside it, the share of them inside the tests (the medians over ``rounds``,
+    the share of the round of the median CPU), the seconds of posting one alone (the median
+    over ``rounds``), and the bucket bytes the link moves between two tests (the median over
     :data:`WINDOW_ROUNDS`), each averaged over the ranks (every rank gets them). Collective."""
     kernel = gemm_kernel()
     kernel()
     buckets = [np.ones(BUCKET_BYTES // 4, dtype=np.float32) for _ in range(BUCKETS)]
-    cpu = statistics.median(transfer_round(comm, kernel, buckets) for _ in range(rounds))
+    rounds_cpu = sorted(transfer_round(comm, kernel, buckets) for _ in range(rounds))
+    cpu, in_tests = rounds_cpu[len(rounds_cpu) // 2]
+    share = min(1.0, in_tests / cpu) if cpu > 0 else 1.0
     post = statistics.median(lone_post_round(comm, kernel, buckets) for _ in range(rounds))
     started = time.perf_counter()
     kernel()
@@ -117,5 +135,5 @@ def measure_transfer(comm: Communicator, rounds: int = ROUNDS) -> TransferCost:
             kernel()
 
     window = statistics.median(window_round(comm, long_kernel, buckets) for _ in range(WINDOW_ROUNDS))
-    per_rank = comm.allgather_object((cpu, window, post))
+    per_rank = comm.allgather_object((cpu, window, post, share))
     return TransferCost(*(statistics.fmean(figures) for figures in zip(*per_rank, strict=True)))

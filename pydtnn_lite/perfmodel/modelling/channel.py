@@ -9,10 +9,10 @@ call once the bucket's previous phase has arrived (the call that posts the bucke
 trainer's tests between kernels, a blocking call), and between two calls the link moves
 no more than the sockets hold (``TransferCost.window_bytes``): over an emulated link six
 4 MiB buckets tested every 50 ms moved 2.8 MiB per test at 1 Gbit/s, 3.4 at 5. While
-a test's phase moves, the rank that computes pays ``cpu_per_byte`` for it (the socket
-copies, the sums of the received shares, the network stack's interrupts). Inside a
-blocking call the outstanding buckets run their phases back to back, and their CPU time
-is the call's own.
+a test's phase moves, the rank that computes pays ``cpu_per_byte`` for it: inside the
+tests (the socket copies, the sums of the received shares), and in its kernels, which the
+network stack's interrupts slow. Inside a blocking call the outstanding buckets run their
+phases back to back, and their CPU time is the call's own.
 """
 from __future__ import annotations
 
@@ -25,24 +25,29 @@ from dataclasses import dataclass
 class TransferCost:
     """What moving a bucket over MPI on a network costs beside the computation: CPU seconds
     per byte of the bucket, the bucket bytes the link moves at most between two MPI
-    calls (infinite: no limit), and the seconds of the call that posts a bucket's
+    calls (infinite: no limit), the seconds of the call that posts a bucket's
     reduction (MPICH over TCP starts sending inside it) and of the trainer's test right
-    after it."""
+    after it, and the share of the CPU seconds spent inside the tests themselves (the
+    rest slows the kernels between them). Files measured before the share was record it
+    as all inside the tests."""
 
     cpu_per_byte: float = 0.0
     window_bytes: float = math.inf
     post_seconds: float = 0.0
+    in_tests: float = 1.0
 
     def to_dict(self) -> dict:
         return {"cpu_per_byte": self.cpu_per_byte, "post_seconds": self.post_seconds,
-                "window_bytes": None if math.isinf(self.window_bytes) else self.window_bytes}
+                "window_bytes": None if math.isinf(self.window_bytes) else self.window_bytes,
+                "in_tests": self.in_tests}
 
     @classmethod
     def from_dict(cls, data: dict) -> TransferCost:
         """The record of :meth:`to_dict`; a field it lacks (or holds as null) keeps its default."""
         return cls(float(data.get("cpu_per_byte") or 0.0),
                    math.inf if data.get("window_bytes") is None else float(data["window_bytes"]),
-                   float(data.get("post_seconds") or 0.0))
+                   float(data.get("post_seconds") or 0.0),
+                   1.0 if data.get("in_tests") is None else float(data["in_tests"]))
 
 
 NO_TRANSFER_COST = TransferCost()

@@ -18,7 +18,9 @@ Where the reductions overlap backward, they share one channel, simulated beside 
 inside an MPI call (the test the trainer makes after each kernel and layer of backward
 while buckets are outstanding, or a blocking call), the link moves no more than the
 sockets hold between two calls, and what the tests' phases move while the rank computes
-costs it CPU time (a ``transfer_cpu`` entry in BP, per layer). A batch-norm reduction
+costs it CPU time, per layer a ``transfer_cpu`` entry in COMM for the part inside the tests
+(the trace counts the tests there, as communication that the step pays between the kernels
+of backward) and one in BP for the kernels that the network stack's interrupts slow. A batch-norm reduction
 that backward makes while buckets are outstanding goes out behind them and waits for
 them: over a network of 1 Gbit/s, ResNet18's backward spends most of its gradient's
 transfer in these waits.
@@ -264,8 +266,9 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     prediction.stage_seconds = {name: stage[name] for name in STAGES}
     data = stage[Stage.DATA] - read_ahead  # what the reading takes from the cores is in the kernels beside it
     compute = sum(stage[name] for name in COMPUTE_STAGES) + prediction.overhead_seconds
-    posted = sum(k.seconds for k in kernels if k.kernel == ALLREDUCE_START)  # overlap's alone
-    without_data = {False: compute + stage[Stage.COMM] - posted, True: compute + exposed + loss_seconds + end_wait}
+    overlap_only = sum(k.seconds for k in kernels if k.kernel in (ALLREDUCE_START, TRANSFER_CPU))
+    without_data = {False: compute + stage[Stage.COMM] - overlap_only,
+                    True: compute + exposed + loss_seconds + end_wait}
     # Reading slower than the step's own work: the step waits for the rest of it.
     in_step = {overlap: max(data, read_ahead - rest) for overlap, rest in without_data.items()}
     prediction.data_in_step_without_overlap, prediction.data_in_step_with_overlap = in_step[False], in_step[True]
@@ -355,9 +358,10 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     """The slowest rank's backward walked in order beside the channel its bucket reductions
     share (``channel.py``): ``kernels`` with each batch-norm reduction of backward waiting for the buckets ahead of
     it on the channel and, where phases start inside calls, the CPU time of the data the
-    link moved during each layer's backward (a TRANSFER_CPU entry per layer) and the posts of
-    the buckets (an ALLREDUCE_START entry in COMM each, as the trace has them); and what
-    communication adds to backward: the posts, and how long the buckets outlast it. A bucket
+    link moved during each layer's backward (TRANSFER_CPU entries per layer: in COMM inside
+    the tests, in BP in the kernels slowed) and the posts of the buckets (an ALLREDUCE_START
+    entry in COMM each, as the trace has them); and what communication adds to backward:
+    the posts, the tests' CPU time, and how long the buckets outlast it. A bucket
     is ready when backward is done with its first layer, and posted then, which takes the
     rank ``transfer_cost.post_seconds`` where phases start inside calls; an MPI call comes
     after every kernel, and ``between_calls`` seconds of the interpreter's work before the
@@ -406,12 +410,14 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     done = channel.finish(clock, len(buckets))  # the wait for every bucket at the end of backward
     waited = [replace(k, seconds=k.seconds + queued[k.key]) if k.key in queued else k for k in kernels]
     names = {k.layer: k.layer_name for k in kernels}
-    waited += [PredictedKernel(layer, names.get(layer, ""), Stage.BP, TRANSFER_CPU, 0, seconds, 0.0, 0.0)
-               for layer, seconds in transfer_cpu.items() if seconds > 0]
+    in_tests = machine.transfer_cost.in_tests
+    for stage, share in ((Stage.COMM, in_tests), (Stage.BP, 1.0 - in_tests)):
+        waited += [PredictedKernel(layer, names.get(layer, ""), stage, TRANSFER_CPU, 0, seconds * share, 0.0, 0.0)
+                   for layer, seconds in transfer_cpu.items() if seconds * share > 0]
     if post > 0:
         waited += [PredictedKernel(NO_LAYER, "", Stage.COMM, ALLREDUCE_START, i, post, 0.0, n)
                    for i, n in enumerate(bucket_bytes)]
-    return waited, max(0.0, done - clock) + post * len(buckets)
+    return waited, max(0.0, done - clock) + post * len(buckets) + in_tests * sum(transfer_cpu.values())
 
 
 def _unhidden_bucket_seconds(machine: Machine, bucket_bytes: list[float], procs: int) -> float:
