@@ -37,8 +37,8 @@ COMPUTE_STAGES = (Stage.FP, Stage.BP, Stage.WU)
 GEMM = "gemm"  # a matrix product: convolutions' and dense layers' compute-bound kernel
 ALLREDUCE = "allreduce"  # a blocking sum over the ranks (batch-norm statistics, gradient buckets, the loss)
 SYNC_WAIT = "sync_wait"  # the wait for the slowest rank at the end of a step (predicted, never traced)
-# The computing rank's CPU time for moving overlapped buckets over a network inside its tests
-# (predicted, never traced: the trace holds the tests themselves), in COMM.
+# The computing rank's CPU time for moving overlapped buckets over a network (predicted, never
+# traced): in COMM for the part inside its tests, which the trace holds, in BP for the kernels it slows.
 TRANSFER_CPU = "transfer_cpu"
 ALLREDUCE_START = "allreduce_start"  # posting an overlapped bucket's reduction
 ALLREDUCE_PROGRESS = "allreduce_progress"  # testing the outstanding buckets, after a kernel or a layer of backward

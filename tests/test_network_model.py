@@ -273,11 +273,11 @@ def test_the_transfer_cpu_is_split_between_the_tests_and_the_kernels_they_slow(m
     clock = _Clock()
     monkeypatch.setattr(transfer_cost.time, "perf_counter", clock)
     comm = _ClockedComm(clock)
-    runs = []
+    calls = []
 
     def kernel() -> None:
-        clock.now += 10.0 if len(runs) < transfer_cost.ALONE_KERNELS else 12.0
-        runs.append(clock.now)
+        clock.now += 10.0 if len(calls) < transfer_cost.ALONE_KERNELS else 12.0
+        calls.append(clock.now)
     buckets = [np.ones(4, dtype=np.float32), np.ones(4, dtype=np.float32)]
     cpu, in_tests = transfer_cost.transfer_round(comm, kernel, buckets)
     assert (cpu, in_tests) == (pytest.approx(3.0 / 32), pytest.approx(1.0 / 32))

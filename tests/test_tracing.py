@@ -155,7 +155,7 @@ def test_two_rank_trace_holds_every_rank_and_valid_chrome_json(tmp_path):
     trace = tmp_path / "trace"
     result = train_cli(2, "--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--steps-per-epoch", "4",
                        "--eval-steps", "1", "--run-dir", str(tmp_path), "--trace", str(trace), "--trace-skip", "1",
-                       "--trace-steps", "2")
+                       "--trace-steps", "2", "--bucket-mb", "0.01")  # many buckets: tests between kernels
     assert result.returncode == 0, result.stderr[-2000:]
     assert "trace of 2 step(s) per rank" in result.stdout
     records, steps, meta = load_trace(str(trace))
@@ -165,7 +165,9 @@ def test_two_rank_trace_holds_every_rank_and_valid_chrome_json(tmp_path):
     assert {k.rank for k in records} == {0, 1}
     assert {k.kernel for k in records} >= {"gemm", "im2col", "allreduce_start", "sgd_update", "data_load"}
     # The buckets' posts, tests and waits are communication the step pays, even between
-    # two kernels of backward: COMM, as the performance model predicts them.
+    # two kernels of backward (a test there keeps the kernel's layer): COMM, as the
+    # performance model predicts them.
+    assert any(k.kernel == "allreduce_progress" and k.layer != NO_LAYER for k in records)
     assert {k.stage for k in records if k.kernel in BUCKET_CALLS} == {"COMM"}
 
     document = json.loads((trace / "trace.json").read_text())

@@ -120,8 +120,8 @@ def measure_transfer(comm: Communicator, rounds: int = ROUNDS) -> TransferCost:
     kernel = gemm_kernel()
     kernel()
     buckets = [np.ones(BUCKET_BYTES // 4, dtype=np.float32) for _ in range(BUCKETS)]
-    rounds_cpu = sorted(transfer_round(comm, kernel, buckets) for _ in range(rounds))
-    cpu, in_tests = rounds_cpu[len(rounds_cpu) // 2]
+    by_cpu = sorted(transfer_round(comm, kernel, buckets) for _ in range(rounds))
+    cpu, in_tests = by_cpu[len(by_cpu) // 2]
     share = min(1.0, in_tests / cpu) if cpu > 0 else 1.0
     post = statistics.median(lone_post_round(comm, kernel, buckets) for _ in range(rounds))
     started = time.perf_counter()

@@ -28,8 +28,7 @@ class TransferCost:
     calls (infinite: no limit), the seconds of the call that posts a bucket's
     reduction (MPICH over TCP starts sending inside it) and of the trainer's test right
     after it, and the share of the CPU seconds spent inside the tests themselves (the
-    rest slows the kernels between them). Files measured before the share was record it
-    as all inside the tests."""
+    rest slows the kernels between them; 1 for files written before it was measured)."""
 
     cpu_per_byte: float = 0.0
     window_bytes: float = math.inf

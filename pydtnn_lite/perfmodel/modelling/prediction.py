@@ -20,10 +20,10 @@ while buckets are outstanding, or a blocking call), the link moves no more than 
 sockets hold between two calls, and what the tests' phases move while the rank computes
 costs it CPU time, per layer a ``transfer_cpu`` entry in COMM for the part inside the tests
 (the trace counts the tests there, as communication that the step pays between the kernels
-of backward) and one in BP for the kernels that the network stack's interrupts slow. A batch-norm reduction
-that backward makes while buckets are outstanding goes out behind them and waits for
-them: over a network of 1 Gbit/s, ResNet18's backward spends most of its gradient's
-transfer in these waits.
+of backward) and one in BP for the kernels that the network stack's interrupts slow. A
+batch-norm reduction that backward makes while buckets are outstanding goes out behind
+them and waits for them: over a network of 1 Gbit/s, ResNet18's backward spends most of
+its gradient's transfer in these waits.
 """
 from __future__ import annotations
 
