@@ -376,12 +376,13 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     predicted 140 ms of communication where 77 were measured)."""
     if not buckets:
         return kernels, 0.0
-    channel = Channel(bucket_bytes, bucket_seconds, procs, machine.starts_inside_calls, machine.transfer_cost,
+    cost = machine.transfer_cost  # derived from the calibration on every read: read once
+    channel = Channel(bucket_bytes, bucket_seconds, procs, machine.starts_inside_calls, cost,
                       [machine.link_seconds(n, procs) for n in bucket_bytes])
     queued: dict[CallKey, float] = {}
     transfer_cpu: defaultdict[int, float] = defaultdict(float)
     clock, ready, previous_layer = slowest.delay, 0, network.loss_index
-    post = machine.transfer_cost.post_seconds if machine.starts_inside_calls else 0.0
+    post = cost.post_seconds if machine.starts_inside_calls else 0.0
 
     def charge_moved() -> None:
         """The previous kernel ran the longer for what the tests' phases moved meanwhile."""
@@ -410,14 +411,13 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     done = channel.finish(clock, len(buckets))  # the wait for every bucket at the end of backward
     waited = [replace(k, seconds=k.seconds + queued[k.key]) if k.key in queued else k for k in kernels]
     names = {k.layer: k.layer_name for k in kernels}
-    in_tests = machine.transfer_cost.in_tests
-    for stage, share in ((Stage.COMM, in_tests), (Stage.BP, 1.0 - in_tests)):
+    for stage, share in ((Stage.COMM, cost.in_tests), (Stage.BP, 1.0 - cost.in_tests)):
         waited += [PredictedKernel(layer, names.get(layer, ""), stage, TRANSFER_CPU, 0, seconds * share, 0.0, 0.0)
                    for layer, seconds in transfer_cpu.items() if seconds * share > 0]
     if post > 0:
         waited += [PredictedKernel(NO_LAYER, "", Stage.COMM, ALLREDUCE_START, i, post, 0.0, n)
                    for i, n in enumerate(bucket_bytes)]
-    return waited, max(0.0, done - clock) + post * len(buckets) + in_tests * sum(transfer_cpu.values())
+    return waited, max(0.0, done - clock) + post * len(buckets) + cost.in_tests * sum(transfer_cpu.values())
 
 
 def _unhidden_bucket_seconds(machine: Machine, bucket_bytes: list[float], procs: int) -> float:
