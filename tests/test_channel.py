@@ -78,3 +78,18 @@ def test_a_bucket_whose_exchanges_inside_the_nodes_stay_off_the_link_holds_it_fo
     done.call(2)
     done.advance(5.0)  # both buckets through: nothing left to wait for, on the link or off it
     assert done.finish(5.0, 2) == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("pipelined, done, left_after", [(False, 4.0, [0, 0]), (True, 2.0, [0, 2])])
+def test_a_blocking_call_of_a_pipelined_channel_completes_only_the_reductions_the_tests_started(
+        pipelined: bool, done: float, left_after: list[int]) -> None:
+    # A is tested at 0 (its first phase starts); B is posted at 0.5, right before a batch-norm
+    # reduction blocks. Flat, B's Allreduce is MPICH's to progress: the call waits for A's
+    # phases left (1.5 s) and all of B's (2 s). Pipelined, B's collective between the nodes
+    # starts at a later test: the call waits for A only, and B's phases are all still to go.
+    channel = Channel([4.0, 4.0], [2.0, 2.0], 2, True, TransferCost(), pipelined=pipelined)
+    channel.advance(0.0)
+    channel.call(1)
+    channel.advance(0.5)
+    assert channel.block(0.5, 2) == pytest.approx(done)
+    assert channel.phases_left == left_after and not channel.moving

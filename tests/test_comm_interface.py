@@ -108,6 +108,7 @@ class Machine:
 
     overlaps_communication = True
     starts_inside_calls = False
+    pipelines_in_tests = False
 
     def kernel_seconds(self, kernel: str, cost: object) -> float:
         return 1e-3

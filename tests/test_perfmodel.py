@@ -216,7 +216,9 @@ class ConstantMachine:
     only inside an MPI call (``starts_inside_calls``) and the CPU seconds per byte of a
     bucket moved in the tests (``transfer``, ``in_tests`` of it inside them), the bytes that
     move between two tests (``window``) and the seconds of posting a bucket (``post``;
-    hand-checkable steps)."""
+    hand-checkable steps). Its reductions are flat (no pipeline of collectives)."""
+
+    pipelines_in_tests = False
 
     def __init__(self, kernel: float, reduce: float, overlaps_communication: bool = True, wait: float = 0.0,
                  outside: float = 0.0, load: float = 0.0, background: float = 1.0,

@@ -12,12 +12,16 @@ no more than the sockets hold (``TransferCost.window_bytes``): over an emulated 
 a test's phase moves, the rank that computes pays ``cpu_per_byte`` for it: inside the
 tests (the socket copies, the sums of the received shares), and in its kernels, which the
 network stack's interrupts slow. Inside a blocking call the outstanding buckets run their
-phases back to back, and their CPU time is the call's own.
+phases back to back, and their CPU time is the call's own; a two-level reduction
+pipelined by the trainer's tests (``pipelined``) starts its collective between the nodes
+inside a test only, so a blocking call in the middle of backward completes the link phases
+of the buckets whose collective has started and starts none.
 """
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -73,17 +77,18 @@ class Channel:
     ``cost.window_bytes`` moving between two calls. ``link_seconds`` (default
     ``bucket_seconds``) is the part of each reduction the link carries, shared out over
     its phases; the rest, its exchanges inside the nodes, runs beside the other buckets'
-    phases on the link, and only the last bucket's lengthens a blocking call."""
+    phases on the link, and only the last bucket's lengthens a blocking call. ``pipelined``:
+    the link phases are one collective of a pipeline that the tests start (:meth:`block`)."""
 
     def __init__(self, bucket_bytes: list[float], bucket_seconds: list[float], procs: int, inside_calls: bool,
-                 cost: TransferCost, link_seconds: list[float] | None = None) -> None:
+                 cost: TransferCost, link_seconds: list[float] | None = None, pipelined: bool = False) -> None:
         on_link = bucket_seconds if link_seconds is None else link_seconds
         self.phases = reduction_phases(procs)
         self.phase_seconds = [seconds / self.phases for seconds in on_link]
         self.off_link = [max(0.0, total - linked) for total, linked in zip(bucket_seconds, on_link, strict=True)]
         self.phase_bytes = [nbytes / self.phases for nbytes in bucket_bytes]
         self.phases_left = [self.phases] * len(bucket_bytes)
-        self.inside_calls, self.cost = inside_calls, cost
+        self.inside_calls, self.cost, self.pipelined = inside_calls, cost, pipelined
         self.moving: deque[_Phase] = deque()
         self.time = 0.0  # how far the link is simulated
 
@@ -124,16 +129,32 @@ class Channel:
                     self._start(bucket, cpu=False)
 
     def finish(self, now: float, ready: int) -> float:
-        """A blocking call at ``now``: the first ``ready`` buckets run their phases back to
-        back, behind what the link is moving; when they are done, the last of them inside
-        the nodes too."""
+        """A blocking call at ``now`` that waits for the first ``ready`` buckets: they run their
+        phases back to back, behind what the link is moving; when they are done, the last
+        of them inside the nodes too."""
+        return self._run_out(now, range(ready), inside_nodes=True)
+
+    def block(self, now: float, ready: int) -> float:
+        """A blocking call at ``now`` for something else (a batch-norm reduction), which
+        queues behind the first ``ready`` buckets: as :meth:`finish`, except that a pipelined
+        channel completes only the buckets whose link phases have started, without their
+        exchanges inside the nodes (the tests start those stages)."""
+        if not self.pipelined:
+            return self.finish(now, ready)
+        return self._run_out(now, [b for b in range(ready) if self.phases_left[b] < self.phases], inside_nodes=False)
+
+    def _run_out(self, now: float, buckets: Iterable[int], inside_nodes: bool) -> float:
+        """When the link has moved what it is moving and every phase left of ``buckets``,
+        back to back from ``now``, and (``inside_nodes``) the last one's exchanges inside the nodes."""
         self.advance(now)  # the rank's cores are the call's own from here
-        unfinished = [phase.bucket for phase in self.moving] + [b for b in range(ready) if self.phases_left[b]]
+        unfinished = [phase.bucket for phase in self.moving]
         done = self.time + sum(phase.seconds_left for phase in self.moving)
-        for bucket in range(ready):
-            done += self.phases_left[bucket] * self.phase_seconds[bucket]
-            self.phases_left[bucket] = 0
-        if unfinished:
+        for bucket in buckets:
+            if self.phases_left[bucket]:
+                unfinished.append(bucket)
+                done += self.phases_left[bucket] * self.phase_seconds[bucket]
+                self.phases_left[bucket] = 0
+        if unfinished and inside_nodes:
             done += self.off_link[max(unfinished)]
         self.moving.clear()
         self.time = done

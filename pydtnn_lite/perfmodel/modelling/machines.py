@@ -74,6 +74,11 @@ class CalibratedMachine:
         return replace(self, allreduce=TwoLevelAllreduce.from_timings(network), overlaps_communication=pipelined,
                        two_level=True)
 
+    @property
+    def pipelines_in_tests(self) -> bool:
+        """The hierarchical strategy during backward: its tests start each bucket's collectives in turn."""
+        return self.two_level and self.overlaps_communication
+
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         return self.calibration.kernel_seconds(kernel, cost)
 
@@ -138,6 +143,10 @@ class AdjustedMachine:
     @property
     def starts_inside_calls(self) -> bool:
         return self.base.starts_inside_calls
+
+    @property
+    def pipelines_in_tests(self) -> bool:
+        return self.base.pipelines_in_tests
 
     def _scale(self, kernel: str, flops: float = 0.0, seconds: float = 0.0, dims: tuple = ()) -> float:
         calibration = self.base.calibration

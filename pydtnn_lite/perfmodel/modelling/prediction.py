@@ -69,7 +69,9 @@ class Machine(Protocol):
     host, as MPICH on this machine), where overlap hides nothing. Where it overlaps,
     ``starts_inside_calls`` says whether a bucket's reduction begins to move only inside an
     MPI call (MPICH over TCP: the synchronizer's tests after kernels and layers, and
-    blocking calls) rather than as soon as the bucket before it is done (NCCL). ``sync_wait_seconds``
+    blocking calls) rather than as soon as the bucket before it is done (NCCL), and
+    ``pipelines_in_tests`` whether a reduction is a pipeline of collectives that only the
+    tests start one after the other (the hierarchical strategy over MPI). ``sync_wait_seconds``
     is the mean wait for the slowest of ``procs`` ranks after ``segment`` seconds of work.
     ``link_seconds`` is the part of a reduction's seconds that the links between nodes
     carry, where its ranks span nodes (its exchanges inside a node run beside the other
@@ -90,6 +92,9 @@ class Machine(Protocol):
 
     @property
     def starts_inside_calls(self) -> bool: ...
+
+    @property
+    def pipelines_in_tests(self) -> bool: ...
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float: ...
 
@@ -121,6 +126,7 @@ class RooflineMachine:
     allreduce: AllreduceModel
     overlaps_communication: bool = True
     starts_inside_calls: bool = False  # the presets' networks (NCCL, RDMA) move data on their own
+    pipelines_in_tests: bool = False
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         return self.roofline.seconds(cost.flops, cost.bytes)
@@ -378,7 +384,7 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
         return kernels, 0.0
     cost = machine.transfer_cost  # derived from the calibration on every read: read once
     channel = Channel(bucket_bytes, bucket_seconds, procs, machine.starts_inside_calls, cost,
-                      [machine.link_seconds(n, procs) for n in bucket_bytes])
+                      [machine.link_seconds(n, procs) for n in bucket_bytes], pipelined=machine.pipelines_in_tests)
     queued: dict[CallKey, float] = {}
     transfer_cpu: defaultdict[int, float] = defaultdict(float)
     clock, ready, previous_layer = slowest.delay, 0, network.loss_index
@@ -397,7 +403,7 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
             clock += post
         charge_moved()
         if kernel.kernel == ALLREDUCE:  # a blocking reduction goes out behind every ready bucket
-            done = channel.finish(clock, ready)
+            done = channel.block(clock, ready)
             if done > clock:
                 queued[kernel.key] = done - clock
                 clock = done
