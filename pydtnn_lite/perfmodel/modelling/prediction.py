@@ -402,7 +402,7 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
             ready += 1  # the layers after this kernel's are done: the trainer posts their bucket
             clock += post
         charge_moved()
-        if kernel.kernel == ALLREDUCE:  # a blocking reduction goes out behind every ready bucket
+        if kernel.kernel == ALLREDUCE:  # a blocking reduction goes out behind the ready buckets (Channel.block)
             done = channel.block(clock, ready)
             if done > clock:
                 queued[kernel.key] = done - clock
