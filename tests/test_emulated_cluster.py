@@ -235,6 +235,8 @@ def test_allreduce_is_timed_between_and_inside_the_emulated_nodes(tmp_path):
     pipelined = network.two_level_transfer
     assert pipelined is not None
     assert 0 < pipelined.cpu_per_byte * (1 << 20) < 20e-3 and 0 < pipelined.post_seconds < 20e-3
+    # Its tests start each bucket's later collectives (a flat bucket has none to start).
+    assert 0 < pipelined.start_seconds < 20e-3 and network.transfer.start_seconds == 0
     assert 0 < pipelined.window_bytes < 6 * (4 << 20)
     # Four ranks on fewer cores time-share them: their waits for the slowest, after stretches of 50-800 ms of work.
     assert bool(network.straggler_waits) == (usable_cores() < 4)

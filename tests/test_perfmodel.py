@@ -215,18 +215,19 @@ class ConstantMachine:
     that runs while ranks compute (default ``reduce``), whether a reduction's phases begin
     only inside an MPI call (``starts_inside_calls``) and the CPU seconds per byte of a
     bucket moved in the tests (``transfer``, ``in_tests`` of it inside them), the bytes that
-    move between two tests (``window``) and the seconds of posting a bucket (``post``;
-    hand-checkable steps). Its reductions are flat (no pipeline of collectives)."""
+    move between two tests (``window``), the seconds of posting a bucket (``post``) and of
+    starting its later collectives (``start``; hand-checkable steps). Its channel is flat
+    (no pipeline whose blocking calls carry only the started buckets)."""
 
     pipelines_in_tests = False
 
     def __init__(self, kernel: float, reduce: float, overlaps_communication: bool = True, wait: float = 0.0,
                  outside: float = 0.0, load: float = 0.0, background: float = 1.0,
                  during: float | None = None, starts_inside_calls: bool = False, transfer: float = 0.0,
-                 window: float = math.inf, post: float = 0.0, in_tests: float = 1.0) -> None:
+                 window: float = math.inf, post: float = 0.0, in_tests: float = 1.0, start: float = 0.0) -> None:
         self.kernel, self.reduce, self.overlaps_communication = kernel, reduce, overlaps_communication
         self.starts_inside_calls, self.transfer, self.window = starts_inside_calls, transfer, window
-        self.post, self.in_tests = post, in_tests
+        self.post, self.in_tests, self.start = post, in_tests, start
         self.wait, self.outside, self.load, self.background = wait, outside, load, background
         self.during = reduce if during is None else during
 
@@ -256,7 +257,7 @@ class ConstantMachine:
 
     @property
     def transfer_cost(self) -> TransferCost:
-        return TransferCost(self.transfer, self.window, self.post, self.in_tests)
+        return TransferCost(self.transfer, self.window, self.post, self.in_tests, self.start)
 
 
 def test_prediction_adds_up_and_overlap_hides_communication_behind_backward():
@@ -415,9 +416,9 @@ def test_over_mpi_posting_each_bucket_costs_the_step_its_time_as_communication()
     take no time, each of VGG11's buckets adds its post to the step, as a COMM entry."""
     network, optimizer = build_workload("vgg11", "cifar10")
 
-    def step(post: float) -> StepPrediction:
+    def step(post: float, start: float = 0.0) -> StepPrediction:
         return predict_step(network, optimizer, 16, 2, ConstantMachine(1e-3, 1e-9, starts_inside_calls=True,
-                                                                       post=post), bucket_mb=4.0)
+                                                                       post=post, start=start), bucket_mb=4.0)
 
     bare, posted = step(0.0), step(2e-4)
     buckets = len(posted.bucket_bytes)
@@ -425,6 +426,12 @@ def test_over_mpi_posting_each_bucket_costs_the_step_its_time_as_communication()
     assert [k.seconds for k in posted.kernels if k.kernel == "allreduce_start"] == [2e-4] * buckets
     assert posted.step_with_overlap == pytest.approx(bare.step_with_overlap + buckets * 2e-4)
     assert posted.step_without_overlap == pytest.approx(bare.step_without_overlap)  # blocking calls post nothing
+    # A pipeline's later starts, made in the tests, cost each bucket as much again, in COMM.
+    started = step(2e-4, start=3e-4)
+    assert [k.seconds for k in started.kernels if k.kernel == "allreduce_progress"] == [3e-4] * buckets
+    assert started.stage_seconds["COMM"] == pytest.approx(posted.stage_seconds["COMM"] + buckets * 3e-4)
+    assert started.step_with_overlap == pytest.approx(posted.step_with_overlap + buckets * 3e-4)
+    assert started.step_without_overlap == pytest.approx(bare.step_without_overlap)
 
 
 def test_reductions_among_ranks_that_share_cores_cost_their_cpu_time_but_the_last():

@@ -27,6 +27,12 @@ class Request(ABC):
     def wait(self) -> None:
         """Block until complete."""
 
+    @property
+    def collectives_started(self) -> int:
+        """The collectives this request has started on this rank so far: one, started when the
+        request was made (a pipeline of several starts each next one inside a test)."""
+        return 1
+
 
 class CompletedRequest(Request):
     """A collective that was complete when it started (one process has no one to wait for)."""

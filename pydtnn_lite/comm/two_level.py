@@ -111,6 +111,10 @@ class PipelinedRequest(Request):
                 self.request = self.stages[self.started](self.host)
                 self.started += 1
 
+    @property
+    def collectives_started(self) -> int:
+        return self.started
+
     def test(self) -> bool:
         self.advance()
         return self.done

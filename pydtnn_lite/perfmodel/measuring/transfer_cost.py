@@ -17,8 +17,11 @@ test of the outstanding buckets after each, while :data:`BUCKETS` buckets of
   over 5, where the call alone took 0.8 and training's tests right after a post 0.3-0.5
   (the faster the link, the more of the peer's share the test finds). Six posted back to
   back averaged 0.2-0.4 ms, five of them finding the sockets full.
+- Starting: through the hierarchical pipeline, the seconds of the later tests that start
+  a bucket's next collective (its Allreduce between the nodes, then its Bcast), timed in
+  the same rounds: about a millisecond each, as a post, wherever the bytes then move.
 - CPU: kernels of a few milliseconds, against the same kernels alone just before; the
-  difference, less the posting, per byte of the buckets; and the share of it spent inside
+  difference, less the posting and starting, per byte of the buckets; and the share of it spent inside
   the tests (the rest is the kernels' own slowing by the network stack's interrupts).
 - Window: kernels of :data:`LONG_KERNEL_SECONDS`, longer than the link needs for what the
   sockets hold; the bucket bytes over the tests it took.
@@ -58,12 +61,15 @@ def gemm_kernel() -> Callable[[], object]:
 @dataclass(frozen=True)
 class Overlapped:
     """A reduction run beside kernels: the kernels run, the seconds taken, and the seconds
-    of them posting the buckets (with the test right after) and testing them later."""
+    of them posting the buckets (with the test right after), starting their later
+    collectives (the tests that start one: the hierarchical pipeline's) and testing them
+    otherwise."""
 
     kernels: int
     seconds: float
     posting: float
     testing: float
+    starting: float = 0.0
 
 
 def overlapped_kernels(comm: Communicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> Overlapped:
@@ -74,35 +80,44 @@ def overlapped_kernels(comm: Communicator, kernel: Callable[[], object], buckets
     pending = [comm.iallreduce(bucket) for bucket in buckets]
     pending = [request for request in pending if not request.test()]  # as the trainer tests right after posting
     posting = time.perf_counter() - started
-    kernels, testing = 0, 0.0
+    kernels, testing, starting = 0, 0.0, 0.0
     while pending:
         kernel()
         kernels += 1
+        collectives = sum(request.collectives_started for request in pending)
         tested = time.perf_counter()
-        pending = [request for request in pending if not request.test()]
-        testing += time.perf_counter() - tested
-    return Overlapped(kernels, time.perf_counter() - started, posting, testing)
+        unfinished = [request for request in pending if not request.test()]
+        seconds = time.perf_counter() - tested
+        if sum(request.collectives_started for request in pending) > collectives:
+            starting += seconds
+        else:
+            testing += seconds
+        pending = unfinished
+    return Overlapped(kernels, time.perf_counter() - started, posting, testing, starting)
 
 
 def transfer_round(comm: Communicator, kernel: Callable[[], object],
                    buckets: list[np.ndarray]) -> tuple[float, float]:
     """Seconds per bucket byte that a reduction of ``buckets`` over ``comm``, tested after
     every ``kernel``, adds to this rank's kernels besides posting them, and of them the
-    seconds per byte inside the tests; collective."""
+    seconds per byte inside the tests (the tests that start a bucket's next collective left
+    to :func:`lone_post_round`); collective."""
     started = time.perf_counter()
     for _ in range(ALONE_KERNELS):
         kernel()
     alone = (time.perf_counter() - started) / ALONE_KERNELS
     run = overlapped_kernels(comm, kernel, buckets)
     nbytes = sum(bucket.nbytes for bucket in buckets)
-    return max(0.0, run.seconds - run.posting - run.kernels * alone) / nbytes, run.testing / nbytes
+    return max(0.0, run.seconds - run.posting - run.starting - run.kernels * alone) / nbytes, run.testing / nbytes
 
 
-def lone_post_round(comm: Communicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
+def lone_post_round(comm: Communicator, kernel: Callable[[], object],
+                    buckets: list[np.ndarray]) -> tuple[float, float]:
     """The mean seconds of posting one of ``buckets`` onto an idle link and testing it right
-    after, each reduced to its end, tested after every ``kernel``, before the next is posted;
-    collective."""
-    return statistics.fmean(overlapped_kernels(comm, kernel, [bucket]).posting for bucket in buckets)
+    after, and of starting its later collectives, each reduced to its end, tested after
+    every ``kernel``, before the next is posted; collective."""
+    runs = [overlapped_kernels(comm, kernel, [bucket]) for bucket in buckets]
+    return statistics.fmean(run.posting for run in runs), statistics.fmean(run.starting for run in runs)
 
 
 def window_round(comm: Communicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
@@ -114,16 +129,18 @@ def window_round(comm: Communicator, kernel: Callable[[], object], buckets: list
 def measure_transfer(comm: Communicator, rounds: int = ROUNDS) -> TransferCost:
     """The CPU seconds per byte of a bucket that moving it over the job's network costs a
     rank computing beside it, the share of them inside the tests (the medians over ``rounds``,
-    the share of the round of the median CPU), the seconds of posting one alone (the median
-    over ``rounds``), and the bucket bytes the link moves between two tests (the median over
-    :data:`WINDOW_ROUNDS`), each averaged over the ranks (every rank gets them). Collective."""
+    the share of the round of the median CPU), the seconds of posting one alone and of
+    starting its later collectives (the medians over ``rounds``), and the bucket bytes the
+    link moves between two tests (the median over :data:`WINDOW_ROUNDS`), each averaged over
+    the ranks (every rank gets them). Collective."""
     kernel = gemm_kernel()
     kernel()
     buckets = [np.ones(BUCKET_BYTES // 4, dtype=np.float32) for _ in range(BUCKETS)]
     by_cpu = sorted(transfer_round(comm, kernel, buckets) for _ in range(rounds))
     cpu, in_tests = by_cpu[len(by_cpu) // 2]
     share = min(1.0, in_tests / cpu) if cpu > 0 else 1.0
-    post = statistics.median(lone_post_round(comm, kernel, buckets) for _ in range(rounds))
+    posts = [lone_post_round(comm, kernel, buckets) for _ in range(rounds)]
+    post, start = (statistics.median(figures) for figures in zip(*posts, strict=True))
     started = time.perf_counter()
     kernel()
     repeats = max(1, math.ceil(LONG_KERNEL_SECONDS / (time.perf_counter() - started)))
@@ -135,5 +152,5 @@ def measure_transfer(comm: Communicator, rounds: int = ROUNDS) -> TransferCost:
             kernel()
 
     window = statistics.median(window_round(comm, long_kernel, buckets) for _ in range(WINDOW_ROUNDS))
-    per_rank = comm.allgather_object((cpu, window, post, share))
+    per_rank = comm.allgather_object((cpu, window, post, share, start))
     return TransferCost(*(statistics.fmean(figures) for figures in zip(*per_rank, strict=True)))

@@ -31,18 +31,22 @@ class TransferCost:
     per byte of the bucket, the bucket bytes the link moves at most between two MPI
     calls (infinite: no limit), the seconds of the call that posts a bucket's
     reduction (MPICH over TCP starts sending inside it) and of the trainer's test right
-    after it, and the share of the CPU seconds spent inside the tests themselves (the
-    rest slows the kernels between them; 1 for files written before it was measured)."""
+    after it, the share of the CPU seconds spent inside the tests themselves (the rest
+    slows the kernels between them; 1 for files written before it was measured), and the
+    seconds of the tests that start a bucket's later collectives (the hierarchical
+    pipeline's: its collective between the nodes, then its Bcast; 0 for a reduction of
+    one collective, and in files written before they were measured)."""
 
     cpu_per_byte: float = 0.0
     window_bytes: float = math.inf
     post_seconds: float = 0.0
     in_tests: float = 1.0
+    start_seconds: float = 0.0
 
     def to_dict(self) -> dict:
         return {"cpu_per_byte": self.cpu_per_byte, "post_seconds": self.post_seconds,
                 "window_bytes": None if math.isinf(self.window_bytes) else self.window_bytes,
-                "in_tests": self.in_tests}
+                "in_tests": self.in_tests, "start_seconds": self.start_seconds}
 
     @classmethod
     def from_dict(cls, data: dict) -> TransferCost:
@@ -50,7 +54,8 @@ class TransferCost:
         return cls(float(data.get("cpu_per_byte") or 0.0),
                    math.inf if data.get("window_bytes") is None else float(data["window_bytes"]),
                    float(data.get("post_seconds") or 0.0),
-                   1.0 if data.get("in_tests") is None else float(data["in_tests"]))
+                   1.0 if data.get("in_tests") is None else float(data["in_tests"]),
+                   float(data.get("start_seconds") or 0.0))
 
 
 NO_TRANSFER_COST = TransferCost()

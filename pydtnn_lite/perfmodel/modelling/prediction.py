@@ -37,6 +37,7 @@ import numpy as np
 from pydtnn_lite.comm.gradients import MIB, plan_buckets
 from pydtnn_lite.costs import (
     ALLREDUCE,
+    ALLREDUCE_PROGRESS,
     ALLREDUCE_START,
     COMPUTE_STAGES,
     DATA_LOAD,
@@ -272,7 +273,7 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     prediction.stage_seconds = {name: stage[name] for name in STAGES}
     data = stage[Stage.DATA] - read_ahead  # what the reading takes from the cores is in the kernels beside it
     compute = sum(stage[name] for name in COMPUTE_STAGES) + prediction.overhead_seconds
-    overlap_only = sum(k.seconds for k in kernels if k.kernel in (ALLREDUCE_START, TRANSFER_CPU))
+    overlap_only = sum(k.seconds for k in kernels if k.kernel in (ALLREDUCE_START, ALLREDUCE_PROGRESS, TRANSFER_CPU))
     without_data = {False: compute + stage[Stage.COMM] - overlap_only,
                     True: compute + exposed + loss_seconds + end_wait}
     # Reading slower than the step's own work: the step waits for the rest of it.
@@ -366,10 +367,13 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     it on the channel and, where phases start inside calls, the CPU time of the data the
     link moved during each layer's backward (TRANSFER_CPU entries per layer: in COMM inside
     the tests, in BP in the kernels slowed) and the posts of the buckets (an ALLREDUCE_START
-    entry in COMM each, as the trace has them); and what communication adds to backward:
-    the posts, the tests' CPU time, and how long the buckets outlast it. A bucket
-    is ready when backward is done with its first layer, and posted then, which takes the
-    rank ``transfer_cost.post_seconds`` where phases start inside calls; an MPI call comes
+    entry in COMM each, as the trace has them, and where the pipeline starts a bucket's
+    later collectives in tests, an ALLREDUCE_PROGRESS entry for those starts); and what
+    communication adds to backward: the posts and starts, the tests' CPU time, and how long
+    the buckets outlast it. A bucket is ready when backward is done with its first layer,
+    and posted then, which takes the rank ``transfer_cost.post_seconds`` where phases start
+    inside calls, and ``transfer_cost.start_seconds`` more for its later starts (counted
+    there: the rank pays them in the tests of the same backward); an MPI call comes
     after every kernel, and ``between_calls`` seconds of the interpreter's work before the
     next (the step's time outside its kernels, shared over its calls), during which the
     link moves on too.
@@ -388,7 +392,7 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     queued: dict[CallKey, float] = {}
     transfer_cpu: defaultdict[int, float] = defaultdict(float)
     clock, ready, previous_layer = slowest.delay, 0, network.loss_index
-    post = cost.post_seconds if machine.starts_inside_calls else 0.0
+    post, start = (cost.post_seconds, cost.start_seconds) if machine.starts_inside_calls else (0.0, 0.0)
 
     def charge_moved() -> None:
         """The previous kernel ran the longer for what the tests' phases moved meanwhile."""
@@ -400,7 +404,7 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     for kernel in _backward_order(network, kernels):
         while ready < len(buckets) and buckets[ready].first_layer > kernel.layer:
             ready += 1  # the layers after this kernel's are done: the trainer posts their bucket
-            clock += post
+            clock += post + start
         charge_moved()
         if kernel.kernel == ALLREDUCE:  # a blocking reduction goes out behind the ready buckets (Channel.block)
             done = channel.block(clock, ready)
@@ -413,7 +417,7 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
         clock += slowest.seconds.get(kernel.key, kernel.seconds)
         previous_layer = kernel.layer
     charge_moved()
-    clock += post * (len(buckets) - ready)  # the buckets of the first layers, posted as backward ends
+    clock += (post + start) * (len(buckets) - ready)  # the buckets of the first layers, posted as backward ends
     done = channel.finish(clock, len(buckets))  # the wait for every bucket at the end of backward
     waited = [replace(k, seconds=k.seconds + queued[k.key]) if k.key in queued else k for k in kernels]
     names = {k.layer: k.layer_name for k in kernels}
@@ -423,7 +427,11 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     if post > 0:
         waited += [PredictedKernel(NO_LAYER, "", Stage.COMM, ALLREDUCE_START, i, post, 0.0, n)
                    for i, n in enumerate(bucket_bytes)]
-    return waited, max(0.0, done - clock) + post * len(buckets) + cost.in_tests * sum(transfer_cpu.values())
+    if start > 0:
+        waited += [PredictedKernel(NO_LAYER, "", Stage.COMM, ALLREDUCE_PROGRESS, i, start, 0.0, 0.0)
+                   for i in range(len(bucket_bytes))]
+    return waited, (max(0.0, done - clock) + (post + start) * len(buckets)
+                    + cost.in_tests * sum(transfer_cpu.values()))
 
 
 def _unhidden_bucket_seconds(machine: Machine, bucket_bytes: list[float], procs: int) -> float:
