@@ -18,11 +18,12 @@ test of the outstanding buckets after each, while :data:`BUCKETS` buckets of
   (the faster the link, the more of the peer's share the test finds). Six posted back to
   back averaged 0.2-0.4 ms, five of them finding the sockets full.
 - Starting: through the hierarchical pipeline, the seconds of the later tests that start
-  a bucket's next collective (its Allreduce between the nodes, then its Bcast), timed in
-  the same rounds: about a millisecond each, as a post, wherever the bytes then move.
+  a bucket's next collective (its Allreduce between the nodes, then its Bcast), timed
+  with the posts: about a millisecond each, as a post, wherever the bytes then move.
 - CPU: kernels of a few milliseconds, against the same kernels alone just before; the
-  difference, less the posting and starting, per byte of the buckets; and the share of it spent inside
-  the tests (the rest is the kernels' own slowing by the network stack's interrupts).
+  difference, less the posting and starting, per byte of the buckets; and the share of
+  it spent inside the tests (the rest is the kernels' own slowing by the network stack's
+  interrupts).
 - Window: kernels of :data:`LONG_KERNEL_SECONDS`, longer than the link needs for what the
   sockets hold; the bucket bytes over the tests it took.
 """
