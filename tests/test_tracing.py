@@ -14,7 +14,7 @@ import pytest
 
 from pydtnn_lite import kernels
 from pydtnn_lite.backend import make_backend
-from pydtnn_lite.comm import SerialCommunicator
+from pydtnn_lite.comm import Request, SerialCommunicator
 from pydtnn_lite.costs import ALLREDUCE, BUCKET_CALLS, FUSED_KERNELS, NO_LAYER, Stage
 from pydtnn_lite.data import SyntheticDataset, open_dataset
 from pydtnn_lite.kernels import blas
@@ -23,6 +23,7 @@ from pydtnn_lite.models import create_model
 from pydtnn_lite.network import Network
 from pydtnn_lite.step_costs import step_costs
 from pydtnn_lite.tracing import Tracer, load_trace
+from pydtnn_lite.tracing.communicator import TracedRequest
 from pydtnn_lite.tracing.records import COMMUNICATION, COMPUTE, EVAL, TRAIN
 from pydtnn_lite.training import TrainerSettings, build_trainer
 from pydtnn_lite.training.observer import NO_OBSERVER
@@ -215,3 +216,19 @@ def test_help_describes_the_program_with_one_paragraph_of_its_docstring(module):
     assert description in paragraphs
     if module == "trace":
         assert description == "Command line: ``python -m pydtnn_lite.trace summarize DIR`` prints what a trace holds."
+
+
+def test_a_traced_request_reports_the_collectives_of_the_request_it_times():
+    """Calibration tells a pipeline's starts from its other tests by the collectives a request
+    has started: a traced request must report its own request's, not the single one of a base."""
+    class TwoStages(Request):
+        collectives_started = 2
+
+        def test(self) -> bool:
+            return True
+
+        def wait(self) -> None:
+            """Nothing to wait for."""
+
+    traced = TracedRequest(TwoStages(), lambda kernel, function, args, moved: function(*args))
+    assert traced.collectives_started == 2 and traced.test()

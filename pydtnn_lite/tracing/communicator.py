@@ -37,6 +37,10 @@ class TracedRequest(Request):
     def wait(self) -> None:
         self.time_call(ALLREDUCE_WAIT, self.request.wait, (), None)
 
+    @property
+    def collectives_started(self) -> int:
+        return self.request.collectives_started
+
 
 class TracedCommunicator(Communicator):
     """``inner``'s ranks and collectives; the reductions of a step timed through ``time_call``."""

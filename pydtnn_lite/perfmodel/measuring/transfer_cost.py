@@ -69,8 +69,8 @@ class Overlapped:
     kernels: int
     seconds: float
     posting: float
+    starting: float
     testing: float
-    starting: float = 0.0
 
 
 def overlapped_kernels(comm: Communicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> Overlapped:
@@ -94,7 +94,7 @@ def overlapped_kernels(comm: Communicator, kernel: Callable[[], object], buckets
         else:
             testing += seconds
         pending = unfinished
-    return Overlapped(kernels, time.perf_counter() - started, posting, testing, starting)
+    return Overlapped(kernels, time.perf_counter() - started, posting, starting, testing)
 
 
 def transfer_round(comm: Communicator, kernel: Callable[[], object],

@@ -393,6 +393,7 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     transfer_cpu: defaultdict[int, float] = defaultdict(float)
     clock, ready, previous_layer = slowest.delay, 0, network.loss_index
     post, start = (cost.post_seconds, cost.start_seconds) if machine.starts_inside_calls else (0.0, 0.0)
+    posting = post + start  # what a bucket's reduction takes the rank in the calls that start its collectives
 
     def charge_moved() -> None:
         """The previous kernel ran the longer for what the tests' phases moved meanwhile."""
@@ -404,7 +405,7 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     for kernel in _backward_order(network, kernels):
         while ready < len(buckets) and buckets[ready].first_layer > kernel.layer:
             ready += 1  # the layers after this kernel's are done: the trainer posts their bucket
-            clock += post + start
+            clock += posting
         charge_moved()
         if kernel.kernel == ALLREDUCE:  # a blocking reduction goes out behind the ready buckets (Channel.block)
             done = channel.block(clock, ready)
@@ -417,7 +418,7 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
         clock += slowest.seconds.get(kernel.key, kernel.seconds)
         previous_layer = kernel.layer
     charge_moved()
-    clock += (post + start) * (len(buckets) - ready)  # the buckets of the first layers, posted as backward ends
+    clock += posting * (len(buckets) - ready)  # the buckets of the first layers, posted as backward ends
     done = channel.finish(clock, len(buckets))  # the wait for every bucket at the end of backward
     waited = [replace(k, seconds=k.seconds + queued[k.key]) if k.key in queued else k for k in kernels]
     names = {k.layer: k.layer_name for k in kernels}
@@ -430,8 +431,7 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     if start > 0:
         waited += [PredictedKernel(NO_LAYER, "", Stage.COMM, ALLREDUCE_PROGRESS, i, start, 0.0, 0.0)
                    for i in range(len(bucket_bytes))]
-    return waited, (max(0.0, done - clock) + (post + start) * len(buckets)
-                    + cost.in_tests * sum(transfer_cpu.values()))
+    return waited, max(0.0, done - clock) + posting * len(buckets) + cost.in_tests * sum(transfer_cpu.values())
 
 
 def _unhidden_bucket_seconds(machine: Machine, bucket_bytes: list[float], procs: int) -> float:
