@@ -22,7 +22,7 @@ from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
 from pydtnn_lite.perfmodel.measuring.calibrate import CalibrationSettings, calibrate, in_rounds
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
 from pydtnn_lite.perfmodel.measuring.machine_state import ALLREDUCE_BYTES
-from pydtnn_lite.perfmodel.measuring.probes import QUICK, Probe, calibration_grid
+from pydtnn_lite.perfmodel.measuring.probes import FULL, QUICK, Probe, calibration_grid
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe
 from pydtnn_lite.perfmodel.modelling.calibration import MIN_UPDATE_SAMPLES, Calibration
 from pydtnn_lite.perfmodel.modelling.merging import merge_calibrations
@@ -155,6 +155,26 @@ def test_grid_respects_its_limits_and_samples_both_optimizers_and_every_convolut
                for p in grid if p not in added)
     assert {p.optimizer for p in grid if p.family == "dense"} == {"sgd", "adam"}
     assert calibration_grid((8, 16), QUICK, seed=0) == grid
+
+
+def weight_gradient_products(network, batch):
+    """The (rows, columns, inner size) of the weight-gradient GEMMs of ``network``'s first convolution."""
+    built = network.build(make_backend(), seed=0)
+    first = next(index for index, layer in enumerate(built.layers) if layer.kind == "conv")
+    return {cost.dims[:3] for layer, cost in step_costs(built, SGD(built), batch)
+            if layer == first and cost.kernel == "gemm" and cost.stage == Stage.BP}
+
+
+def test_the_full_grid_samples_a_first_layers_weight_gradient_at_a_large_batch_and_the_quick_one_does_not():
+    # LeNet at 128 images a rank: its first layer's weight gradient, a product of 6 columns,
+    # sums over 131072 terms, twice what the grid's maps give at its largest batch.
+    ((rows, columns, inner),) = weight_gradient_products(create_model("lenet", (32, 32, 3), 10), 128)
+    assert (rows, columns) == (75, 6) and inner == 131072
+    first_layers = [p for p in calibration_grid((8, 16, 32, 64), FULL, seed=0)
+                    if p.family == "conv" and p.shape[1] == 3 and p.shape[2] == columns]
+    sampled = set().union(*(weight_gradient_products(p.network(), p.batch) for p in first_layers))
+    assert max(k for m, n, k in sampled if (m, n) == (rows, columns)) >= inner
+    assert max(p.shape[0] for p in calibration_grid((8, 16), QUICK, seed=0) if p.family == "conv") <= 32
 
 
 @pytest.mark.parametrize("probe", [Probe("conv", 4, (8, 3, 4, 3, 2, 1)), Probe("dense", 4, (16, 8, 10), "adam"),

@@ -218,7 +218,8 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     if comm.rank != 0:
         return None
     grid_settings = {"points": dict(settings.grid.points), "max_step_flops": settings.grid.max_step_flops,
-                     "max_activations": settings.grid.max_activations, "probes": len(grid)}
+                     "max_activations": settings.grid.max_activations,
+                     "long_products": settings.grid.long_products, "probes": len(grid)}
     recorded = {"batch_sizes": list(settings.batch_sizes), "repeats": settings.repeats,
                 "min_seconds": settings.min_seconds, "grid": grid_settings,
                 "allreduce_sizes": list(settings.allreduce_sizes), "seed": settings.seed,

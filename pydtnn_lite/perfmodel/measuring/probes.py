@@ -41,6 +41,7 @@ CLASSES = (10, 100, 1000)  # the head's width: the loss kernels' (batch, classes
 SIZES = (4, 8, 16, 32)  # feature map height = width
 CHANNELS = (3, 16, 64, 128, 256, 512)
 FILTERS = (6, 16, 64, 128, 256, 512)  # 6: a LeNet-sized GEMM of a few columns, far below the wide ones' rate
+LONG_PRODUCT_FILTERS = (6, 16, 64)  # LeNet's and VGG's first layers
 KERNELS = (1, 3, 5)
 STRIDES = (1, 2)
 WIDTHS = (64, 256, 512, 1024, 2048, 4096)  # Dense inputs and outputs
@@ -183,28 +184,43 @@ def _missing_forms(chosen: list[Probe], candidates: list[Probe]) -> list[Probe]:
     return [probe for form, probe in sorted(cheapest.items()) if form not in drawn]
 
 
+def _long_products(batch_sizes: Sequence[int]) -> list[Probe]:
+    """Input layers (3 channels, few filters) over maps twice the grid's largest, at its two
+    largest batches. A first layer's weight gradient sums over batch x pixels: 131072 terms
+    for LeNet at 128 images a rank, twice what the grid's maps reach, and a product of a
+    few columns slows down there as its operands leave the caches (LeNet's (75 x 131072)
+    by (131072 x 6) took 16-19 ms where the grid's samples predicted 10.6)."""
+    size = 2 * max(SIZES)
+    return [Probe("conv", batch, (size, 3, filters, kernel, 1, padding))
+            for batch in sorted(batch_sizes)[-2:] for filters in LONG_PRODUCT_FILTERS
+            for kernel in (3, 5) for padding in (0, kernel // 2)]
+
+
 @dataclass(frozen=True)
 class GridSize:
     """How much of the grid to run: probes per family, and the largest training step
     (GEMM FLOPs, and elements of the input batch) a drawn probe may have (the cheapest
-    probe of a convolution form the draw missed is added whatever its size)."""
+    probe of a convolution form the draw missed is added whatever its size), and whether
+    the probes of :func:`_long_products` are added."""
 
     points: dict
     max_step_flops: float
     max_activations: int
+    long_products: bool = True
 
 
 # Sized to calibrate in minutes on 2 cores (docs/performance-model.md, 'How well the models
 # fit here'); covers the layers of VGG11 and ResNet18 at batch 64 on CIFAR-sized images
 # (up to 512 channels).
 FULL = GridSize({"conv": 300, "dense": 48, "pool": 96, "merge": 64, "residual": 32}, 8e9, 1 << 22)
-QUICK = GridSize({"conv": 6, "dense": 4, "pool": 3, "merge": 3, "residual": 2}, 5e7, 1 << 16)
+QUICK = GridSize({"conv": 6, "dense": 4, "pool": 3, "merge": 3, "residual": 2}, 5e7, 1 << 16, long_products=False)
 
 
 def calibration_grid(batch_sizes: Sequence[int], size: GridSize, seed: int = 0) -> list[Probe]:
     """``size.points[family]`` probes of each family, drawn with ``seed`` from the valid grid
-    points within the size's limits. Dense probes alternate between SGD and Adam, so both
-    update kernels are sampled."""
+    points within the size's limits, and for conv the probes of :func:`_missing_forms` (and
+    of :func:`_long_products` where the size asks) whatever the limits. Dense probes
+    alternate between SGD and Adam, so both update kernels are sampled."""
     rng = np.random.default_rng(seed)
     grid: list[Probe] = []
     for family, count in size.points.items():
@@ -214,7 +230,7 @@ def calibration_grid(batch_sizes: Sequence[int], size: GridSize, seed: int = 0) 
         picks = rng.choice(len(candidates), size=min(count, len(candidates)), replace=False)
         chosen = [candidates[i] for i in sorted(picks)]
         if family == "conv":
-            chosen += _missing_forms(chosen, valid)
+            chosen += _missing_forms(chosen, valid) + (_long_products(batch_sizes) if size.long_products else [])
         if family == "dense":
             chosen = [Probe(p.family, p.batch, p.shape, "adam" if i % 2 else "sgd") for i, p in enumerate(chosen)]
         grid += chosen
