@@ -27,6 +27,8 @@ from pydtnn_lite.perfmodel.modelling.machines import (
     OUTSIDE_KERNELS,
     AdjustedMachine,
     CalibratedMachine,
+    adjusted_machine,
+    allreduce_models,
     probed_gemm_rest,
     probed_ratios,
 )
@@ -96,6 +98,33 @@ def test_an_allreduce_on_other_ranks_is_compared_through_the_calibration_s_model
     now = MachineState(90e9, 20e9, 8, 1 << 20, 1.5e-3)  # 1.2 ms expected: 300 us x 4
     assert drift_between(THEN, now, model).communication == pytest.approx(1.25)
     assert drift_between(THEN, now).communication == 1.0  # no model: nothing to carry it over with
+
+
+def test_only_allreduce_times_measured_at_the_run_s_rank_count_carry_its_probe_over_and_a_fit_is_named():
+    """A calibration of 2 ranks on 2 cores, its Allreduce timed on those 2 only, and a run
+    of 8 ranks sharing the cores whose probe's Allreduce takes 12x the calibration's: the
+    alpha-beta-gamma fit knows nothing of the sharing, so the probe is not carried over
+    through it, and the prediction says where its reductions come from. Timed at 8 ranks
+    too (4x the time of 2), the probe is carried over through the times."""
+    sizes = [float(1 << k) for k in range(10, 24, 2)]
+    two = [(2, n, 20e-6 + n * 1e-9) for n in sizes]
+    placed = {"ranks": 2, "usable_cores": 2, "blas_threads": 1}
+    calibration = Calibration(machine=placed, peak_flops=1e11, memory_bandwidth=1e10, kernel_models={},
+                              allreduce_samples=two, machine_state=THEN)
+    now = MachineState(90e9, 20e9, 8, 1 << 20, 12 * 300e-6)
+    eight_sharing = Placement(8, 8, 2)
+
+    def machine(samples: list) -> AdjustedMachine:
+        fitted = CalibratedMachine(dataclasses.replace(calibration, allreduce_samples=samples),
+                                   allreduce_models(samples)["interpolate"])
+        return adjusted_machine(fitted, eight_sharing, now)
+
+    only_two = machine(two)
+    assert only_two.drift.communication == 1.0
+    assert any("timed Allreduce on 2 ranks, not on 8" in line for line in only_two.warnings([]))
+    timed = machine(two + [(8, n, 4 * (20e-6 + n * 1e-9)) for n in sizes])
+    assert timed.drift.communication == pytest.approx(12 * 300e-6 / (300e-6 * 4), rel=0.05)
+    assert timed.warnings([]) == []
 
 
 def test_a_probe_travels_through_its_dictionary():

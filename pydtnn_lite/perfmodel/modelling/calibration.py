@@ -265,6 +265,11 @@ class Calibration:
         median, count = self._sampled[kernel].get(_call_sizes(cost.dims, cost.bytes), (None, 0))
         return median if count >= least else None
 
+    @property
+    def allreduce_rank_counts(self) -> set[int]:
+        """The rank counts (above 1) the calibration timed Allreduce on."""
+        return {procs for procs, _, _ in self.allreduce_samples if procs > 1}
+
     def _widest_sampled(self, kernel: str) -> int:
         """The largest leading dim among ``kernel``'s samples (0 without samples)."""
         if kernel not in self._widest:

@@ -168,6 +168,11 @@ class AdjustedMachine:
         if outdated:
             lines.append(f"the calibration timed older code of {', '.join(outdated)} (changed since): they are "
                          "predicted at the old code's times; calibrate again with this version")
+        counts = calibration.allreduce_rank_counts
+        if self.placement.oversubscribed and counts and self.placement.ranks not in counts:
+            lines.append(f"the calibration timed Allreduce on {', '.join(map(str, sorted(counts)))} ranks, not on "
+                         f"{self.placement.ranks} sharing the cores: their reductions come from a fit that does "
+                         "not know the sharing; calibrate without --no-oversubscribed")
         return lines
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
@@ -289,7 +294,11 @@ def adjusted_machine(machine: CalibratedMachine, placement: Placement | None = N
     calibration = machine.calibration
     drift = Drift()
     if now is not None and calibration.machine_state is not None:
-        model = machine.allreduce_seconds if machine.allreduce is not None else None
+        # Only measured times carry the probe's Allreduce across rank counts: a fit from
+        # fewer ranks than cores knows nothing of ranks that share them (a calibration of 2
+        # ranks read an 8-rank probe on 2 cores as communication 12x slower).
+        timed = now.allreduce_ranks in calibration.allreduce_rank_counts
+        model = machine.allreduce_seconds if machine.allreduce is not None and timed else None
         drift = drift_between(calibration.machine_state, now, model)
         drift = replace(drift, kernels=probed_ratios(calibration, probed),
                         gemm_rest=probed_gemm_rest(calibration, probed))
