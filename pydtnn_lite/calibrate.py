@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=flags.SEED, default=0, help="seeds the grid's sampling and the MLPs")
     parser.add_argument("--no-oversubscribed", action="store_true",
                         help="time Allreduce on this job's ranks only, not (in child jobs) at every process count "
-                             "up to four per core; --quick and --device gpu imply it")
+                             "up to four per core (a job of more ranks than cores is then predicted from the fit, "
+                             "with a warning); --quick and --device gpu imply it")
     parser.add_argument("--models", type=flags.MODEL_BATCH, nargs="+", default=[], metavar="MODEL:BATCH[:DATASET]",
                         help="also sample these zoo networks whole, BATCH images per rank (DATASET: synthetic, "
                              "synthetic-imagenet or digits; default synthetic): their calls are then predicted "
