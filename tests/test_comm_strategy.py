@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -10,7 +11,7 @@ from pydtnn_lite.comm.strategy import Placement, check_strategy, gpu_leaders, gr
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.run_config import device_of_rank
 
-from mpi import assert_one_line_error, assert_same_weights, train_cli, train_small, train_small_output
+from mpi import REPO, assert_one_line_error, assert_same_weights, run, train_cli, train_small, train_small_output
 
 LENET = ("--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--epochs", "1", "--steps-per-epoch", "1",
          "--eval-steps", "0")
@@ -69,6 +70,14 @@ def test_device_is_one_value_or_one_per_rank():
 
 def test_nccl_on_cpu_ranks_is_a_one_line_error():
     assert_one_line_error(train_cli(2, *LENET, "--comm", "nccl"), "--comm nccl needs every rank on a GPU")
+
+
+def test_timing_the_candidates_keeps_the_faster_and_releases_the_other():
+    """A mixed job's --comm auto times a flat and a two-level communicator: the one kept
+    still sums, and a two-level one that lost leaves no MPI communicator behind."""
+    result = run(2, [os.path.join(REPO, "tests", "programs", "fastest_candidate.py")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "fastest ok" in result.stdout
 
 
 def test_hierarchical_strategy_trains_as_one_process(tmp_path):

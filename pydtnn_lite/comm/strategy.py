@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm.base import Communicator
 from pydtnn_lite.comm.mpi import MPICommunicator
+from pydtnn_lite.comm.staged import HostStagedCommunicator
+from pydtnn_lite.comm.two_level import TwoLevelCommunicator
 from pydtnn_lite.errors import UserError
 
 STRATEGIES = ("auto", "mpi", "nccl", "hierarchical", "gpu-side")
@@ -112,9 +114,6 @@ def group_kind(placement: Placement, leader_of: Sequence[int], leader: int) -> s
 def build_communicator(strategy: str, placement: Placement, backend: Backend, world: MPICommunicator,
                        timeout: float) -> Communicator:
     """This rank's communicator for ``strategy`` (not 'auto') over the ranks of ``world``."""
-    from pydtnn_lite.comm.staged import HostStagedCommunicator
-    from pydtnn_lite.comm.two_level import TwoLevelCommunicator
-
     if strategy == "nccl":
         from pydtnn_lite.comm.nccl import NCCLCommunicator
 
@@ -134,7 +133,9 @@ def build_communicator(strategy: str, placement: Placement, backend: Backend, wo
 def fastest(candidates: dict[str, Communicator], elements: int, backend: Backend,
             agree: Callable[[float], float]) -> str:
     """The name of the candidate that sums ``elements`` values fastest; ``agree`` turns this
-    rank's seconds into the job's (the slowest rank's), so all ranks pick the same."""
+    rank's seconds into the job's (the slowest rank's), so all ranks pick the same.
+    Collective: the others release the MPI communicators they made (a two-level candidate
+    makes up to five, and MPI holds a few thousand a process)."""
     timings: dict[str, float] = {}
     for name, comm in candidates.items():
         buffer = backend.xp.zeros(elements, dtype=backend.dtype)
@@ -145,7 +146,11 @@ def fastest(candidates: dict[str, Communicator], elements: int, backend: Backend
             comm.allreduce(buffer)
         backend.synchronize()
         timings[name] = agree((time.perf_counter() - began) / TIMING_REPEATS)
-    return min(timings, key=timings.__getitem__)
+    best = min(timings, key=timings.__getitem__)
+    for name, comm in candidates.items():
+        if name != best and isinstance(comm, TwoLevelCommunicator):
+            comm.free()
+    return best
 
 
 def spans_nodes_in_groups(placement: Placement) -> bool:
