@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 
-from pydtnn_lite.perfmodel.measuring.host import cpu_model
+from pydtnn_lite.perfmodel.measuring.host import this_processor
 from pydtnn_lite.perfmodel.modelling.calibration_folder import calibration_file
 from pydtnn_lite.textable import format_table
 
@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6, help="training steps per run (the first is not traced)")
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep the traces and calibrations in DIR")
     args = parser.parse_args()
-    args.calibration = calibration_file(args.calibration, cpu_model())
+    args.calibration = calibration_file(args.calibration, this_processor())
     rows = []
     with output_folder(args.keep, "emulated_cluster") as folder:
         for rate in args.link_gbit:

@@ -41,6 +41,7 @@ from pydtnn_lite.perfmodel.measuring.probes import QUICK, job_probes
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.merging import merge_calibrations
 from pydtnn_lite.perfmodel.modelling.outside_kernels import fit_affine
+from pydtnn_lite.perfmodel.modelling.processors import Processor
 from pydtnn_lite.perfmodel.modelling.synchronization import fit_sync_wait
 from pydtnn_lite.runtime import (
     default_blas_threads,
@@ -171,7 +172,7 @@ def _network(calibration: Calibration) -> str:
 def report(calibration: Calibration) -> str:
     """The roofs, and per kernel: samples, model, held-out errors and best achieved rates."""
     machine = calibration.machine
-    lines = [f"{machine.get('cpu_model', '?')}, {machine.get('ranks', '?')} rank(s) x "
+    lines = [f"{str(Processor.of(machine)) or '?'}, {machine.get('ranks', '?')} rank(s) x "
              f"{machine.get('blas_threads', '?')} BLAS thread(s), {machine.get('dtype', '?')} on "
              f"{machine.get('device', '?')}: GEMM peak {calibration.peak_flops / 1e9:.1f} GFLOP/s, memory "
              f"bandwidth {calibration.memory_bandwidth / 1e9:.1f} GB/s per rank; "

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pydtnn_lite.cli import command_parser, parse_command_line, print_output
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.machine_flags import add_machine_arguments, machine_from_arguments, names_a_machine
+from pydtnn_lite.perfmodel.modelling.processors import Processor
 from pydtnn_lite.perfmodel.modelling.trace_validation import check_trace, trace_calibration
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from pydtnn_lite.tracing import KernelRecord, load_trace
@@ -58,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.calibration = trace_calibration(loaded[2])
         dtype = loaded[2].get("dtype", "float32")
         machine, machine_name, _ = machine_from_arguments(args, 8 if dtype == "float64" else 4,
-                                                           loaded[2].get("cpu_model", ""),
+                                                           Processor.of(loaded[2]),
                                                            loaded[2].get("device", "cpu"))
         checked = check_trace(args.trace, loaded, machine, machine_name, args.out)
     except (OSError, ValueError, KeyError, UserError) as error:

@@ -462,6 +462,10 @@ def test_calibrations_of_other_machines_or_networks_do_not_merge(tiny):
     other = dataclasses.replace(calibration, machine={**calibration.machine, "cpu_model": "another processor"})
     with pytest.raises(ValueError, match="differ in cpu_model"):
         merge_calibrations([calibration, other])
+    units = [dataclasses.replace(calibration, machine={**calibration.machine, "vector_unit": unit})
+             for unit in ("AVX2", "AVX-512")]
+    with pytest.raises(ValueError, match="differ in vector_unit"):
+        merge_calibrations(units)
     with pytest.raises(ValueError, match="sampled different networks whole"):
         merge_calibrations([calibration, dataclasses.replace(calibration, settings={"jobs": ["lenet:8:synthetic"]})])
     with pytest.raises(ValueError, match="at least two"):

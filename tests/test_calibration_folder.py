@@ -1,4 +1,4 @@
-"""Which file of a folder of calibrations a run takes."""
+"""Which file of a folder of calibrations a run takes, and which processor a record names."""
 from __future__ import annotations
 
 import json
@@ -6,22 +6,28 @@ import json
 import pytest
 
 from pydtnn_lite.errors import UserError
+from pydtnn_lite.perfmodel.measuring.host import vector_unit
 from pydtnn_lite.perfmodel.modelling.calibration import FORMAT, VERSION
 from pydtnn_lite.perfmodel.modelling.calibration_folder import calibration_file
+from pydtnn_lite.perfmodel.modelling.processors import Processor
+
+XEON, EPYC = Processor("Intel Xeon"), Processor("AMD EPYC")
 
 
-def header(folder, name: str, cpu_model: str, date: str, device: str = "cpu", network: dict | None = None) -> str:
-    """A calibration file's header: all that choosing among a folder's files reads."""
+def header(folder, name: str, cpu_model: str, date: str, device: str = "cpu", network: dict | None = None,
+           **machine: object) -> str:
+    """A calibration file's header, ``machine`` adding to its machine record: all that choosing
+    among a folder's files reads."""
     path = folder / name
     path.write_text(json.dumps({"format": FORMAT, "version": VERSION, "network": network,
-                                "machine": {"cpu_model": cpu_model, "device": device, "date": date}}))
+                                "machine": {"cpu_model": cpu_model, "device": device, "date": date, **machine}}))
     return str(path)
 
 
 def test_a_file_is_taken_as_it_is(tmp_path):
     path = header(tmp_path, "one.json", "Intel Xeon", "2026-11-28T08:00:00+00:00")
-    assert calibration_file(path, "AMD EPYC") == path
-    assert calibration_file(str(tmp_path / "absent.json"), "AMD EPYC") == str(tmp_path / "absent.json")
+    assert calibration_file(path, EPYC) == path
+    assert calibration_file(str(tmp_path / "absent.json"), EPYC) == str(tmp_path / "absent.json")
 
 
 def test_the_newest_file_of_the_runs_processor_and_device_on_one_node(tmp_path):
@@ -31,26 +37,56 @@ def test_the_newest_file_of_the_runs_processor_and_device_on_one_node(tmp_path):
     header(tmp_path, "d.json", "Intel Xeon", "2026-12-01T00:00:00+00:00", network={"nodes": 2})
     header(tmp_path, "e.json", "Intel Xeon", "2026-12-02T00:00:00+00:00", device="gpu")
     (tmp_path / "notes.txt").write_text("not read")
-    assert calibration_file(str(tmp_path), "Intel Xeon") == new_xeon
-    assert calibration_file(str(tmp_path), "AMD EPYC") == newest_epyc
+    assert calibration_file(str(tmp_path), XEON) == new_xeon
+    assert calibration_file(str(tmp_path), EPYC) == newest_epyc
     # No file of this processor: the newest of another one (its validation warns of it).
-    assert calibration_file(str(tmp_path), "Apple M3") == newest_epyc
-    assert calibration_file(str(tmp_path), "Intel Xeon", "gpu") == str(tmp_path / "e.json")
+    assert calibration_file(str(tmp_path), Processor("Apple M3")) == newest_epyc
+    assert calibration_file(str(tmp_path), XEON, "gpu") == str(tmp_path / "e.json")
     # Dates compare as instants, whatever their offsets from UTC; an undated file is the oldest.
     later = header(tmp_path, "f.json", "Intel Xeon", "2026-11-27T20:00:00-08:00")  # 04:00 UTC on the 28th
     header(tmp_path, "g.json", "Intel Xeon", "")
-    assert calibration_file(str(tmp_path), "Intel Xeon") == later
+    assert calibration_file(str(tmp_path), XEON) == later
 
 
 def test_a_folder_without_a_fitting_file_or_with_another_json_stops_with_one_line(tmp_path):
     header(tmp_path, "cluster.json", "Intel Xeon", "2026-11-28T00:00:00+00:00", network={"nodes": 2})
     with pytest.raises(UserError, match="holds no calibration of one node's cpu run.*calibrate --out"):
-        calibration_file(str(tmp_path), "Intel Xeon")
+        calibration_file(str(tmp_path), XEON)
     damaged = tmp_path / "damaged.json"
     damaged.write_text(json.dumps({"format": FORMAT, "version": VERSION, "machine": []}))
     with pytest.raises(UserError, match="damaged.json is a damaged calibration file.*calibrate again"):
-        calibration_file(str(tmp_path), "Intel Xeon")
+        calibration_file(str(tmp_path), XEON)
     damaged.unlink()
     (tmp_path / "results.json").write_text(json.dumps({"step": 1.0}))
     with pytest.raises(UserError, match=r"results.json is not a calibration file.*every \.json file"):
-        calibration_file(str(tmp_path), "Intel Xeon")
+        calibration_file(str(tmp_path), XEON)
+
+
+def test_a_processor_is_its_name_and_its_widest_vector_unit():
+    assert vector_unit("processor : 0\nflags : fpu sse2 avx avx2 fma\n\nprocessor : 1\nflags : fpu avx2\n") == "AVX2"
+    assert vector_unit("flags\t\t: fpu avx avx2 avx512f avx512bw\n") == "AVX-512"
+    assert vector_unit("Features\t: fp asimd evtstrm sve\n") == "SVE"  # ARM
+    assert vector_unit("model name : a processor without flags\n") == ""
+    # Records from before the vector unit was recorded name it by the BLAS kernels they list.
+    assert Processor.of({"cpu_model": "AMD EPYC", "blas": [{"architecture": "SkylakeX"}] * 2}).vector_unit == "AVX-512"
+    assert Processor.of({"cpu_model": "AMD EPYC", "vector_unit": "AVX2", "blas": [{"architecture": "SkylakeX"}]}) \
+        == Processor("AMD EPYC", "AVX2")
+    assert Processor.of({"cpu_model": "AMD EPYC", "blas": [{"architecture": "SkylakeX"}, {"architecture": "Haswell"}]
+                         }).vector_unit == ""  # two libraries that disagree say nothing
+    assert Processor.of({}) == Processor("")
+    assert str(Processor("AMD EPYC", "AVX2")) == "AMD EPYC, AVX2" and str(EPYC) == "AMD EPYC"
+    # One name, two vector units: two processors; a record that names no unit matches either.
+    assert not Processor("AMD EPYC", "AVX2").same_as(Processor("AMD EPYC", "AVX-512"))
+    assert Processor("AMD EPYC", "AVX2").same_as(EPYC) and EPYC.same_as(Processor("AMD EPYC", "AVX-512"))
+    assert not XEON.same_as(EPYC)
+
+
+def test_a_run_takes_the_file_of_its_vector_unit_before_a_newer_one_of_its_name(tmp_path):
+    avx2 = header(tmp_path, "a.json", "AMD EPYC", "2026-11-01T00:00:00+00:00", vector_unit="AVX2")
+    avx512 = header(tmp_path, "b.json", "AMD EPYC", "2026-11-28T00:00:00+00:00", blas=[{"architecture": "SkylakeX"}])
+    header(tmp_path, "c.json", "Intel Xeon", "2026-11-30T00:00:00+00:00", vector_unit="AVX2")
+    assert calibration_file(str(tmp_path), Processor("AMD EPYC", "AVX2")) == avx2
+    assert calibration_file(str(tmp_path), Processor("AMD EPYC", "AVX-512")) == avx512
+    # A run that does not know its unit, or whose unit no file of its name has: the newest of its name.
+    assert calibration_file(str(tmp_path), EPYC) == avx512
+    assert calibration_file(str(tmp_path), Processor("AMD EPYC", "AVX")) == avx512

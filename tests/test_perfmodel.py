@@ -20,7 +20,7 @@ from pydtnn_lite.layers import BatchNorm, Conv2D, Dense, Flatten, GlobalAvgPool2
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, KIB, log_spaced_sizes
-from pydtnn_lite.perfmodel.measuring.host import cpu_model
+from pydtnn_lite.perfmodel.measuring.host import this_processor
 from pydtnn_lite.perfmodel.modelling.allreduce import (
     TERMS,
     AllreduceModel,
@@ -36,6 +36,7 @@ from pydtnn_lite.perfmodel.modelling.clusters import PRESETS
 from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, calibrated_machine
 from pydtnn_lite.perfmodel.modelling.outside_kernels import AffineCost
 from pydtnn_lite.perfmodel.modelling.prediction import PredictedKernel, StepPrediction, balanced_shares, predict_step
+from pydtnn_lite.perfmodel.modelling.processors import Processor
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline, gemm_intensity
 from pydtnn_lite.perfmodel.modelling.synchronization import expected_maximum, fit_sync_wait
 from pydtnn_lite.perfmodel.modelling.trace_validation import processor_warnings
@@ -569,13 +570,17 @@ def test_validate_warns_of_a_run_on_another_processor_than_the_calibration_s():
     machine = calibrated_machine(REFERENCE_CALIBRATION)
     calibrated_on = machine.calibration.machine["cpu_model"]
     [line] = processor_warnings(machine, {"device": "cpu", "cpu_model": "Other Processor 9000"})
-    assert f"(Other Processor 9000) is not the calibration's ({calibrated_on})" in line
+    assert f"(Other Processor 9000) is not the calibration's ({Processor.of(machine.calibration.machine)})" in line
     assert "calibrate on this processor" in line
     assert processor_warnings(adjusted_machine(machine), {"device": "cpu", "cpu_model": "Other"}) != []
     assert processor_warnings(machine, {"device": "cpu", "cpu_model": calibrated_on}) == []
     assert processor_warnings(machine, {"device": "cpu"}) == []  # a trace from before runs named it
     assert processor_warnings(machine, {"device": "gpu", "cpu_model": "Other"}) == []  # its kernels ran on the GPU
     assert processor_warnings(PRESETS["altec"], {"device": "cpu", "cpu_model": "Other"}) == []
+    # One name, another vector unit: another processor (a virtual machine's "AMD EPYC" with and without AVX-512).
+    units = {"AVX2", "AVX-512"} - {Processor.of(machine.calibration.machine).vector_unit}
+    [line] = processor_warnings(machine, {"device": "cpu", "cpu_model": calibrated_on, "vector_unit": min(units)})
+    assert f"({calibrated_on}, {min(units)}) is not the calibration's ({calibrated_on}, " in line
 
 
 def test_predict_warns_of_kernels_its_calibration_timed_in_older_code(tmp_path):
@@ -703,9 +708,9 @@ def calibration_folder(folder) -> str:
     with open(REFERENCE_CALIBRATION, encoding="utf-8") as handle:
         document = json.load(handle)
     folder.mkdir()
-    for name, processor, date in (("here", cpu_model(), "2026-01-01T00:00:00+00:00"),
-                                  ("elsewhere", "Another CPU", "2026-12-31T00:00:00+00:00")):
-        document["machine"].update(cpu_model=processor, date=date)
+    for name, processor, date in (("here", this_processor(), "2026-01-01T00:00:00+00:00"),
+                                  ("elsewhere", Processor("Another CPU"), "2026-12-31T00:00:00+00:00")):
+        document["machine"].update(cpu_model=processor.name, vector_unit=processor.vector_unit, date=date)
         (folder / f"{name}.json").write_text(json.dumps(document), encoding="utf-8")
     return str(folder)
 
@@ -795,9 +800,10 @@ def test_validate_prints_its_figures_as_one_json_object(traced_run, tmp_path):
     assert set(document["split_half"]) == {"step_difference", "stage_differences", "wre"}
     assert isinstance(document["unmatched_calls"], int)
     # One-thread ranks, as calibrated; a line only where this machine's processor is not the file's.
-    same_processor = cpu_model() == calibrated_machine(REFERENCE_CALIBRATION).calibration.machine["cpu_model"]
+    calibrated_on = Processor.of(calibrated_machine(REFERENCE_CALIBRATION).calibration.machine)
+    same_processor = this_processor().same_as(calibrated_on)
     assert len(document["warnings"]) == (0 if same_processor else 1)
-    assert all(f"the run's processor ({cpu_model()})" in line for line in document["warnings"])
+    assert all(f"the run's processor ({this_processor()})" in line for line in document["warnings"])
     assert document["report"] and all(os.path.isfile(path) for path in document["report"])
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pydtnn_lite.backend import Backend
+from pydtnn_lite.perfmodel.modelling.processors import Processor
 from pydtnn_lite.runtime import usable_cores
 
 PEAK_GEMM_SIZE = 2048  # n of the n x n x n matrix product that measures the compute roof
@@ -26,6 +27,32 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+# /proc/cpuinfo's feature flags of the vector units a calibration tells apart, widest first.
+VECTOR_FLAGS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sve", "SVE"), ("asimd", "NEON"))
+
+
+def vector_unit(cpuinfo: str | None = None) -> str:
+    """The widest vector unit of the processor (:data:`VECTOR_FLAGS`) by the feature flags of
+    ``cpuinfo`` (the text of /proc/cpuinfo; read when None); '' where none is named."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as handle:
+                cpuinfo = handle.read()
+        except OSError:
+            return ""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):  # x86, ARM
+            flags.update(value.split())
+    return next((unit for flag, unit in VECTOR_FLAGS if flag in flags), "")
+
+
+def this_processor() -> Processor:
+    """The processor this process runs on."""
+    return Processor(cpu_model(), vector_unit())
 
 
 def blas_info() -> list[dict]:
@@ -48,7 +75,8 @@ def mpi_library() -> str:
 
 def describe_machine(backend: Backend, blas_threads: int, ranks: int) -> dict:
     """What a calibration's figures hold for: processor, cores, libraries, precision, date."""
-    machine = {"host": platform.node(), "cpu_model": cpu_model(), "cores": os.cpu_count(),
+    machine = {"host": platform.node(), "cpu_model": cpu_model(), "vector_unit": vector_unit(),
+               "cores": os.cpu_count(),
                "usable_cores": usable_cores(), "last_level_cache_bytes": backend.last_level_cache_bytes(),
                "blas": blas_info(), "blas_threads": blas_threads,
                "ranks": ranks, "dtype": np.dtype(backend.dtype).name, "device": backend.device,

@@ -1,7 +1,8 @@
 """A folder of calibration files, one per machine: each run takes the one of its own processor.
 
-A calibration holds for the processor that measured it; another processor's is carried
-over only in part by the drift correction (``validate`` warns of it). Users who run on
+A calibration holds for the processor that measured it (its name and vector unit,
+:class:`~pydtnn_lite.perfmodel.modelling.processors.Processor`); another processor's is
+carried over only in part by the drift correction (``validate`` warns of it). Users who run on
 several kinds of machine, and this repository, whose development machine has been an
 AMD EPYC on some days and an Intel Xeon on others, keep one file per processor in a
 folder and name the folder wherever a calibration file is asked for.
@@ -14,12 +15,14 @@ from datetime import datetime
 
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.calibration import read_calibration_data
+from pydtnn_lite.perfmodel.modelling.processors import Processor
 
 
-def calibration_file(path: str, cpu_model: str, device: str = "cpu") -> str:
+def calibration_file(path: str, processor: Processor, device: str = "cpu") -> str:
     """``path`` where it is not a folder. In a folder, of its calibrations (``*.json``) of one
-    node's ``device`` run, the newest measured on processor ``cpu_model``, else the newest of
-    any processor. A calibration of several (emulated) nodes is never picked: name its file."""
+    node's ``device`` run, the newest measured on ``processor`` (:meth:`Processor.same_as`),
+    else the newest of its name (another vector unit), else the newest of any processor. A
+    calibration of several (emulated) nodes is never picked: name its file."""
     if not os.path.isdir(path):
         return path
     candidates = []
@@ -38,11 +41,13 @@ def calibration_file(path: str, cpu_model: str, device: str = "cpu") -> str:
         if not isinstance(machine, dict):
             raise UserError(f"{file} is a damaged calibration file (no machine record): calibrate again")
         if machine.get("device", "cpu") == device and not data.get("network"):
-            candidates.append((machine.get("cpu_model") == cpu_model, _measured_at(machine), file))
+            measured_on = Processor.of(machine)
+            candidates.append((measured_on.name == processor.name, measured_on.same_as(processor),
+                               _measured_at(machine), file))
     if not candidates:
         raise UserError(f"{path} holds no calibration of one node's {device} run: write one with "
                         f"python -m pydtnn_lite.calibrate --out {os.path.join(path, 'NAME.json')}, or name a file")
-    return max(candidates)[2]
+    return max(candidates)[-1]
 
 
 def _measured_at(machine: dict) -> float:

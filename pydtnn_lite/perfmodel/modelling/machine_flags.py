@@ -14,6 +14,7 @@ from pydtnn_lite.perfmodel.modelling.machines import (
     described_cluster,
 )
 from pydtnn_lite.perfmodel.modelling.prediction import Machine
+from pydtnn_lite.perfmodel.modelling.processors import Processor
 
 FIGURES = ("peak_flops", "mem_bw", "link_bw", "latency")  # the flags that change a preset's figures
 
@@ -47,13 +48,13 @@ def names_a_machine(args: argparse.Namespace) -> bool:
     return bool(args.calibration or args.preset or any(getattr(args, figure) is not None for figure in FIGURES))
 
 
-def machine_from_arguments(args: argparse.Namespace, itemsize: int, cpu_model: str,
+def machine_from_arguments(args: argparse.Namespace, itemsize: int, processor: Processor,
                            device: str = "cpu") -> tuple[Machine, str, int]:
     """The machine the flags describe, its name, and its nodes (the default number of ranks),
-    for a run on processor ``cpu_model`` and ``device`` (which file of a calibration folder).
+    for a run on ``processor`` and ``device`` (which file of a calibration folder).
     Without a calibration it is a preset (default ampere) with the figures given replaced."""
     if args.calibration:
-        path = calibration_file(args.calibration, cpu_model, device)
+        path = calibration_file(args.calibration, processor, device)
         machine = calibrated_machine(path, args.algorithm, args.allreduce_model)
         return machine, f"calibration {path}", machine.calibration.allreduce_ranks
     cluster = described_cluster(args.preset, args.peak_flops, args.mem_bw, args.link_bw, args.latency)

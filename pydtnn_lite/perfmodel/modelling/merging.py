@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.drift import MachineState
 from pydtnn_lite.perfmodel.modelling.placement import ThreadScaling
+from pydtnn_lite.perfmodel.modelling.processors import Processor
 
 # What must agree for calibrations to describe one machine placed one way.
 SAME_MACHINE = ("cpu_model", "cores", "usable_cores", "ranks", "ranks_per_node", "blas_threads", "device", "dtype")
@@ -44,6 +45,8 @@ def merge_calibrations(calibrations: Sequence[Calibration]) -> Calibration:
     first = calibrations[0]
     for other in calibrations[1:]:
         differing = [key for key in SAME_MACHINE if first.machine.get(key) != other.machine.get(key)]
+        if "cpu_model" not in differing and not Processor.of(first.machine).same_as(Processor.of(other.machine)):
+            differing.append("vector_unit")
         if differing:
             raise ValueError(f"the calibrations differ in {', '.join(differing)}: merge calibrations of one machine "
                              "placed one way")

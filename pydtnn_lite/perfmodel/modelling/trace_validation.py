@@ -23,6 +23,7 @@ from pydtnn_lite.perfmodel.modelling.machines import (
 )
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.prediction import Machine, StepPrediction, predict_step
+from pydtnn_lite.perfmodel.modelling.processors import Processor
 from pydtnn_lite.perfmodel.modelling.report import summary_text, validation_figures, write_report
 from pydtnn_lite.perfmodel.modelling.validation import Validation, validate
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
@@ -168,14 +169,16 @@ def check_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, m
 
 def processor_warnings(machine: Machine, meta: dict) -> list[str]:
     """A line where the traced run's processor is not the one ``machine``'s calibration
-    measured (none for a preset, or a trace or file that does not name its processor).
-    The drift probes time a few kernels and shapes; another processor moves the others by
-    other factors (caches, vector units), which no probe corrects."""
+    measured, by name or by vector unit (:class:`Processor`; none for a preset, or a trace or
+    file that does not name its processor). The drift probes time a few kernels and shapes;
+    another processor moves the others by other factors (caches, vector units), which no
+    probe corrects."""
     calibration = machine.base.calibration if isinstance(machine, AdjustedMachine) else (
         machine.calibration if isinstance(machine, CalibratedMachine) else None)
-    ran_on = meta.get("cpu_model") if meta.get("device", "cpu") == "cpu" else None
-    measured_on = calibration.machine.get("cpu_model") if calibration is not None else None
-    if not ran_on or not measured_on or ran_on == measured_on:
+    if calibration is None or meta.get("device", "cpu") != "cpu":
+        return []
+    ran_on, measured_on = Processor.of(meta), Processor.of(calibration.machine)
+    if not ran_on.name or not measured_on.name or ran_on.same_as(measured_on):
         return []
     return [f"the run's processor ({ran_on}) is not the calibration's ({measured_on}): the drift correction "
             "carries the calibration over only in part; calibrate on this processor for figures that need none"]
