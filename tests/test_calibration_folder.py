@@ -75,6 +75,7 @@ def test_a_processor_is_its_name_and_its_widest_vector_unit():
                          }).vector_unit == ""  # two libraries that disagree say nothing
     assert Processor.of({}) == Processor("")
     assert str(Processor("AMD EPYC", "AVX2")) == "AMD EPYC, AVX2" and str(EPYC) == "AMD EPYC"
+    assert Processor.of(Processor("AMD EPYC", "AVX2").record()) == Processor("AMD EPYC", "AVX2")
     # One name, two vector units: two processors; a record that names no unit matches either.
     assert not Processor("AMD EPYC", "AVX2").same_as(Processor("AMD EPYC", "AVX-512"))
     assert Processor("AMD EPYC", "AVX2").same_as(EPYC) and EPYC.same_as(Processor("AMD EPYC", "AVX-512"))

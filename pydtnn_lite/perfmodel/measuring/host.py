@@ -75,9 +75,8 @@ def mpi_library() -> str:
 
 def describe_machine(backend: Backend, blas_threads: int, ranks: int) -> dict:
     """What a calibration's figures hold for: processor, cores, libraries, precision, date."""
-    machine = {"host": platform.node(), "cpu_model": cpu_model(), "vector_unit": vector_unit(),
-               "cores": os.cpu_count(), "usable_cores": usable_cores(),
-               "last_level_cache_bytes": backend.last_level_cache_bytes(),
+    machine = {"host": platform.node(), **this_processor().record(), "cores": os.cpu_count(),
+               "usable_cores": usable_cores(), "last_level_cache_bytes": backend.last_level_cache_bytes(),
                "blas": blas_info(), "blas_threads": blas_threads,
                "ranks": ranks, "dtype": np.dtype(backend.dtype).name, "device": backend.device,
                "mpi_library": mpi_library(), "numpy": np.__version__, "python": platform.python_version(),

@@ -36,6 +36,10 @@ class Processor:
             unit = units.pop() if len(units) == 1 else ""
         return cls(str(record.get("cpu_model") or ""), unit)
 
+    def record(self) -> dict[str, str]:
+        """The entries that name it in a machine record or a trace's meta, as :meth:`of` reads them."""
+        return {"cpu_model": self.name, "vector_unit": self.vector_unit}
+
     def same_as(self, other: Processor) -> bool:
         """Whether the two are one kind of processor: the same name, and the same vector unit
         where both records name one."""
