@@ -290,6 +290,22 @@ def test_a_call_sampled_at_its_exact_sizes_is_predicted_as_its_samples_median(ti
             other.dims, other.flops, other.bytes)
 
 
+def test_calls_predicted_together_get_the_times_each_gets_alone(tiny):
+    calibration = Calibration.load(tiny[1])
+    sample = calibration.kernel_samples["gemm"][0]
+    widest = max(s.dims[0] for s in calibration.kernel_samples["relu"])
+    costs = {"gemm": [KernelCost(Stage.FP, "gemm", sample.flops, sample.bytes, sample.dims),  # its samples' median
+                      KernelCost(Stage.FP, "gemm", 2 * sample.flops, 3 * sample.bytes, (64, 32, 16, 0, 0))],
+             # Beyond the widest call sampled: as many calls at the widest.
+             "relu": [KernelCost(Stage.FP, "relu", 0.0, 8.0 * n, (n,)) for n in (1000, 7 * widest, 1000, 3 * widest)],
+             "batchnorm_inference": [KernelCost(Stage.FP, "batchnorm_inference", 4e9, 1e6, (8, 4, 4, 16))]}
+    for kernel, calls in costs.items():
+        together = calibration.warm_seconds_of(kernel, calls)
+        alone = [calibration.warm_seconds(kernel, cost) for cost in calls]
+        assert together == pytest.approx(alone, rel=1e-6) and all(seconds > 0 for seconds in together), kernel
+    assert calibration.warm_seconds_of("relu", []) == []
+
+
 def test_an_update_is_predicted_by_its_samples_only_where_many_were_pooled(tiny):
     calibration = Calibration.load(tiny[1])
     n = 70000

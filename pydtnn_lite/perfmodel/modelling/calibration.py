@@ -12,7 +12,7 @@ import math
 import os
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +25,7 @@ from pydtnn_lite.perfmodel.modelling.placement import Placement, ThreadScaling
 from pydtnn_lite.perfmodel.modelling.regression import (
     KernelModel,
     KernelSample,
+    features,
     model_from_dict,
     sample_columns,
     samples_from_columns,
@@ -199,9 +200,10 @@ class Calibration:
         the others: after a few milliseconds of other code, even a tiny NumPy call costs
         tens of microseconds on this machine, and LeNet's first update was over a quarter of its WU."""
         if kernel not in self._cold_start:
-            beyond = [sample.seconds - self.warm_seconds(kernel, KernelCost(Stage.WU, kernel, sample.flops,
-                                                                             sample.bytes, sample.dims))
-                      for sample in self.cold_start_samples.get(kernel, [])]
+            samples = self.cold_start_samples.get(kernel, [])
+            warm = self.warm_seconds_of(kernel, [KernelCost(Stage.WU, kernel, sample.flops, sample.bytes, sample.dims)
+                                                 for sample in samples])
+            beyond = [sample.seconds - seconds for sample, seconds in zip(samples, warm, strict=True)]
             self._cold_start[kernel] = max(0.0, statistics.median(beyond)) if beyond else 0.0
         return self._cold_start[kernel]
 
@@ -222,24 +224,40 @@ class Calibration:
         A call beyond the largest batch sampled (the leading dim of every kernel but GEMM
         grows with the batch) is predicted as that many calls at the largest one: its work
         grows in proportion, where a fitted model's curve past its samples may not."""
-        sampled = self._sampled_seconds(kernel, cost, MIN_UPDATE_SAMPLES if kernel in STREAMING else 1)
-        if sampled is not None:
-            return sampled
+        return self.warm_seconds_of(kernel, [cost])[0]
+
+    def warm_seconds_of(self, kernel: str, costs: Sequence[KernelCost]) -> list[float]:
+        """:meth:`warm_seconds` of each of ``costs``, calls of ``kernel``, with its model
+        evaluated once over all those it predicts: an MLP ensemble's forward pass costs the
+        same for one row as for hundreds."""
+        least = MIN_UPDATE_SAMPLES if kernel in STREAMING else 1
         model = self.kernel_models.get(kernel)
-        if model is None and cost.replaces:
-            return self._unfused_seconds(cost)
-        if model is None:
-            return self._roofline_seconds(cost)
         widest = self._widest_sampled(kernel)
-        with np.errstate(over="ignore"):
-            if kernel in COMPUTE_BOUND or not cost.dims or not widest or cost.dims[0] <= widest:
-                seconds = model.predict(cost.dims, cost.flops, cost.bytes)
+        seconds: list[float] = []
+        modelled: list[tuple[int, float, np.ndarray]] = []  # (position, calls at the widest, features)
+        for position, cost in enumerate(costs):
+            sampled = self._sampled_seconds(kernel, cost, least)
+            if sampled is not None:
+                seconds.append(sampled)
+            elif model is None:
+                seconds.append(self._unfused_seconds(cost) if cost.replaces else self._roofline_seconds(cost))
             else:
-                calls = cost.dims[0] / widest
-                seconds = calls * model.predict((widest, *cost.dims[1:]), cost.flops / calls, cost.bytes / calls)
-        # A power law fitted on a few samples can overflow far beyond them (a quick calibration's
-        # fused batch-norm gradient on DenseNet's maps, 2026-11-27): the roofline stands in.
-        return seconds if math.isfinite(seconds) else self._roofline_seconds(cost)
+                seconds.append(math.nan)
+                if kernel in COMPUTE_BOUND or not cost.dims or not widest or cost.dims[0] <= widest:
+                    modelled.append((position, 1.0, features(cost.dims, cost.flops, cost.bytes)))
+                else:
+                    calls = cost.dims[0] / widest
+                    modelled.append((position, calls, features((widest, *cost.dims[1:]), cost.flops / calls,
+                                                               cost.bytes / calls)))
+        if modelled and model is not None:
+            with np.errstate(over="ignore"):
+                predicted = model.predict_features(np.stack([row for _, _, row in modelled]))
+            for (position, calls, _), one_call in zip(modelled, predicted, strict=True):
+                total = calls * float(one_call)
+                # A power law fitted on a few samples can overflow far beyond them (a quick calibration's
+                # fused batch-norm gradient on DenseNet's maps, 2026-11-27): the roofline stands in.
+                seconds[position] = total if math.isfinite(total) else self._roofline_seconds(costs[position])
+        return seconds
 
     def _roofline_seconds(self, cost: KernelCost) -> float:
         return Roofline(self.peak_flops, self.memory_bandwidth).seconds(cost.flops, cost.bytes)

@@ -32,10 +32,12 @@ it measured.
 """
 from __future__ import annotations
 
-import heapq
+import functools
 import math
 import statistics
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from pydtnn_lite.costs import GEMM, THREADED_FROM_ELEMENTS
 
@@ -98,10 +100,24 @@ class ThreadScaling:
         logarithms, a transpose flag that differs counting as a factor of two in one size.
         Each shape is timed for milliseconds, so a single one moves with the machine."""
         if dims not in self._nearest:
-            nearest = heapq.nsmallest(SHAPE_NEIGHBOURS, self.gemm_shapes.items(),
-                                      key=lambda item: _shape_distance(item[0], dims))
-            self._nearest[dims] = statistics.median(ratio for _, ratio in nearest)
+            log_sizes, flags, ratios = self._shape_table
+            differences = log_sizes - np.array([math.log2(size) for size in dims[:3]])
+            squares = differences * differences
+            # Summed in the order of a sum over the three sizes, so that ties fall as they would.
+            distances = squares[:, 0] + squares[:, 1] + squares[:, 2] + (flags != np.array(dims[3:])).sum(axis=1)
+            nearest = np.argsort(distances, kind="stable")[:SHAPE_NEIGHBOURS]  # the first of equals, in order
+            self._nearest[dims] = statistics.median(ratios[nearest].tolist())
         return self._nearest[dims]
+
+    @functools.cached_property
+    def _shape_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The measured GEMM shapes as arrays, in their order: log2 of the three sizes, the
+        two transpose flags, and the ratios (a prediction of DenseNet121 looks up hundreds of
+        shapes among thousands)."""
+        shapes = list(self.gemm_shapes)
+        log_sizes = np.array([[math.log2(size) for size in shape[:3]] for shape in shapes]).reshape(-1, 3)
+        flags = np.array([shape[3:] for shape in shapes]).reshape(len(shapes), -1)
+        return log_sizes, flags, np.array(list(self.gemm_shapes.values()))
 
     def handoff_seconds(self, kernel: str, threads: int, dims: tuple = ()) -> float:
         """What a call of ``kernel`` over ``dims`` costs on ``threads`` threads beyond its work:
@@ -121,11 +137,6 @@ class ThreadScaling:
         shapes = {tuple(int(d) for d in row[:-1]): float(row[-1]) for row in data.get("gemm_shapes") or []}
         return cls(int(data["threads"]), float(data["gemm"]), float(data["memory"]),
                    None if handoff is None else float(handoff), shapes)
-
-
-def _shape_distance(measured: tuple, dims: tuple) -> float:
-    sizes = sum((math.log2(a) - math.log2(b)) ** 2 for a, b in zip(measured[:3], dims[:3], strict=True))
-    return sizes + sum(a != b for a, b in zip(measured[3:], dims[3:], strict=True))
 
 
 @dataclass(frozen=True)

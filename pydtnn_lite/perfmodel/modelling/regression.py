@@ -44,7 +44,7 @@ MLP_MIN_SAMPLES = 30  # below this an MLP's 20 % validation set is too small to 
 ENSEMBLE_MEMBERS = 5
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class KernelSample:
     """One measured kernel call: its cost's ``dims``, FLOPs and bytes, and the median seconds."""
 
@@ -52,12 +52,6 @@ class KernelSample:
     flops: float
     bytes: float
     seconds: float
-
-    @classmethod
-    def from_list(cls, row: Sequence) -> KernelSample:
-        """A sample from its four values, as a calibration file's columns hold them."""
-        dims, flops, nbytes, seconds = row
-        return cls(tuple(int(d) for d in dims), float(flops), float(nbytes), float(seconds))
 
 
 def sample_columns(samples: list[KernelSample]) -> dict:
@@ -68,8 +62,9 @@ def sample_columns(samples: list[KernelSample]) -> dict:
 
 def samples_from_columns(columns: dict) -> list[KernelSample]:
     """The samples of :func:`sample_columns`' lists."""
-    return [KernelSample.from_list(row) for row in zip(columns["dims"], columns["flops"], columns["bytes"],
-                                                       columns["seconds"], strict=True)]
+    return [KernelSample(tuple(map(int, dims)), float(flops), float(nbytes), float(seconds))
+            for dims, flops, nbytes, seconds in zip(columns["dims"], columns["flops"], columns["bytes"],
+                                                    columns["seconds"], strict=True)]
 
 
 def features(dims: Sequence[float], flops: float, nbytes: float) -> np.ndarray:
