@@ -25,8 +25,9 @@ from pydtnn_lite.perfmodel.measuring.machine_state import ALLREDUCE_BYTES
 from pydtnn_lite.perfmodel.measuring.probes import FULL, QUICK, Probe, calibration_grid
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe
 from pydtnn_lite.perfmodel.modelling.calibration import MIN_UPDATE_SAMPLES, Calibration
+from pydtnn_lite.perfmodel.modelling.machines import adjusted_machine, calibrated_machine
 from pydtnn_lite.perfmodel.modelling.merging import merge_calibrations
-from pydtnn_lite.perfmodel.modelling.placement import ThreadScaling
+from pydtnn_lite.perfmodel.modelling.placement import Placement, ThreadScaling
 from pydtnn_lite.perfmodel.modelling.regression import (
     MIN_SECONDS,
     KernelSample,
@@ -304,6 +305,18 @@ def test_calls_predicted_together_get_the_times_each_gets_alone(tiny):
         alone = [calibration.warm_seconds(kernel, cost) for cost in calls]
         assert together == pytest.approx(alone, rel=1e-6) and all(seconds > 0 for seconds in together), kernel
     assert calibration.warm_seconds_of("relu", []) == []
+    # A step's calls asked of a job's machine kernel by kernel, as a prediction asks them
+    # (cold starts, placement on shared cores and thread hand-offs included), one by one; to
+    # the precision of a float32 MLP, whose products round by the rows they are given.
+    machine = adjusted_machine(calibrated_machine(tiny[1]), Placement(4, 4, 2, 2))
+    network = create_model("resnet18", (32, 32, 3), 10).build(make_backend())
+    calls: dict[str, list[KernelCost]] = {}
+    for _, cost in step_costs(network, SGD(network), 8):
+        calls.setdefault(cost.kernel, []).append(cost)
+    del calls[ALLREDUCE]
+    for kernel, step_calls in calls.items():
+        assert machine.kernel_seconds_of(kernel, step_calls) == pytest.approx(
+            [machine.kernel_seconds(kernel, cost) for cost in step_calls], rel=1e-5), kernel
 
 
 def test_an_update_is_predicted_by_its_samples_only_where_many_were_pooled(tiny):

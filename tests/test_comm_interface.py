@@ -113,6 +113,9 @@ class Machine:
     def kernel_seconds(self, kernel: str, cost: object) -> float:
         return 1e-3
 
+    def kernel_seconds_of(self, kernel: str, costs: list) -> list[float]:
+        return [1e-3] * len(costs)
+
     def allreduce_seconds(self, nbytes: float, procs: int) -> float:
         return 1e-3
 

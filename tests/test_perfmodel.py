@@ -247,6 +247,9 @@ class ConstantMachine:
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         return self.kernel
 
+    def kernel_seconds_of(self, kernel: str, costs: list[KernelCost]) -> list[float]:
+        return [self.kernel] * len(costs)
+
     def allreduce_seconds(self, nbytes: float, procs: int) -> float:
         return self.reduce if procs > 1 else 0.0
 

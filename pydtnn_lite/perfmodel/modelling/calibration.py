@@ -190,8 +190,12 @@ class Calibration:
         """Predicted seconds of one call of ``kernel`` with ``cost``: as :meth:`warm_seconds`
         predicts it, and for a call that follows other work, the time such calls took beyond
         that (:meth:`cold_start_seconds`)."""
-        seconds = self.warm_seconds(kernel, cost)
-        return seconds + self.cold_start_seconds(kernel) if cost.cold_start else seconds
+        return self.kernel_seconds_of(kernel, [cost])[0]
+
+    def kernel_seconds_of(self, kernel: str, costs: Sequence[KernelCost]) -> list[float]:
+        """:meth:`kernel_seconds` of each of ``costs``, calls of ``kernel`` (:meth:`warm_seconds_of`)."""
+        return [seconds + self.cold_start_seconds(kernel) if cost.cold_start else seconds
+                for cost, seconds in zip(costs, self.warm_seconds_of(kernel, costs), strict=True)]
 
     def cold_start_seconds(self, kernel: str) -> float:
         """The median time beyond its warm prediction of a call of ``kernel`` that followed

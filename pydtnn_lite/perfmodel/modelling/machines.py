@@ -82,6 +82,9 @@ class CalibratedMachine:
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
         return self.calibration.kernel_seconds(kernel, cost)
 
+    def kernel_seconds_of(self, kernel: str, costs: Sequence[KernelCost]) -> list[float]:
+        return self.calibration.kernel_seconds_of(kernel, costs)
+
     def sync_wait_seconds(self, segment: float, procs: int) -> float:
         return self.calibration.sync_wait.seconds(segment, procs)
 
@@ -176,11 +179,16 @@ class AdjustedMachine:
         return lines
 
     def kernel_seconds(self, kernel: str, cost: KernelCost) -> float:
-        seconds = self.base.kernel_seconds(kernel, cost)
+        return self.kernel_seconds_of(kernel, [cost])[0]
+
+    def kernel_seconds_of(self, kernel: str, costs: Sequence[KernelCost]) -> list[float]:
         calibration = self.base.calibration
-        dims = tuple(cost.dims)
-        handoff = kernel_handoff(kernel, self.placement, calibration.placement, calibration.thread_scaling, dims)
-        return seconds * self._scale(kernel, cost.flops, seconds, dims) + handoff
+        out = []
+        for cost, seconds in zip(costs, self.base.kernel_seconds_of(kernel, costs), strict=True):
+            dims = tuple(cost.dims)
+            handoff = kernel_handoff(kernel, self.placement, calibration.placement, calibration.thread_scaling, dims)
+            out.append(seconds * self._scale(kernel, cost.flops, seconds, dims) + handoff)
+        return out
 
     def allreduce_seconds(self, nbytes: float, procs: int) -> float:
         return self.base.allreduce_seconds(nbytes, procs) * self.drift.communication
