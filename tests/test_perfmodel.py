@@ -37,10 +37,11 @@ from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted
 from pydtnn_lite.perfmodel.modelling.outside_kernels import AffineCost
 from pydtnn_lite.perfmodel.modelling.prediction import PredictedKernel, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.modelling.processors import Processor
+from pydtnn_lite.perfmodel.modelling.report import MAX_PLOTTED_CALLS, stage_bars
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline, gemm_intensity
 from pydtnn_lite.perfmodel.modelling.synchronization import expected_maximum, fit_sync_wait
 from pydtnn_lite.perfmodel.modelling.trace_validation import processor_warnings
-from pydtnn_lite.perfmodel.modelling.validation import typical, validate
+from pydtnn_lite.perfmodel.modelling.validation import Comparison, KernelComparison, Validation, typical, validate
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from pydtnn_lite.tracing import load_trace
 from pydtnn_lite.tracing.records import KernelRecord, StepRecord
@@ -770,6 +771,26 @@ def test_validate_a_short_traced_run_end_to_end(traced_run, tmp_path):
     assert "warning: the traced steps span" in result.stdout and "raise --steps-per-epoch" in result.stdout
     missing = run("pydtnn_lite.validate", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "is not a trace directory" in missing.stderr
+
+
+def test_a_stage_of_many_calls_is_plotted_kernel_by_kernel_with_their_totals():
+    def calls(count: int) -> list[KernelComparison]:
+        return [KernelComparison(i, f"conv{i}", "BP", kernel, 0, measured, predicted, 0.0)
+                for i in range(count) for kernel, measured, predicted in
+                (("gemm", 2e-3, 3e-3), ("col2im", 1e-3, 1e-3), ("bias_grad", 1e-5, 2e-5))]
+    few = Validation(calls(3), [], Comparison("step", 1.0, 1.0), 0)
+    bars = stage_bars(few, "BP")
+    assert bars.per_call and bars.labels[:2] == ["conv0 gemm", "conv0 col2im"] and len(bars.labels) == 9
+    assert bars.measured_ms[:3] == pytest.approx([2.0, 1.0, 0.01]) and bars.relative_errors[0] == pytest.approx(0.5)
+    layers = MAX_PLOTTED_CALLS // 3 + 1  # one call too many for a bar pair each
+    many = Validation(calls(layers), [], Comparison("step", 1.0, 1.0), 0)
+    bars = stage_bars(many, "BP")
+    assert not bars.per_call  # by kernel, the largest measured first
+    assert bars.labels == [f"gemm ({layers} calls)", f"col2im ({layers} calls)", f"bias_grad ({layers} calls)"]
+    assert bars.measured_ms == pytest.approx([2.0 * layers, 1.0 * layers, 0.01 * layers])
+    assert bars.predicted_ms == pytest.approx([3.0 * layers, 1.0 * layers, 0.02 * layers])
+    assert bars.relative_errors == pytest.approx([0.5, 0.0, 1.0])
+    assert stage_bars(many, "FP").labels == []
 
 
 def test_validate_prints_its_figures_as_one_json_object(traced_run, tmp_path):

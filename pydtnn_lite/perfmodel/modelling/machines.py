@@ -340,8 +340,10 @@ def _probe_comparable(calibration: Calibration, probed: ProbedWork) -> bool:
             and placed.threads_per_rank == 1 and placed.ranks_per_node == placed.cores_per_node)
 
 
-def _calibrated_seconds(calibration: Calibration, kernel: str, call: KernelSample) -> float:
-    return calibration.kernel_seconds(kernel, KernelCost(Stage.FP, kernel, call.flops, call.bytes, call.dims))
+def _calibrated_seconds(calibration: Calibration, kernel: str, calls: Sequence[KernelSample]) -> list[float]:
+    """What the calibration predicts for each of ``calls``, measured calls of ``kernel``."""
+    return calibration.kernel_seconds_of(kernel, [KernelCost(Stage.FP, kernel, call.flops, call.bytes, call.dims)
+                                                  for call in calls])
 
 
 def _model_noise(calibration: Calibration, kernel: str, calls: int) -> float:
@@ -361,8 +363,7 @@ def _modelled_ratios(calibration: Calibration, probed: ProbedWork) -> dict[str, 
     replaces, which a probed call's cost does not name, and is left out."""
     calls = {kernel: samples for kernel, samples in probed.calls.items()
              if kernel not in FUSED_KERNELS or kernel in calibration.kernel_models}
-    before = {kernel: [_calibrated_seconds(calibration, kernel, call) for call in samples]
-              for kernel, samples in calls.items()}
+    before = {kernel: _calibrated_seconds(calibration, kernel, samples) for kernel, samples in calls.items()}
     noise = {kernel: _model_noise(calibration, kernel, len(samples)) for kernel, samples in calls.items()}
     ratios = kernel_ratios(calls, before, noise)
     outside = work_ratio([(seconds, calibration.overhead.seconds(count)) for count, seconds in probed.outside])
@@ -410,7 +411,7 @@ def probed_gemm_rest(calibration: Calibration, probed: ProbedWork | None) -> flo
     calls = probed.calls[GEMM]
     own = like_for_like(_pieces(calls), [_pieces(reference.calls.get(GEMM, []))
                                          for reference in calibration.kernel_probes], probed.runs)
-    before, noise = own if own is not None else ([_calibrated_seconds(calibration, GEMM, call) for call in calls],
+    before, noise = own if own is not None else (_calibrated_seconds(calibration, GEMM, calls),
                                                  _model_noise(calibration, GEMM, len(calls)))
     return work_ratio([(call.seconds, then) for call, then in zip(calls, before, strict=True)], noise)
 

@@ -8,7 +8,8 @@ import html
 import io
 import math
 import os
-from dataclasses import asdict
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
 
 from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.errors import UserError
@@ -41,24 +42,62 @@ def write_kernels_csv(path: str, validation: Validation) -> None:
                              k.relative_error, k.wre])
 
 
+# A stage of more calls than this is plotted by kernel (DenseNet121's backward makes about
+# 1800 calls: a bar pair each drew a figure 500 inches wide, in 20 s).
+MAX_PLOTTED_CALLS = 120
+
+
+@dataclass(frozen=True)
+class StageBars:
+    """What a stage's plot shows: a bar pair per label, measured and predicted milliseconds,
+    each call of the stage in execution order or, past :data:`MAX_PLOTTED_CALLS`, each
+    kernel's calls summed (``per_call`` false), in order of their measured time."""
+
+    labels: list[str]
+    measured_ms: list[float]
+    predicted_ms: list[float]
+    per_call: bool
+
+    @property
+    def relative_errors(self) -> list[float]:
+        return [(p - m) / m if m > 0 else math.nan for m, p in zip(self.measured_ms, self.predicted_ms, strict=True)]
+
+
+def stage_bars(validation: Validation, stage: str) -> StageBars:
+    """The bars of ``stage``'s plot (:class:`StageBars`)."""
+    kernels = [k for k in validation.kernels if k.stage == stage]
+    if len(kernels) <= MAX_PLOTTED_CALLS:
+        return StageBars([f"{k.layer_name or k.layer} {k.kernel}" + (f"#{k.occurrence}" if k.occurrence else "")
+                          for k in kernels],
+                         [k.measured * 1e3 for k in kernels], [k.predicted * 1e3 for k in kernels], True)
+    measured: defaultdict[str, float] = defaultdict(float)
+    predicted: defaultdict[str, float] = defaultdict(float)
+    for k in kernels:
+        measured[k.kernel] += k.measured * 1e3
+        predicted[k.kernel] += k.predicted * 1e3
+    calls = Counter(k.kernel for k in kernels)
+    order = sorted(measured, key=lambda kernel: -measured[kernel])
+    return StageBars([f"{kernel} ({calls[kernel]} calls)" for kernel in order], [measured[k] for k in order],
+                     [predicted[k] for k in order], False)
+
+
 def stage_plot(validation: Validation, stage: str) -> bytes:
-    """PNG: measured and predicted time of every kernel of ``stage`` in layer order, with the relative error."""
+    """PNG: measured and predicted time of ``stage``'s kernels (:func:`stage_bars`), with the relative error."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise UserError("the plots need matplotlib: pip install 'pydtnn_lite[plot]'") from None
-    kernels = [k for k in validation.kernels if k.stage == stage]
-    labels = [f"{k.layer_name or k.layer} {k.kernel}" + (f"#{k.occurrence}" if k.occurrence else "") for k in kernels]
-    positions = range(len(kernels))
-    figure, axis = plt.subplots(figsize=(max(6.0, 0.28 * len(kernels) + 2), 4.5))
-    axis.bar([p - 0.2 for p in positions], [k.measured * 1e3 for k in kernels], width=0.4, label="measured")
-    axis.bar([p + 0.2 for p in positions], [k.predicted * 1e3 for k in kernels], width=0.4, label="predicted")
-    axis.set_ylabel("ms per call")
-    axis.set_xticks(list(positions), labels, rotation=90, fontsize=7)
+    bars = stage_bars(validation, stage)
+    positions = range(len(bars.labels))
+    figure, axis = plt.subplots(figsize=(max(6.0, 0.28 * len(bars.labels) + 2), 4.5))
+    axis.bar([p - 0.2 for p in positions], bars.measured_ms, width=0.4, label="measured")
+    axis.bar([p + 0.2 for p in positions], bars.predicted_ms, width=0.4, label="predicted")
+    axis.set_ylabel("ms per call" if bars.per_call else "ms per step (calls summed)")
+    axis.set_xticks(list(positions), bars.labels, rotation=90, fontsize=7)
     errors = axis.twinx()
-    errors.plot(list(positions), [100 * k.relative_error for k in kernels], "k.", label="relative error")
+    errors.plot(list(positions), [100 * error for error in bars.relative_errors], "k.", label="relative error")
     errors.axhline(0.0, color="grey", linewidth=0.5)
     errors.set_ylabel("relative error (%)")
     total = next(s for s in validation.stages if s.name == stage)
