@@ -37,7 +37,7 @@ from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted
 from pydtnn_lite.perfmodel.modelling.outside_kernels import AffineCost
 from pydtnn_lite.perfmodel.modelling.prediction import PredictedKernel, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.modelling.processors import Processor
-from pydtnn_lite.perfmodel.modelling.report import MAX_PLOTTED_CALLS, stage_bars
+from pydtnn_lite.perfmodel.modelling.report import MAX_BARS, StageBars, stage_bars
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline, gemm_intensity
 from pydtnn_lite.perfmodel.modelling.synchronization import expected_maximum, fit_sync_wait
 from pydtnn_lite.perfmodel.modelling.trace_validation import processor_warnings
@@ -773,24 +773,31 @@ def test_validate_a_short_traced_run_end_to_end(traced_run, tmp_path):
     assert missing.returncode == 2 and "is not a trace directory" in missing.stderr
 
 
-def test_a_stage_of_many_calls_is_plotted_kernel_by_kernel_with_their_totals():
-    def calls(count: int) -> list[KernelComparison]:
-        return [KernelComparison(i, f"conv{i}", "BP", kernel, 0, measured, predicted, 0.0)
-                for i in range(count) for kernel, measured, predicted in
-                (("gemm", 2e-3, 3e-3), ("col2im", 1e-3, 1e-3), ("bias_grad", 1e-5, 2e-5))]
-    few = Validation(calls(3), [], Comparison("step", 1.0, 1.0), 0)
-    bars = stage_bars(few, "BP")
-    assert bars.per_call and bars.labels[:2] == ["conv0 gemm", "conv0 col2im"] and len(bars.labels) == 9
-    assert bars.measured_ms[:3] == pytest.approx([2.0, 1.0, 0.01]) and bars.relative_errors[0] == pytest.approx(0.5)
-    layers = MAX_PLOTTED_CALLS // 3 + 1  # one call too many for a bar pair each
-    many = Validation(calls(layers), [], Comparison("step", 1.0, 1.0), 0)
-    bars = stage_bars(many, "BP")
-    assert not bars.per_call  # by kernel, the largest measured first
-    assert bars.labels == [f"gemm ({layers} calls)", f"col2im ({layers} calls)", f"bias_grad ({layers} calls)"]
-    assert bars.measured_ms == pytest.approx([2.0 * layers, 1.0 * layers, 0.01 * layers])
-    assert bars.predicted_ms == pytest.approx([3.0 * layers, 1.0 * layers, 0.02 * layers])
-    assert bars.relative_errors == pytest.approx([0.5, 0.0, 1.0])
-    assert stage_bars(many, "FP").labels == []
+def test_a_stage_of_many_calls_is_plotted_by_layer_or_by_kernel_with_their_totals():
+    def calls(layers: int, products: int = 1) -> list[KernelComparison]:
+        return [KernelComparison(i, f"conv{i}", "BP", kernel, occurrence, measured, predicted, 0.0)
+                for i in range(layers) for kernel, count, measured, predicted in
+                (("gemm", products, 2e-3, 3e-3), ("col2im", 1, 1e-3, 1e-3)) for occurrence in range(count)]
+
+    def bars(kernels: list[KernelComparison], stage: str = "BP") -> StageBars:
+        return stage_bars(Validation(kernels, [], Comparison("step", 1.0, 1.0), 0), stage)
+    few = bars(calls(3, products=2))  # a bar pair a call, in execution order
+    assert few.grouping == "call" and [b.name for b in few.bars[:3]] == ["conv0 gemm", "conv0 gemm#1", "conv0 col2im"]
+    assert few.bars[0].measured == 2e-3 and few.bars[0].relative_error == pytest.approx(0.5) and len(few.bars) == 9
+    products = MAX_BARS  # each layer's products summed: Winograd's 36 a layer
+    by_layer = bars(calls(2, products))
+    assert by_layer.grouping == "layer"
+    assert [b.name for b in by_layer.bars] == [f"conv0 gemm ({products} calls)", "conv0 col2im",
+                                               f"conv1 gemm ({products} calls)", "conv1 col2im"]
+    assert [b.measured for b in by_layer.bars] == pytest.approx([2e-3 * products, 1e-3] * 2)
+    assert [b.relative_error for b in by_layer.bars] == pytest.approx([0.5, 0.0] * 2)
+    layers = MAX_BARS // 2 + 1  # one pair a layer and kernel too many: each kernel's calls, the longest first
+    by_kernel = bars(calls(layers)[::-1])
+    assert by_kernel.grouping == "kernel"
+    assert [b.name for b in by_kernel.bars] == [f"gemm ({layers} calls)", f"col2im ({layers} calls)"]
+    assert [b.measured for b in by_kernel.bars] == pytest.approx([2e-3 * layers, 1e-3 * layers])
+    assert [b.predicted for b in by_kernel.bars] == pytest.approx([3e-3 * layers, 1e-3 * layers])
+    assert bars(calls(layers), "FP").bars == []
 
 
 def test_validate_prints_its_figures_as_one_json_object(traced_run, tmp_path):

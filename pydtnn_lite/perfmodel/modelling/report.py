@@ -9,12 +9,13 @@ import io
 import math
 import os
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.drift import Drift
-from pydtnn_lite.perfmodel.modelling.validation import Comparison, Validation
+from pydtnn_lite.perfmodel.modelling.validation import Comparison, KernelComparison, Validation
 from pydtnn_lite.textable import format_table
 
 KERNELS_FILE, REPORT_FILE = "validation.csv", "report.html"
@@ -42,43 +43,49 @@ def write_kernels_csv(path: str, validation: Validation) -> None:
                              k.relative_error, k.wre])
 
 
-# A stage of more calls than this is plotted by kernel (DenseNet121's backward makes about
-# 1800 calls: a bar pair each drew a figure 500 inches wide, in 20 s).
-MAX_PLOTTED_CALLS = 120
+# The most bar pairs a stage's plot draws: beyond, a layer's calls of a kernel are summed into
+# one pair, and beyond that a kernel's calls (each call of DenseNet121's backward drew a figure
+# 500 inches wide, in 20 s).
+MAX_BARS = 120
 
 
 @dataclass(frozen=True)
 class StageBars:
-    """What a stage's plot shows: a bar pair per label, measured and predicted milliseconds,
-    each call of the stage in execution order or, past :data:`MAX_PLOTTED_CALLS`, each
-    kernel's calls summed (``per_call`` false), in order of their measured time."""
+    """What a stage's plot shows: a bar pair per comparison, in execution order, of each call
+    of the stage; or where they are more than :data:`MAX_BARS`, of each layer's calls of a
+    kernel summed (``grouping`` "layer": Winograd's 36 products of a layer in one pair); or
+    where those are too, of each kernel's calls summed, the longest measured first
+    (``grouping`` "kernel")."""
 
-    labels: list[str]
-    measured_ms: list[float]
-    predicted_ms: list[float]
-    per_call: bool
-
-    @property
-    def relative_errors(self) -> list[float]:
-        return [(p - m) / m if m > 0 else math.nan for m, p in zip(self.measured_ms, self.predicted_ms, strict=True)]
+    bars: list[Comparison]
+    grouping: str  # "call", "layer" or "kernel"
 
 
 def stage_bars(validation: Validation, stage: str) -> StageBars:
     """The bars of ``stage``'s plot (:class:`StageBars`)."""
     kernels = [k for k in validation.kernels if k.stage == stage]
-    if len(kernels) <= MAX_PLOTTED_CALLS:
-        return StageBars([f"{k.layer_name or k.layer} {k.kernel}" + (f"#{k.occurrence}" if k.occurrence else "")
-                          for k in kernels],
-                         [k.measured * 1e3 for k in kernels], [k.predicted * 1e3 for k in kernels], True)
+    if len(kernels) <= MAX_BARS:
+        labels = [f"{k.layer_name or k.layer} {k.kernel}" + (f"#{k.occurrence}" if k.occurrence else "")
+                  for k in kernels]
+        return StageBars([Comparison(label, k.measured, k.predicted) for label, k in zip(labels, kernels, strict=True)],
+                         "call")
+    by_layer = _summed(kernels, lambda k: f"{k.layer_name or k.layer} {k.kernel}")
+    if len(by_layer) <= MAX_BARS:
+        return StageBars(by_layer, "layer")
+    return StageBars(sorted(_summed(kernels, lambda k: k.kernel), key=lambda bar: -bar.measured), "kernel")
+
+
+def _summed(kernels: list[KernelComparison], group: Callable[[KernelComparison], str]) -> list[Comparison]:
+    """The calls' measured and predicted times summed by ``group``, in the order of each
+    group's first call, named with their count where it is more than one."""
     measured: defaultdict[str, float] = defaultdict(float)
     predicted: defaultdict[str, float] = defaultdict(float)
     for k in kernels:
-        measured[k.kernel] += k.measured * 1e3
-        predicted[k.kernel] += k.predicted * 1e3
-    calls = Counter(k.kernel for k in kernels)
-    order = sorted(measured, key=lambda kernel: -measured[kernel])
-    return StageBars([f"{kernel} ({calls[kernel]} calls)" for kernel in order], [measured[k] for k in order],
-                     [predicted[k] for k in order], False)
+        measured[group(k)] += k.measured
+        predicted[group(k)] += k.predicted
+    calls = Counter(group(k) for k in kernels)
+    return [Comparison(name + (f" ({calls[name]} calls)" if calls[name] > 1 else ""), measured[name],
+                       predicted[name]) for name in measured]
 
 
 def stage_plot(validation: Validation, stage: str) -> bytes:
@@ -89,15 +96,15 @@ def stage_plot(validation: Validation, stage: str) -> bytes:
         import matplotlib.pyplot as plt
     except ImportError:
         raise UserError("the plots need matplotlib: pip install 'pydtnn_lite[plot]'") from None
-    bars = stage_bars(validation, stage)
-    positions = range(len(bars.labels))
-    figure, axis = plt.subplots(figsize=(max(6.0, 0.28 * len(bars.labels) + 2), 4.5))
-    axis.bar([p - 0.2 for p in positions], bars.measured_ms, width=0.4, label="measured")
-    axis.bar([p + 0.2 for p in positions], bars.predicted_ms, width=0.4, label="predicted")
-    axis.set_ylabel("ms per call" if bars.per_call else "ms per step (calls summed)")
-    axis.set_xticks(list(positions), bars.labels, rotation=90, fontsize=7)
+    plotted = stage_bars(validation, stage)
+    bars, positions = plotted.bars, range(len(plotted.bars))
+    figure, axis = plt.subplots(figsize=(max(6.0, 0.28 * len(bars) + 2), 4.5))
+    axis.bar([p - 0.2 for p in positions], [b.measured * 1e3 for b in bars], width=0.4, label="measured")
+    axis.bar([p + 0.2 for p in positions], [b.predicted * 1e3 for b in bars], width=0.4, label="predicted")
+    axis.set_ylabel("ms per call" if plotted.grouping == "call" else "ms per step (calls summed)")
+    axis.set_xticks(list(positions), [b.name for b in bars], rotation=90, fontsize=7)
     errors = axis.twinx()
-    errors.plot(list(positions), [100 * error for error in bars.relative_errors], "k.", label="relative error")
+    errors.plot(list(positions), [100 * b.relative_error for b in bars], "k.", label="relative error")
     errors.axhline(0.0, color="grey", linewidth=0.5)
     errors.set_ylabel("relative error (%)")
     total = next(s for s in validation.stages if s.name == stage)
