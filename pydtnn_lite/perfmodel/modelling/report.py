@@ -78,12 +78,13 @@ def stage_bars(validation: Validation, stage: str) -> StageBars:
 def _summed(kernels: list[KernelComparison], group: Callable[[KernelComparison], str]) -> list[Comparison]:
     """The calls' measured and predicted times summed by ``group``, in the order of each
     group's first call, named with their count where it is more than one."""
+    names = [group(k) for k in kernels]
     measured: defaultdict[str, float] = defaultdict(float)
     predicted: defaultdict[str, float] = defaultdict(float)
-    for k in kernels:
-        measured[group(k)] += k.measured
-        predicted[group(k)] += k.predicted
-    calls = Counter(group(k) for k in kernels)
+    for name, k in zip(names, kernels, strict=True):
+        measured[name] += k.measured
+        predicted[name] += k.predicted
+    calls = Counter(names)
     return [Comparison(name + (f" ({calls[name]} calls)" if calls[name] > 1 else ""), measured[name],
                        predicted[name]) for name in measured]
 
