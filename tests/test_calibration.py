@@ -495,6 +495,10 @@ def test_calibrations_of_other_machines_or_networks_do_not_merge(tiny):
              for unit in ("AVX2", "AVX-512")]
     with pytest.raises(ValueError, match="differ in vector_unit"):
         merge_calibrations(units)
+    caches = [dataclasses.replace(calibration, machine={**calibration.machine, "cpu_cache_bytes": size << 20})
+              for size in (260, 300)]
+    with pytest.raises(ValueError, match="differ in last-level cache"):
+        merge_calibrations(caches)
     with pytest.raises(ValueError, match="sampled different networks whole"):
         merge_calibrations([calibration, dataclasses.replace(calibration, settings={"jobs": ["lenet:8:synthetic"]})])
     with pytest.raises(ValueError, match="at least two"):

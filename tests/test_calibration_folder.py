@@ -82,6 +82,28 @@ def test_a_processor_is_its_name_and_its_widest_vector_unit():
     assert not XEON.same_as(EPYC)
 
 
+def test_one_name_and_vector_unit_with_another_last_level_cache_is_another_processor(tmp_path):
+    # A virtual machine's "Intel(R) Xeon(R) Processor" with AVX-512: models with 260 and 300 MiB.
+    small, large = (Processor("Intel Xeon", "AVX-512", size << 20) for size in (260, 300))
+    assert not small.same_as(large) and small.same_vector_unit(large)
+    assert small.same_as(Processor("Intel Xeon", "AVX-512"))  # a record that names no cache matches either
+    assert Processor.of(large.record()) == large
+    assert str(large) == "Intel Xeon, AVX-512, 300 MiB of last-level cache"
+    # Calibrations written before the processor's cache was recorded name it as their CPU machine's.
+    assert Processor.of({"cpu_model": "Intel Xeon", "last_level_cache_bytes": 300 << 20}).cache_bytes == 300 << 20
+    assert Processor.of({"cpu_model": "Intel Xeon", "device": "gpu", "last_level_cache_bytes": 50 << 20}
+                        ).cache_bytes == 0  # a GPU's cache, not the processor's
+    older = header(tmp_path, "a.json", "Intel Xeon", "2026-11-28T00:00:00+00:00", vector_unit="AVX-512",
+                   last_level_cache_bytes=260 << 20)
+    newer = header(tmp_path, "b.json", "Intel Xeon", "2026-12-02T00:00:00+00:00", vector_unit="AVX-512",
+                   cpu_cache_bytes=300 << 20)
+    header(tmp_path, "c.json", "Intel Xeon", "2026-12-03T00:00:00+00:00", vector_unit="AVX2")
+    assert calibration_file(str(tmp_path), small) == older
+    assert calibration_file(str(tmp_path), large) == newer
+    # A cache no file has: the newest of the name and vector unit, before a newer one of another unit.
+    assert calibration_file(str(tmp_path), Processor("Intel Xeon", "AVX-512", 320 << 20)) == newer
+
+
 def test_a_run_takes_the_file_of_its_vector_unit_before_a_newer_one_of_its_name(tmp_path):
     avx2 = header(tmp_path, "a.json", "AMD EPYC", "2026-11-01T00:00:00+00:00", vector_unit="AVX2")
     avx512 = header(tmp_path, "b.json", "AMD EPYC", "2026-11-28T00:00:00+00:00", blas=[{"architecture": "SkylakeX"}])

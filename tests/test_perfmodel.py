@@ -714,7 +714,7 @@ def calibration_folder(folder) -> str:
     folder.mkdir()
     for name, processor, date in (("here", this_processor(), "2026-01-01T00:00:00+00:00"),
                                   ("elsewhere", Processor("Another CPU"), "2026-12-31T00:00:00+00:00")):
-        document["machine"].update(cpu_model=processor.name, vector_unit=processor.vector_unit, date=date)
+        document["machine"].update(**processor.record(), date=date)
         (folder / f"{name}.json").write_text(json.dumps(document), encoding="utf-8")
     return str(folder)
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pydtnn_lite.backend import Backend
+from pydtnn_lite.backend import Backend, host_last_level_cache_bytes
 from pydtnn_lite.perfmodel.modelling.processors import Processor
 from pydtnn_lite.runtime import usable_cores
 
@@ -52,7 +52,7 @@ def vector_unit(cpuinfo: str | None = None) -> str:
 
 def this_processor() -> Processor:
     """The processor this process runs on."""
-    return Processor(cpu_model(), vector_unit())
+    return Processor(cpu_model(), vector_unit(), host_last_level_cache_bytes())
 
 
 def blas_info() -> list[dict]:

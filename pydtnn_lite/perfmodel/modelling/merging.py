@@ -45,8 +45,10 @@ def merge_calibrations(calibrations: Sequence[Calibration]) -> Calibration:
     first = calibrations[0]
     for other in calibrations[1:]:
         differing = [key for key in SAME_MACHINE if first.machine.get(key) != other.machine.get(key)]
-        if "cpu_model" not in differing and not Processor.of(first.machine).same_as(Processor.of(other.machine)):
-            differing.append("vector_unit")
+        if "cpu_model" not in differing:
+            ours, theirs = Processor.of(first.machine), Processor.of(other.machine)
+            differing += (["vector_unit"] if not ours.same_vector_unit(theirs)
+                          else ["last-level cache"] if not ours.same_as(theirs) else [])
         if differing:
             raise ValueError(f"the calibrations differ in {', '.join(differing)}: merge calibrations of one machine "
                              "placed one way")

@@ -1,10 +1,14 @@
-"""Which processor a calibration or a traced run measured: its name and its widest vector unit.
+"""Which processor a calibration or a traced run measured: its name, its widest vector unit, its last cache.
 
 A name alone does not tell two processors apart: a virtual machine reports "AMD EPYC"
 for generations with and without AVX-512, and OpenBLAS then runs other GEMM kernels
 (SkylakeX against Haswell) at other speeds (on this project's development machine VGG11's
-first GEMM took 2.6x as long on the one as on the other). Records written before the
-vector unit was recorded name it through the BLAS kernels they list, where they do.
+first GEMM took 2.6x as long on the one as on the other). Nor does a vector unit: it
+reports "Intel(R) Xeon(R) Processor" with AVX-512 for models of one generation with 260
+and with 300 MiB of last-level cache, whose calibrations timed one-thread GEMMs on every
+core at once at 146 and at 95 GFLOP/s (2026-11-28, 2026-12-02). Records written before the vector unit was recorded name
+it through the BLAS kernels they list, and before the processor's cache was recorded, a
+calibration names it as its CPU machine's last-level cache.
 """
 from __future__ import annotations
 
@@ -19,32 +23,44 @@ OPENBLAS_VECTOR_UNITS = {"skylakex": "AVX-512", "cooperlake": "AVX-512", "sapphi
 
 @dataclass(frozen=True)
 class Processor:
-    """A processor's ``name`` (/proc/cpuinfo's model name) and ``vector_unit`` ('AVX-512',
-    'AVX2', ...; '' where its record does not say)."""
+    """A processor's ``name`` (/proc/cpuinfo's model name), ``vector_unit`` ('AVX-512',
+    'AVX2', ...) and ``cache_bytes``, its last-level cache ('' and 0 where its record does
+    not say)."""
 
     name: str
     vector_unit: str = ""
+    cache_bytes: int = 0
 
     @classmethod
     def of(cls, record: Mapping) -> Processor:
         """The processor of a calibration's machine record or a trace's meta: its
-        ``cpu_model`` and ``vector_unit``, or the vector unit of the BLAS kernels it lists."""
+        ``cpu_model``, ``vector_unit`` (or that of the BLAS kernels it lists) and
+        ``cpu_cache_bytes`` (or a CPU calibration's ``last_level_cache_bytes``)."""
         unit = str(record.get("vector_unit") or "")
         if not unit:
             units = {OPENBLAS_VECTOR_UNITS.get(str(library.get("architecture", "")).lower(), "")
                      for library in record.get("blas") or [] if isinstance(library, Mapping)}
             unit = units.pop() if len(units) == 1 else ""
-        return cls(str(record.get("cpu_model") or ""), unit)
+        cache = record.get("cpu_cache_bytes")
+        if cache is None and record.get("device", "cpu") == "cpu":
+            cache = record.get("last_level_cache_bytes")
+        return cls(str(record.get("cpu_model") or ""), unit, int(cache or 0))
 
-    def record(self) -> dict[str, str]:
+    def record(self) -> dict[str, str | int]:
         """The entries that name it in a machine record or a trace's meta, as :meth:`of` reads them."""
-        return {"cpu_model": self.name, "vector_unit": self.vector_unit}
+        return {"cpu_model": self.name, "vector_unit": self.vector_unit, "cpu_cache_bytes": self.cache_bytes}
 
-    def same_as(self, other: Processor) -> bool:
-        """Whether the two are one kind of processor: the same name, and the same vector unit
-        where both records name one."""
+    def same_vector_unit(self, other: Processor) -> bool:
+        """Whether the two have the same name, and the same vector unit where both records name one."""
         return self.name == other.name and (self.vector_unit == other.vector_unit
                                             or not self.vector_unit or not other.vector_unit)
 
+    def same_as(self, other: Processor) -> bool:
+        """Whether the two are one kind of processor: :meth:`same_vector_unit`, and the same
+        last-level cache where both records name one."""
+        return self.same_vector_unit(other) and (self.cache_bytes == other.cache_bytes
+                                                 or not self.cache_bytes or not other.cache_bytes)
+
     def __str__(self) -> str:
-        return f"{self.name}, {self.vector_unit}" if self.vector_unit else self.name
+        cache = f"{self.cache_bytes / 2 ** 20:g} MiB of last-level cache" if self.cache_bytes else ""
+        return ", ".join(part for part in (self.name, self.vector_unit, cache) if part)
