@@ -270,6 +270,18 @@ def test_allreduce_benchmark_prints_both_models_on_two_ranks():
         assert result.stdout.count(line) == 1, result.stdout  # rank 0 alone prints
 
 
+def test_cache_residency_prints_both_kernels_warm_and_evicted_on_two_ranks():
+    result = run(2, [os.path.join(BENCHMARKS, "cache_residency.py"), "--mib", "1", "2", "--calls", "2",
+                     "--rounds", "1"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = re.findall(r"^(allreduce|sgd_update) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)$", result.stdout, re.MULTILINE)
+    assert [(kernel, mib) for kernel, mib, *_ in rows] == [("allreduce", "1"), ("sgd_update", "1"),
+                                                           ("allreduce", "2"), ("sgd_update", "2")], result.stdout
+    for _, _, warm, evicted, ratio in rows:  # rank 0 alone prints; the ratio is of the two times it prints
+        assert float(warm) > 0 and float(evicted) > 0
+        assert float(ratio) == pytest.approx(float(warm) / float(evicted), rel=0.02, abs=0.01)
+
+
 def test_device_allreduce_checks_the_sums_and_skips_strategies_the_ranks_cannot_run():
     result = run(2, [os.path.join(BENCHMARKS, "device_allreduce.py"), "--device", "cpu", "--mib", "0.0625", "1",
                      "--repeats", "1", "--strategies", "mpi", "nccl"])
