@@ -181,8 +181,8 @@ def cache_size_bytes(text: str) -> int | None:
 
 
 def host_last_level_cache_bytes() -> int:
-    """The largest CPU cache: :data:`CACHE_VARIABLE` where it is set, else from Linux sysfs;
-    32 MiB where neither tells."""
+    """The largest CPU cache to evict: :data:`CACHE_VARIABLE` where it is set, else
+    :func:`sysfs_last_level_cache_bytes`; 32 MiB where neither tells."""
     stated = os.environ.get(CACHE_VARIABLE)
     if stated is not None:
         size = cache_size_bytes(stated)
@@ -190,6 +190,12 @@ def host_last_level_cache_bytes() -> int:
             raise UserError(f"{CACHE_VARIABLE}={stated!r} is not a cache size: give bytes, or a number with K, M "
                             "or G (32M)")
         return size
+    return sysfs_last_level_cache_bytes() or DEFAULT_LAST_LEVEL_CACHE
+
+
+def sysfs_last_level_cache_bytes() -> int | None:
+    """The largest CPU cache that Linux sysfs names (None where it names none): the
+    processor's own, whatever :data:`CACHE_VARIABLE` states to evict."""
     sizes = []
     for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
         try:
@@ -199,7 +205,7 @@ def host_last_level_cache_bytes() -> int:
             continue
         if size is not None:
             sizes.append(size)
-    return max(sizes, default=DEFAULT_LAST_LEVEL_CACHE)
+    return max(sizes, default=None)
 
 
 @functools.cache

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
+from pydtnn_lite.backend import CACHE_VARIABLE, host_last_level_cache_bytes, sysfs_last_level_cache_bytes
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.measuring.host import vector_unit
+from pydtnn_lite.perfmodel.measuring.host import this_processor, vector_unit
 from pydtnn_lite.perfmodel.modelling.calibration import FORMAT, VERSION
 from pydtnn_lite.perfmodel.modelling.calibration_folder import calibration_file
 from pydtnn_lite.perfmodel.modelling.processors import Processor
@@ -102,6 +103,12 @@ def test_one_name_and_vector_unit_with_another_last_level_cache_is_another_proce
     assert calibration_file(str(tmp_path), large) == newer
     # A cache no file has: the newest of the name and vector unit, before a newer one of another unit.
     assert calibration_file(str(tmp_path), Processor("Intel Xeon", "AVX-512", 320 << 20)) == newer
+
+
+def test_the_processor_s_cache_is_the_one_the_system_names_not_the_one_stated_to_evict(monkeypatch):
+    monkeypatch.setenv(CACHE_VARIABLE, "4M")
+    assert host_last_level_cache_bytes() == 4 << 20
+    assert this_processor().cache_bytes == (sysfs_last_level_cache_bytes() or 0)
 
 
 def test_a_run_takes_the_file_of_its_vector_unit_before_a_newer_one_of_its_name(tmp_path):

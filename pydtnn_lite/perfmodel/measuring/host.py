@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pydtnn_lite.backend import Backend, host_last_level_cache_bytes
+from pydtnn_lite.backend import Backend, sysfs_last_level_cache_bytes
 from pydtnn_lite.perfmodel.modelling.processors import Processor
 from pydtnn_lite.runtime import usable_cores
 
@@ -51,8 +51,8 @@ def vector_unit(cpuinfo: str | None = None) -> str:
 
 
 def this_processor() -> Processor:
-    """The processor this process runs on."""
-    return Processor(cpu_model(), vector_unit(), host_last_level_cache_bytes())
+    """The processor this process runs on, its cache as sysfs names it (0 where it does not)."""
+    return Processor(cpu_model(), vector_unit(), sysfs_last_level_cache_bytes() or 0)
 
 
 def blas_info() -> list[dict]:

@@ -4,11 +4,11 @@ A name alone does not tell two processors apart: a virtual machine reports "AMD 
 for generations with and without AVX-512, and OpenBLAS then runs other GEMM kernels
 (SkylakeX against Haswell) at other speeds (on this project's development machine VGG11's
 first GEMM took 2.6x as long on the one as on the other). Nor does a vector unit: it
-reports "Intel(R) Xeon(R) Processor" with AVX-512 for models of one generation with 260
-and with 300 MiB of last-level cache, whose calibrations timed one-thread GEMMs on every
-core at once at 146 and at 95 GFLOP/s (2026-11-28, 2026-12-02). Records written before the vector unit was recorded name
-it through the BLAS kernels they list, and before the processor's cache was recorded, a
-calibration names it as its CPU machine's last-level cache.
+reports "Intel(R) Xeon(R) Processor" with AVX-512 for machines with 260 and with 300 MiB
+of last-level cache, whose calibrations timed one-thread GEMMs on every core at once at
+146 and at 95 GFLOP/s (2026-11-28, 2026-12-02). Records written before the vector unit
+was recorded name it through the BLAS kernels they list, and before the processor's cache
+was, a calibration names it by its CPU machine's last-level cache.
 """
 from __future__ import annotations
 
