@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -30,6 +29,8 @@ from pydtnn_lite.backend import make_backend
 from pydtnn_lite.kernels import cpu
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
 from pydtnn_lite.textable import format_table
+
+from common import timed
 
 WORLD = MPI.COMM_WORLD
 MODES = ("warm", "evicted")
@@ -41,9 +42,7 @@ def timed_calls(run: Callable[[], None], prepare: Callable[[], None], calls: int
     for _ in range(calls):
         prepare()
         WORLD.Barrier()
-        started = time.perf_counter()
-        run()
-        seconds.append(time.perf_counter() - started)
+        seconds.append(timed(run))
     return seconds
 
 
@@ -68,6 +67,8 @@ def measure(count: int, evict: CacheEvictor, calls: int, rounds: int) -> dict[tu
     reduce()
     update()  # compiles the update's loop
     seconds: dict[tuple[str, str], list[float]] = {}
+    # Each mode's calls run in a block, not rotated call by call as common.interleave does:
+    # a warm update right after an evicted call would find its weights and momentum evicted.
     for _ in range(rounds):
         for mode, prepare in zip(MODES, (written, evicted), strict=True):
             for kernel, run in (("allreduce", reduce), ("sgd_update", update)):

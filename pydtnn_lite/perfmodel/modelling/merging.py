@@ -47,8 +47,10 @@ def merge_calibrations(calibrations: Sequence[Calibration]) -> Calibration:
         differing = [key for key in SAME_MACHINE if first.machine.get(key) != other.machine.get(key)]
         if "cpu_model" not in differing:
             ours, theirs = Processor.of(first.machine), Processor.of(other.machine)
-            differing += (["vector_unit"] if not ours.same_vector_unit(theirs)
-                          else ["last-level cache"] if not ours.same_as(theirs) else [])
+            if not ours.same_vector_unit(theirs):
+                differing.append("vector_unit")
+            elif not ours.same_as(theirs):
+                differing.append("last-level cache")
         if differing:
             raise ValueError(f"the calibrations differ in {', '.join(differing)}: merge calibrations of one machine "
                              "placed one way")
