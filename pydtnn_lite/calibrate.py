@@ -29,6 +29,7 @@ from pydtnn_lite.comm.nodes import emulated_link_gbit
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.paths import check_writable_file
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
+from pydtnn_lite.perfmodel.measuring.cache_residency import QUICK_SIZES as QUICK_RESIDENCY_SIZES
 from pydtnn_lite.perfmodel.measuring.calibrate import (
     CalibrationSettings,
     calibrate,
@@ -109,8 +110,8 @@ def settings_from(args: argparse.Namespace) -> CalibrationSettings:
     jobs = tuple(args.models)
     job_probes(jobs)  # refuses an unknown model or data set before anything is measured
     if args.quick:
-        return CalibrationSettings(tuple(args.batch_sizes), repeats, 0.0, QUICK, QUICK_SIZES, 1, args.seed, False,
-                                   jobs, read_ahead_rounds=2, read_ahead_steps=10, kernel_probes=2,
+        return CalibrationSettings(tuple(args.batch_sizes), repeats, 0.0, QUICK, QUICK_SIZES, QUICK_RESIDENCY_SIZES,
+                                   1, args.seed, False, jobs, read_ahead_rounds=2, read_ahead_steps=10, kernel_probes=2,
                                    job_rounds=args.model_rounds or 1, fit=not args.fit_later)
     # GPU ranks do not share cores: their job's Allreduce is the one to time (on a 16-core GPU
     # machine the child jobs of 2 to 64 ranks outlasted four minutes of its time).
@@ -225,7 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = (lambda line: print(line, flush=True)) if comm.rank == 0 else (lambda line: None)
     calibration: Calibration | None
     if args.allreduce_only and previous is not None:
-        calibration = remeasure_allreduce(previous, comm, settings.allreduce_sizes, settings.beyond_job)
+        calibration = remeasure_allreduce(previous, comm, settings.allreduce_sizes, settings.beyond_job,
+                                          settings.residency_sizes)
     elif previous is not None:
         previous.kernel_models = fit_models(previous.kernel_samples, comm, args.seed, threads)
         previous.sync_wait = fit_sync_wait(previous.sync_samples, previous.allreduce_ranks)

@@ -19,6 +19,7 @@ from pydtnn_lite.errors import UserError
 from pydtnn_lite.models import create_model
 from pydtnn_lite.optim import SGD, Adam
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
+from pydtnn_lite.perfmodel.measuring.cache_residency import QUICK_SIZES as QUICK_RESIDENCY_SIZES
 from pydtnn_lite.perfmodel.measuring.calibrate import CalibrationSettings, calibrate, in_rounds
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
 from pydtnn_lite.perfmodel.measuring.machine_state import ALLREDUCE_BYTES
@@ -583,6 +584,13 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert state.allreduce_seconds is not None and state.allreduce_seconds > 0
     assert [(p, n) for p, n, _ in calibration.allreduce_samples] == [(2, float(n)) for n in QUICK_SIZES]
     assert all(seconds > 0 for _, _, seconds in calibration.allreduce_samples)
+    # The Allreduce and both updates timed in the cache and after an eviction, on the job's ranks.
+    residency = calibration.cache_residency
+    assert residency is not None and (residency.ranks, residency.sizes) == (2, QUICK_RESIDENCY_SIZES)
+    assert set(residency.resident) == set(residency.evicted) == {ALLREDUCE, "sgd_update", "adam_update"}
+    assert all(seconds > 0 for record in (residency.resident, residency.evicted)
+               for times in record.values() for seconds in times)
+    assert "cache: resident over evicted" in result.stdout
     # One (work, wait) sample per probe, the waits at the ranks' barrier fitted as a power law.
     assert len(calibration.sync_samples) == len(calibration_grid((4, 8), QUICK)) + 2  # and the MLP's two rounds
     # The time outside the kernels likewise, but the MLP's rounds as one sample, the last (their median).
@@ -629,6 +637,7 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert again.settings["allreduce_remeasured"]["seconds"] > 0
     assert again.machine_state is not None and again.machine_state.gemm_flops == state.gemm_flops  # kernels' state kept
     assert again.machine_state.allreduce_seconds is not None and again.machine_state.allreduce_seconds > 0
+    assert again.cache_residency is not None and again.cache_residency.sizes == QUICK_RESIDENCY_SIZES  # timed again
     unknown = calibrate_cli("--quick", "--models", "vgg12:4", "--out", str(tmp_path / "never.json"))
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1 and "unknown model 'vgg12'" in unknown.stderr
     assert not (tmp_path / "never.json").exists()

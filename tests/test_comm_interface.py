@@ -131,6 +131,9 @@ class Machine:
     def data_load_seconds(self, dataset: str, samples: int) -> float:
         return 0.0
 
+    def cache_factor(self, kernel: str, nbytes: float, moved: float) -> float:
+        return 1.0
+
     transfer_cost = NO_TRANSFER_COST
 
 

@@ -10,6 +10,7 @@ import pytest
 from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.costs import DATA_LOAD, KernelCost, Stage
 from pydtnn_lite.perfmodel.measuring.machine_state import StateWatch, cores_of, median_and_spread
+from pydtnn_lite.perfmodel.modelling.cache_residency import CacheResidency
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.drift import (
     CoreRates,
@@ -110,7 +111,7 @@ def test_only_allreduce_times_measured_at_the_run_s_rank_count_carry_its_probe_o
     two = [(2, n, 20e-6 + n * 1e-9) for n in sizes]
     placed = {"ranks": 2, "usable_cores": 2, "blas_threads": 1}
     calibration = Calibration(machine=placed, peak_flops=1e11, memory_bandwidth=1e10, kernel_models={},
-                              allreduce_samples=two, machine_state=THEN)
+                              allreduce_samples=two, machine_state=THEN, cache_residency=CacheResidency(2, ()))
     now = MachineState(90e9, 20e9, 8, 1 << 20, 12 * 300e-6)
     eight_sharing = Placement(8, 8, 2)
 

@@ -15,7 +15,7 @@ import pytest
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm.gradients import MIB
-from pydtnn_lite.costs import KernelCost
+from pydtnn_lite.costs import ALLREDUCE, KernelCost
 from pydtnn_lite.layers import BatchNorm, Conv2D, Dense, Flatten, GlobalAvgPool2D
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD
@@ -43,6 +43,7 @@ from pydtnn_lite.perfmodel.modelling.synchronization import expected_maximum, fi
 from pydtnn_lite.perfmodel.modelling.trace_validation import processor_warnings
 from pydtnn_lite.perfmodel.modelling.validation import Comparison, KernelComparison, Validation, typical, validate
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
+from pydtnn_lite.step_costs import step_costs
 from pydtnn_lite.tracing import load_trace
 from pydtnn_lite.tracing.records import KernelRecord, StepRecord
 
@@ -218,20 +219,23 @@ class ConstantMachine:
     only inside an MPI call (``starts_inside_calls``) and the CPU seconds per byte of a
     bucket moved in the tests (``transfer``, ``in_tests`` of it inside them), the bytes that
     move between two tests (``window``), the seconds of posting a bucket (``post``) and of
-    starting its later collectives (``start``; hand-checkable steps). Its channel is flat
-    (no pipeline whose blocking calls carry only the started buckets)."""
+    starting its later collectives (``start``; hand-checkable steps), and the factor
+    ``in_cache`` of a call whose data a rank moved at most ``cache`` bytes past. Its channel
+    is flat (no pipeline whose blocking calls carry only the started buckets)."""
 
     pipelines_in_tests = False
 
     def __init__(self, kernel: float, reduce: float, overlaps_communication: bool = True, wait: float = 0.0,
                  outside: float = 0.0, load: float = 0.0, background: float = 1.0,
                  during: float | None = None, starts_inside_calls: bool = False, transfer: float = 0.0,
-                 window: float = math.inf, post: float = 0.0, in_tests: float = 1.0, start: float = 0.0) -> None:
+                 window: float = math.inf, post: float = 0.0, in_tests: float = 1.0, start: float = 0.0,
+                 cache: float = 0.0, in_cache: float = 1.0) -> None:
         self.kernel, self.reduce, self.overlaps_communication = kernel, reduce, overlaps_communication
         self.starts_inside_calls, self.transfer, self.window = starts_inside_calls, transfer, window
         self.post, self.in_tests, self.start = post, in_tests, start
         self.wait, self.outside, self.load, self.background = wait, outside, load, background
         self.during = reduce if during is None else during
+        self.cache, self.in_cache = cache, in_cache
 
     def overhead_seconds(self, calls: int, network: str = "", batch: int = 0, dataset: str | None = None) -> float:
         return self.outside * calls
@@ -263,6 +267,34 @@ class ConstantMachine:
     @property
     def transfer_cost(self) -> TransferCost:
         return TransferCost(self.transfer, self.window, self.post, self.in_tests, self.start)
+
+    def cache_factor(self, kernel: str, nbytes: float, moved: float) -> float:
+        return self.in_cache if moved <= self.cache else 1.0
+
+
+def test_a_step_that_fits_in_the_cache_runs_its_bucket_reductions_and_updates_resident():
+    """MLP on 2 ranks, every kernel 1 ms, every reduction 10 ms, a resident call half its
+    time. A bucket's data was last used as backward wrote it, an update's a whole step
+    before: a cache that holds the step's bytes halves both, one a byte short of them only
+    the reductions, none holds nothing."""
+    network, optimizer = build_workload("mlp", "cifar10")
+    costs = step_costs(network, optimizer, 8)
+    step_bytes = sum(cost.bytes for _, cost in costs if cost.kernel != ALLREDUCE) + network.param_count * 4
+
+    def predicted(cache: float) -> tuple[list[float], list[float], float]:
+        machine = ConstantMachine(1e-3, 10e-3, overlaps_communication=False, cache=cache, in_cache=0.5)
+        step = predict_step(network, optimizer, 8, 2, machine)
+        updates = [k.seconds for k in step.kernels if k.kernel == optimizer.kernel]
+        return updates, step.bucket_seconds, step.step_without_overlap
+
+    evicted, evicted_buckets, evicted_step = predicted(0.0)
+    assert evicted == [1e-3] * len(network.segments) and evicted_buckets == [10e-3] * len(evicted_buckets)
+    updates, buckets, step = predicted(step_bytes)
+    assert updates == [0.5e-3] * len(network.segments) and buckets == [5e-3] * len(buckets)
+    saved = 0.5e-3 * len(updates) + 5e-3 * len(buckets)  # every bucket's reduction adds its duration here
+    assert step == pytest.approx(evicted_step - saved)
+    updates, buckets, _ = predicted(step_bytes - 1)
+    assert updates == evicted and buckets == [5e-3] * len(buckets)
 
 
 def test_prediction_adds_up_and_overlap_hides_communication_behind_backward():

@@ -27,6 +27,8 @@ from pydtnn_lite.comm.mpi import MPICommunicator
 from pydtnn_lite.comm.nodes import node_name
 from pydtnn_lite.costs import GEMM, KERNEL_REVISIONS
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, allreduce_samples
+from pydtnn_lite.perfmodel.measuring.cache_residency import SIZES as RESIDENCY_SIZES
+from pydtnn_lite.perfmodel.measuring.cache_residency import measure_cache_residency
 from pydtnn_lite.perfmodel.measuring.data_loading import (
     READ_AHEAD_DATASET,
     READ_AHEAD_ROUNDS,
@@ -48,6 +50,7 @@ from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, Probe, calibr
 from pydtnn_lite.perfmodel.measuring.process_counts import samples_beyond
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe, median_over_ranks, rounded
 from pydtnn_lite.perfmodel.measuring.thread_scaling import measure_gemm_shapes, measure_thread_scaling
+from pydtnn_lite.perfmodel.modelling.cache_residency import CacheResidency
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.drift import MachineState, mean_allreduce
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
@@ -108,6 +111,7 @@ class CalibrationSettings:
     min_seconds: float = 0.1  # ... and at least this long (small probes: more steps)
     grid: GridSize = FULL
     allreduce_sizes: tuple = FULL_SIZES
+    residency_sizes: tuple = RESIDENCY_SIZES  # gradient sizes of the Allreduce and updates timed in and out of cache
     roof_repeats: int = 3
     seed: int = 0
     beyond_job: bool = False  # also time Allreduce at the process counts above the job's, in child jobs
@@ -199,6 +203,11 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     phase_done("data", f"loading {', '.join(data_load_samples)}; a step reading ahead pays {100 * read_ahead:.0f} % "
                        "of the reading")
 
+    # Before the Allreduce samples: the child jobs that time the counts beyond the job's leave
+    # the machine busy for seconds after they end.
+    residency = (measure_cache_residency(mpi_of(comm), settings.residency_sizes)
+                 if comm.size > 1 and on_host else None)
+    phase_done("cache", _residency(residency))
     reductions, allreduce = bracketed_allreduce_samples(comm, settings.allreduce_sizes)
     state = MachineState.over(instants, allreduce, typical=True)
     reduction_cpu: list[tuple[int, int, float]] = []
@@ -240,7 +249,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                        read_ahead_samples=read_ahead_samples, read_ahead_share=read_ahead,
                        machine_state=state, network=network, cold_start_samples=cold_starts,
                        kernel_probes=[work for work in kernel_probes if work.calls], thread_scaling=scaling,
-                       kernel_revisions=dict(KERNEL_REVISIONS))
+                       kernel_revisions=dict(KERNEL_REVISIONS), cache_residency=residency)
 
 
 def in_rounds(grid: Sequence[Probe], jobs: Sequence[Probe], rounds: int) -> list[Probe]:
@@ -279,6 +288,14 @@ def _rounds_apart(jobs: Sequence[Probe], per_rank: list[dict[Probe, list[float]]
             f"over the fastest's; each call takes the median of its rounds): {', '.join(apart)}")
 
 
+def _residency(residency: CacheResidency | None) -> str:
+    if residency is None:
+        return "skipped: one rank, or not on the host"
+    ratios = {kernel: [residency.ratio(kernel, n) for n in residency.sizes] for kernel in residency.resident}
+    return (f"resident over evicted at {residency.sizes[0] / 2 ** 20:g} to {residency.sizes[-1] / 2 ** 20:g} MiB: "
+            + ", ".join(f"{kernel} x{min(r):.2f} to x{max(r):.2f}" for kernel, r in ratios.items()))
+
+
 def _levels(network: NetworkTimings | None) -> str:
     if network is None:
         return ""
@@ -313,12 +330,14 @@ def bracketed_allreduce_samples(comm: Communicator, sizes: Sequence[int]
 
 
 def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tuple = FULL_SIZES,
-                        beyond_job: bool = True) -> Calibration:
+                        beyond_job: bool = True, residency_sizes: tuple = RESIDENCY_SIZES) -> Calibration:
     """Time Allreduce of ``sizes`` again into ``calibration`` (collective; the kernel models
     and samples are kept), and with ``beyond_job`` at the process counts above the job's
-    too: the file's Allreduce samples are then this job's (:func:`check_allreduce_ranks`)."""
+    too: the file's Allreduce samples are then this job's (:func:`check_allreduce_ranks`).
+    The cache residency is timed again too, at ``residency_sizes``."""
     check_allreduce_ranks(comm.size)
     started, load_before = time.perf_counter(), os.getloadavg()
+    calibration.cache_residency = measure_cache_residency(mpi_of(comm), residency_sizes)
     samples, probes = bracketed_allreduce_samples(comm, sizes)
     beyond, cpu_samples = samples_beyond(comm, usable_cores()) if beyond_job else ([], [])
     samples += beyond

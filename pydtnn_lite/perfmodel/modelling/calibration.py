@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pydtnn_lite.costs import ALLREDUCE, FUSED_KERNELS, KERNEL_REVISIONS, TRANSFER_CPU, KernelCost, Stage
+from pydtnn_lite.perfmodel.modelling.cache_residency import CacheResidency
 from pydtnn_lite.perfmodel.modelling.drift import COMPUTE_BOUND, STREAMING, MachineState, ProbedWork
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
 from pydtnn_lite.perfmodel.modelling.outside_kernels import NO_COST, AffineCost
@@ -83,6 +84,9 @@ class Calibration:
     did not run one per core on one thread, and in older files: threads scale linearly).
     ``kernel_revisions`` are the revisions of the kernels it timed past their first
     (``costs.KERNEL_REVISIONS`` of the code that measured it; none in older files).
+    ``cache_residency`` times the Allreduce and the updates with their data in the cache
+    against after an eviction (``cache_residency.py``; None in older files and on one
+    rank: every call is predicted evicted).
     """
 
     machine: dict
@@ -109,6 +113,7 @@ class Calibration:
     cold_start_samples: dict[str, list[KernelSample]] = field(default_factory=dict)
     thread_scaling: ThreadScaling | None = None
     kernel_revisions: dict[str, int] = field(default_factory=dict)
+    cache_residency: CacheResidency | None = None
     _cold_start: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _widest: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
     _sampled: dict[str, dict[tuple, tuple[float, int]]] = field(  # by sizes: (median, count)
@@ -325,7 +330,8 @@ class Calibration:
                 "cold_start_samples": {name: sample_columns(samples)
                                        for name, samples in sorted(self.cold_start_samples.items())},
                 "thread_scaling": self.thread_scaling.to_dict() if self.thread_scaling else None,
-                "kernel_revisions": dict(sorted(self.kernel_revisions.items()))}
+                "kernel_revisions": dict(sorted(self.kernel_revisions.items())),
+                "cache_residency": self.cache_residency.to_dict() if self.cache_residency else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> Calibration:
@@ -364,7 +370,9 @@ class Calibration:
                    thread_scaling=(ThreadScaling.from_dict(data["thread_scaling"])
                                    if data.get("thread_scaling") else None),
                    kernel_revisions={name: int(revision)
-                                     for name, revision in data.get("kernel_revisions", {}).items()})
+                                     for name, revision in data.get("kernel_revisions", {}).items()},
+                   cache_residency=(CacheResidency.from_dict(data["cache_residency"])
+                                    if data.get("cache_residency") else None))
 
     def save(self, path: str) -> None:
         """Write the calibration file at ``path`` (its folder is created; the file is replaced

@@ -36,6 +36,7 @@ from pydtnn_lite.perfmodel.modelling.drift import (
 from pydtnn_lite.perfmodel.modelling.network import TwoLevelAllreduce
 from pydtnn_lite.perfmodel.modelling.placement import Placement, kernel_handoff, kernel_scale, thread_scaling_gap
 from pydtnn_lite.perfmodel.modelling.prediction import Machine, RooflineMachine, predict_step
+from pydtnn_lite.perfmodel.modelling.processors import Processor
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline
 
@@ -119,6 +120,9 @@ class CalibratedMachine:
     def background_seconds(self, seconds: float) -> float:
         return self.calibration.read_ahead_seconds(seconds, self.calibration.placement)
 
+    def cache_factor(self, kernel: str, nbytes: float, moved: float) -> float:
+        return _cache_factor(self.calibration, self.calibration.placement, kernel, nbytes, moved)
+
     @property
     def transfer_cost(self) -> TransferCost:
         network = self.calibration.network
@@ -172,6 +176,10 @@ class AdjustedMachine:
             lines.append(f"the calibration timed older code of {', '.join(outdated)} (changed since): they are "
                          "predicted at the old code's times; calibrate again with this version")
         counts = calibration.allreduce_rank_counts
+        if counts and calibration.cache_residency is None and calibration.machine.get("device", "cpu") == "cpu":
+            lines.append("the calibration holds no cache residency (a file older than it): buckets and updates "
+                         "that a step leaves in the cache are predicted evicted; calibrate again, or add it with "
+                         "calibrate --allreduce-only FILE")
         if self.placement.oversubscribed and counts and self.placement.ranks not in counts:
             lines.append(f"the calibration timed Allreduce on {', '.join(map(str, sorted(counts)))} ranks, not on "
                          f"{self.placement.ranks} sharing the cores: their reductions come from a fit that does "
@@ -245,6 +253,9 @@ class AdjustedMachine:
     def background_seconds(self, seconds: float) -> float:
         return self.base.calibration.read_ahead_seconds(seconds, self.placement)
 
+    def cache_factor(self, kernel: str, nbytes: float, moved: float) -> float:
+        return _cache_factor(self.base.calibration, self.placement, kernel, nbytes, moved)
+
     @property
     def transfer_cost(self) -> TransferCost:
         """The network's transfer cost, its CPU time placed as the job's ranks are. It was
@@ -269,6 +280,16 @@ class AdjustedMachine:
         share = kernel_scale(OUTSIDE_KERNELS, self.placement, calibrated)
         return replace(cost, cpu_per_byte=cost.cpu_per_byte * share / measured, post_seconds=cost.post_seconds * share,
                        start_seconds=cost.start_seconds * share / measured)
+
+
+def _cache_factor(calibration: Calibration, placement: Placement, kernel: str, nbytes: float, moved: float) -> float:
+    """The calibration's cache-residency factor of a call whose data each of the node's ranks
+    (as ``placement`` has them) moved ``moved`` bytes past, against the processor's
+    last-level cache; 1 where the calibration timed no residency or names no cache."""
+    residency, cache = calibration.cache_residency, Processor.of(calibration.machine).cache_bytes
+    if residency is None or not cache:
+        return 1.0
+    return residency.factor(kernel, nbytes, moved * placement.ranks_per_node, cache)
 
 
 OUTSIDE_KERNELS = "outside_kernels"  # the interpreter's time between kernels: scaled as a memory-bound kernel

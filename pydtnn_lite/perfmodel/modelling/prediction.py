@@ -34,7 +34,7 @@ from typing import Protocol
 
 import numpy as np
 
-from pydtnn_lite.comm.gradients import MIB, plan_buckets
+from pydtnn_lite.comm.gradients import MIB, Bucket, plan_buckets
 from pydtnn_lite.costs import (
     ALLREDUCE,
     ALLREDUCE_PROGRESS,
@@ -86,6 +86,10 @@ class Machine(Protocol):
     ``background_seconds`` how much of ``seconds`` of work on a rank's background thread
     (batches read ahead) lengthens its step. ``transfer_cost`` is what moving overlapped
     buckets over MPI on a network costs beside the computation (``channel.py``).
+    ``cache_factor`` is what a call of ``kernel`` (a bucket's Allreduce, an update) on a
+    gradient of ``nbytes`` takes against its calibrated time, which is an evicted call's,
+    where each rank of the node moved ``moved`` bytes since the call's data was last used
+    (``cache_residency.py``).
     """
 
     @property
@@ -120,6 +124,8 @@ class Machine(Protocol):
 
     @property
     def transfer_cost(self) -> TransferCost: ...
+
+    def cache_factor(self, kernel: str, nbytes: float, moved: float) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,9 @@ class RooflineMachine:
     @property
     def transfer_cost(self) -> TransferCost:
         return NO_TRANSFER_COST  # NCCL and RDMA move the data without the host's cores
+
+    def cache_factor(self, kernel: str, nbytes: float, moved: float) -> float:
+        return 1.0  # a roofline has no cache
 
 
 @dataclass(frozen=True)
@@ -240,9 +249,13 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
                                         machine.data_load_seconds(dataset, batch), 0.0, copy.bytes / 2),
                         PredictedKernel(NO_LAYER, "", Stage.DATA, H2D_COPY, 0, machine.kernel_seconds(H2D_COPY, copy),
                                         copy.flops, copy.bytes)]
+    gradient_bytes = float(network.param_count * itemsize) if procs > 1 else 0.0
+    step_bytes = sum(cost.bytes for _, cost in costs if cost.kernel != ALLREDUCE) + gradient_bytes
     counter = CallCounter()
     kernels = []
     for (layer, cost), seconds in zip(costs, _call_seconds(machine, [cost for _, cost in costs], procs), strict=True):
+        if cost.kernel == optimizer.kernel:  # the data was last used by the previous step's update
+            seconds *= machine.cache_factor(cost.kernel, cost.dims[0] * itemsize, step_bytes)
         key = counter.key(layer, cost.stage, cost.kernel)
         name = (network.layers[layer].name if 0 <= layer < len(network.layers)
                 else "loss" if layer == network.loss_index else "")
@@ -256,13 +269,16 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     first_bucket_bytes = None if first_bucket_mb is None else first_bucket_mb * MIB
     buckets = plan_buckets(network, bucket_mb * MIB, first_bucket_bytes) if procs > 1 else []
     bucket_bytes = [float(b.size * itemsize) for b in buckets]
-    bucket_seconds = [machine.allreduce_seconds(n, procs) for n in bucket_bytes]
+    in_cache = [machine.cache_factor(ALLREDUCE, n, moved)
+                for n, moved in zip(bucket_bytes, _bucket_reuse_bytes(network, costs, buckets, itemsize), strict=True)]
+    bucket_seconds = [machine.allreduce_seconds(n, procs) * factor for n, factor in zip(bucket_bytes, in_cache,
+                                                                                        strict=True)]
     overhead = machine.overhead_seconds(calls, network.name, batch, dataset)
     if machine.overlaps_communication:
         kernels, exposed = _backward_channel(network, kernels, bucket_bytes, buckets, bucket_seconds, machine, procs,
                                              slowest, overhead / calls if calls else 0.0)
     else:
-        exposed = _unhidden_bucket_seconds(machine, bucket_bytes, procs)
+        exposed = _unhidden_bucket_seconds(machine, bucket_bytes, in_cache, procs)
     kernels = data_kernels + kernels
     loss_seconds = machine.allreduce_seconds(LOSS_VALUES_BYTES, procs)
     if procs > 1:
@@ -457,15 +473,34 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     return waited, max(0.0, done - clock) + posting * len(buckets) + cost.in_tests * sum(transfer_cpu.values())
 
 
-def _unhidden_bucket_seconds(machine: Machine, bucket_bytes: list[float], procs: int) -> float:
+def _bucket_reuse_bytes(network: Network, costs: Sequence[tuple[int, KernelCost]], buckets: Sequence[Bucket],
+                        itemsize: int) -> list[float]:
+    """For each bucket, the bytes a rank moves from the start of the backward of the bucket's
+    last layer, as backward begins to write its gradient, to its reduction right after its
+    first layer's (the trainer tests after every kernel): those layers' BP kernels and the
+    bucket itself."""
+    backward: defaultdict[int, float] = defaultdict(float)
+    for layer, cost in costs:
+        if cost.stage == Stage.BP and cost.kernel != ALLREDUCE:
+            backward[layer] += cost.bytes
+    moved = []
+    for bucket in buckets:
+        layers = [s.layer for s in network.segments if s.start < bucket.stop and s.stop > bucket.start]
+        moved.append(sum(backward[layer] for layer in range(min(layers), max(layers) + 1))
+                     + bucket.size * itemsize)
+    return moved
+
+
+def _unhidden_bucket_seconds(machine: Machine, bucket_bytes: list[float], in_cache: list[float], procs: int) -> float:
     """What the bucket reductions add to the step where they move data only on the computing
     cores: each bucket but the last runs while backward goes on (on this or other ranks) and
     costs what it takes from the cores; the last starts after the last backward and costs
-    its duration."""
+    its duration; each scaled by ``in_cache``, its factor for its data's residency."""
     if not bucket_bytes:
         return 0.0
-    return (sum(machine.allreduce_during_compute_seconds(n, procs) for n in bucket_bytes[:-1])
-            + machine.allreduce_seconds(bucket_bytes[-1], procs))
+    return (sum(machine.allreduce_during_compute_seconds(n, procs) * factor
+                for n, factor in zip(bucket_bytes[:-1], in_cache[:-1], strict=True))
+            + machine.allreduce_seconds(bucket_bytes[-1], procs) * in_cache[-1])
 
 
 def balanced_shares(network: Network, optimizer: Optimizer, global_batch: int, machines: Sequence[Machine],

@@ -1,0 +1,74 @@
+"""The calibration's cache-residency record, and when a calibrated machine applies it."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from pydtnn_lite.costs import ALLREDUCE
+from pydtnn_lite.perfmodel.modelling.cache_residency import CacheResidency
+from pydtnn_lite.perfmodel.modelling.calibration import Calibration
+from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine
+from pydtnn_lite.perfmodel.modelling.placement import Placement
+
+from mpi import REPO
+
+MIB = 1 << 20
+# At 1 MiB a resident reduction takes half its evicted time, at 4 MiB three quarters; an
+# update resident is slower than evicted (noise): never above the evicted time.
+RECORD = CacheResidency(2, (MIB, 4 * MIB), {ALLREDUCE: (0.5, 3.0), "sgd_update": (2.0, 2.0)},
+                        {ALLREDUCE: (1.0, 4.0), "sgd_update": (1.0, 1.0)})
+
+
+def test_the_ratio_is_interpolated_in_log_size_held_at_the_ends_and_at_most_one():
+    assert RECORD.ratio(ALLREDUCE, MIB) == pytest.approx(0.5)
+    assert RECORD.ratio(ALLREDUCE, 4 * MIB) == pytest.approx(0.75)
+    assert RECORD.ratio(ALLREDUCE, 2 * MIB) == pytest.approx(0.625)  # halfway in log size
+    assert RECORD.ratio(ALLREDUCE, 1024) == pytest.approx(0.5) and RECORD.ratio(ALLREDUCE, 1 << 30) == 0.75
+    assert RECORD.ratio("sgd_update", MIB) == 1.0
+    assert RECORD.ratio("adam_update", MIB) == 1.0  # not timed
+
+
+def test_the_ratio_applies_only_where_what_was_moved_since_fits_in_the_cache():
+    assert RECORD.factor(ALLREDUCE, MIB, 32 * MIB, 32 * MIB) == pytest.approx(0.5)
+    assert RECORD.factor(ALLREDUCE, MIB, 32 * MIB + 1, 32 * MIB) == 1.0
+    assert RECORD.factor(ALLREDUCE, MIB, 8 * MIB, 0) == 1.0  # no cache named
+
+
+def test_the_record_reads_back_and_a_damaged_one_is_refused():
+    assert CacheResidency.from_dict(RECORD.to_dict()) == dataclasses.replace(
+        RECORD, resident={k: tuple(v) for k, v in RECORD.resident.items()},
+        evicted={k: tuple(v) for k, v in RECORD.evicted.items()})
+    damaged = RECORD.to_dict()
+    damaged["evicted"][ALLREDUCE] = [1.0]
+    with pytest.raises(ValueError, match="cover its sizes"):
+        CacheResidency.from_dict(damaged)
+
+
+@pytest.fixture(scope="module")
+def reference() -> Calibration:
+    return Calibration.load(os.path.join(REPO, "calibration", "dev-2core.json"))
+
+
+def test_a_calibrated_machine_counts_every_rank_of_the_node_against_the_processors_cache(reference, tmp_path):
+    machine = {**reference.machine, "cpu_cache_bytes": 32 * MIB, "ranks": 2, "ranks_per_node": 2}
+    calibration = dataclasses.replace(reference, machine=machine, cache_residency=RECORD)
+    path = tmp_path / "resident.json"
+    calibration.save(str(path))
+    calibrated = CalibratedMachine(Calibration.load(str(path)), None)
+    assert calibrated.cache_factor(ALLREDUCE, MIB, 16 * MIB) == pytest.approx(0.5)  # 2 ranks x 16 MiB fit
+    assert calibrated.cache_factor(ALLREDUCE, MIB, 16 * MIB + 1) == 1.0
+    # Placed 4 ranks to the node, the same bytes a rank fill the cache twice over.
+    four = adjusted_machine(calibrated, Placement(4, 4, 2))
+    assert four.cache_factor(ALLREDUCE, MIB, 8 * MIB) == pytest.approx(0.5)
+    assert four.cache_factor(ALLREDUCE, MIB, 16 * MIB) == 1.0
+
+
+def test_a_calibration_without_the_record_predicts_every_call_evicted(reference):
+    older = dataclasses.replace(reference, cache_residency=None)  # files written before it was timed
+    machine = adjusted_machine(CalibratedMachine(older, None))
+    assert machine.cache_factor(ALLREDUCE, MIB, 1.0) == 1.0 and machine.cache_factor("sgd_update", MIB, 1.0) == 1.0
+    assert any("no cache residency" in line and "--allreduce-only" in line for line in machine.warnings([]))
+    assert not any("cache residency" in line for line in adjusted_machine(CalibratedMachine(
+        dataclasses.replace(older, cache_residency=RECORD), None)).warnings([]))
