@@ -5,6 +5,8 @@ the loss, every layer's BP kernels with the gradient buckets reduced as backward
 completes them, the loss reduction, and the WU kernels; batch-norm layers list the
 reductions of their statistics among their costs. Without overlap the bucket reductions follow backward;
 with overlap each starts when its last layer's backward is done, beside the computation.
+A bucket's reduction and an update whose data the step leaves in the last-level cache
+take the calibration's resident time (``cache_residency.py``).
 
 Every blocking reduction also makes the ranks wait for the slowest of them
 (``synchronization.py``): a batch-norm reduction after the work since the previous one,
