@@ -10,6 +10,7 @@ from pydtnn_lite.costs import ALLREDUCE
 from pydtnn_lite.perfmodel.modelling.cache_residency import CacheResidency
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine
+from pydtnn_lite.perfmodel.modelling.merging import merge_calibrations
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 
 from mpi import REPO
@@ -72,3 +73,10 @@ def test_a_calibration_without_the_record_predicts_every_call_evicted(reference)
     assert any("no cache residency" in line and "--allreduce-only" in line for line in machine.warnings([]))
     assert not any("cache residency" in line for line in adjusted_machine(CalibratedMachine(
         dataclasses.replace(older, cache_residency=RECORD), None)).warnings([]))
+
+
+def test_a_merge_keeps_the_first_files_residency(reference):
+    older = dataclasses.replace(reference, cache_residency=None)
+    newer = dataclasses.replace(reference, cache_residency=RECORD)
+    assert merge_calibrations([older, newer]).cache_residency == RECORD
+    assert merge_calibrations([older, older]).cache_residency is None
