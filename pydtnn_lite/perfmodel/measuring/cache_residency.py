@@ -37,22 +37,23 @@ RESIDENT, EVICTED = "resident", "evicted"
 LEARNING_RATE = 1e-6  # on arrays of zeros: the updates leave them zeros (no overflow, no denormals)
 
 
-def _calls(comm: MPICommunicator, count: int) -> dict[str, Callable[[], object]]:
-    """The kernels timed on a gradient of ``count`` float32, by name: the Allreduce of the
-    gradient and each optimizer's update of the parameters it belongs to."""
+def _calls(comm: MPICommunicator, count: int) -> tuple[dict[str, Callable[[], object]], Callable[[], object]]:
+    """The kernels timed on a gradient of ``count`` float32, by name (the Allreduce of the
+    gradient and each optimizer's update of the parameters it belongs to), and the write of
+    the gradient that backward makes just before them."""
     param, grad, first, second = (np.zeros(count, dtype=np.float32) for _ in range(4))
-    return {ALLREDUCE: lambda: comm.allreduce_bare(grad),
-            SGD.kernel: lambda: kernels.sgd_update(param, grad, first, LEARNING_RATE, 0.9, 0.0, False),
-            Adam.kernel: lambda: kernels.adam_update(param, grad, first, second, LEARNING_RATE, 0.9, 0.999, 1e-8,
-                                                     1, 0.0),
-            "write": lambda: grad.fill(0.0)}  # backward has just written the gradient
+    runs: dict[str, Callable[[], object]] = {
+        ALLREDUCE: lambda: comm.allreduce_bare(grad),
+        SGD.kernel: lambda: kernels.sgd_update(param, grad, first, LEARNING_RATE, 0.9, 0.0, False),
+        Adam.kernel: lambda: kernels.adam_update(param, grad, first, second, LEARNING_RATE, 0.9, 0.999, 1e-8, 1,
+                                                 0.0)}
+    return runs, lambda: grad.fill(0.0)
 
 
 def _rank_seconds(comm: MPICommunicator, count: int, evict: Callable[[], None], calls: int,
                   rounds: int) -> dict[tuple[str, str], list[float]]:
     """This rank's seconds of every call of each (kernel, mode) on a gradient of ``count`` float32."""
-    runs = _calls(comm, count)
-    written = runs.pop("write")
+    runs, written = _calls(comm, count)
     for run in runs.values():
         run()  # compiles the updates' loops, maps MPICH's buffers
     prepare = {RESIDENT: written, EVICTED: evict}
@@ -80,7 +81,7 @@ def measure_cache_residency(comm: MPICommunicator, sizes: Sequence[int] = SIZES,
     evicted: dict[str, list[float]] = {}
     for nbytes in sizes:
         per_rank = comm.allgather_object(_rank_seconds(comm, max(nbytes // 4, 1), evict, calls, rounds))
-        for (kernel, mode), _ in per_rank[0].items():
+        for kernel, mode in per_rank[0]:
             columns = [rank[(kernel, mode)] for rank in per_rank]
             median = (statistics.median(max(call) for call in zip(*columns, strict=True)) if kernel == ALLREDUCE
                       else statistics.median(statistics.median(column) for column in columns))
