@@ -2,7 +2,7 @@
 
     python benchmarks/emulated_cluster.py [--nodes 2] [--ranks-per-node 1] [--link-gbit 1 2 5]
         [--models vgg11 resnet18] [--comm mpi [hierarchical ...]] [--calibration calibration/] [--steps 6]
-        [--keep DIR]
+        [--runs 1] [--keep DIR]
 
 For each link rate, launch/emulated-cluster.sh first times Allreduce into a copy of the
 calibration (``calibrate --allreduce-only --quick``: the job-wide, inter-node and
@@ -12,6 +12,10 @@ cluster with ``--trace`` (once per ``--comm`` strategy) and validates the trace 
 strategy taken, the measured and predicted step and COMM (the Allreduce time the step waits for), and their
 errors (predicted - measured) / measured; the step's error after the correction for the
 machine's drift since the calibration (docs/performance-model.md), and before it.
+With ``--runs N`` (N >= 2) each configuration trains N times in a row, and the summary gives
+the medians over its runs and, beside the errors, how far the runs differ among
+themselves: the median over every ordered pair of runs of |one's - the other's| / the
+other's step and COMM, the error one run's measurement makes as a prediction of another's.
 ``--keep DIR`` keeps the traces and the re-timed calibrations there (a new folder).
 """
 from __future__ import annotations
@@ -21,6 +25,7 @@ import itertools
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -35,6 +40,7 @@ LAUNCHER = os.path.join(REPO, "launch", "emulated-cluster.sh")
 PYTHON = sys.executable
 HEADERS = ["model", "comm", "Gbit/s", "step ms", "predicted", "error %", "before drift %", "COMM ms", "predicted",
            "error %"]
+BETWEEN_HEADERS = ["between runs: step %", "COMM %"]
 
 
 def on_cluster(args: argparse.Namespace, rate: float, command: list[str]) -> None:
@@ -48,9 +54,10 @@ def on_cluster(args: argparse.Namespace, rate: float, command: list[str]) -> Non
 
 
 def validated_run(args: argparse.Namespace, rate: float, model: str, comm: str, calibration: str,
-                  folder: str) -> dict:
-    """Train ``model`` traced under the emulated cluster with ``--comm comm``; the validation's figures as JSON."""
-    trace = os.path.join(folder, f"{model}-{comm}-{rate:g}")
+                  trace: str) -> dict:
+    """Train ``model`` traced into ``trace`` under the emulated cluster with ``--comm comm``;
+    the validation's figures as JSON."""
+    folder = os.path.dirname(trace)
     on_cluster(args, rate, ["-m", "pydtnn_lite.train", "--model", model, "--batch-size", str(args.batch_size),
                             "--steps-per-epoch", str(args.steps), "--eval-steps", "0", "--no-progress",
                             "--comm", comm, "--trace", trace, "--validate", calibration,
@@ -60,6 +67,27 @@ def validated_run(args: argparse.Namespace, rate: float, model: str, comm: str, 
     with open(os.path.join(trace, "meta.json"), encoding="utf-8") as handle:
         strategy = json.load(handle)["strategy"]
     return dict(json.loads(result.stdout), strategy=strategy)
+
+
+def between_runs(values: list[float]) -> float:
+    """Percent by which one run's ``values`` entry misses another's, the median over every ordered pair."""
+    return 100 * statistics.median(abs(a - b) / b for a, b in itertools.permutations(values, 2))
+
+
+def summary_row(runs: list[dict], model: str, comm: str, rate: float, with_between: bool) -> list[str]:
+    """A configuration's medians over its ``runs`` (validations), and how far the runs differ."""
+    def median(key: str, stage: str | None = None) -> float:
+        return statistics.median(run[key][stage] if stage else run[key] for run in runs)
+    strategies = sorted({run["strategy"] for run in runs})
+    taken = comm if strategies == [comm] else f"{comm}: {', '.join(strategies)}"
+    row = [model, taken, f"{rate:g}", f"{median('measured_step_seconds') * 1e3:.0f}",
+           f"{median('predicted_step_seconds') * 1e3:.0f}", f"{100 * median('step_error'):+.1f}",
+           f"{100 * median('raw_step_error'):+.1f}", f"{median('measured_stage_seconds', 'COMM') * 1e3:.0f}",
+           f"{median('predicted_stage_seconds', 'COMM') * 1e3:.0f}", f"{100 * median('stage_errors', 'COMM'):+.1f}"]
+    if with_between:
+        row += [f"{between_runs([run['measured_step_seconds'] for run in runs]):.1f}",
+                f"{between_runs([run['measured_stage_seconds']['COMM'] for run in runs]):.1f}"]
+    return row
 
 
 def main() -> None:
@@ -74,8 +102,11 @@ def main() -> None:
                         help="the kernels' calibration file, or a folder: its file of this processor")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--steps", type=int, default=6, help="training steps per run (the first is not traced)")
+    parser.add_argument("--runs", type=int, default=1, help="training runs of each configuration")
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep the traces and calibrations in DIR")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error(f"--runs must be at least 1, got {args.runs}")
     args.calibration = calibration_file(args.calibration, this_processor())
     rows = []
     with output_folder(args.keep, "emulated_cluster") as folder:
@@ -84,19 +115,16 @@ def main() -> None:
             shutil.copy(args.calibration, calibration)
             on_cluster(args, rate, ["-m", "pydtnn_lite.calibrate", "--allreduce-only", calibration, "--quick"])
             for model, comm in itertools.product(args.models, args.comm):
-                figures = validated_run(args, rate, model, comm, calibration, folder)
-                measured, predicted = figures["measured_stage_seconds"], figures["predicted_stage_seconds"]
-                taken = comm if comm == figures["strategy"] else f"{comm}: {figures['strategy']}"
-                rows.append([model, taken, f"{rate:g}", f"{figures['measured_step_seconds'] * 1e3:.0f}",
-                             f"{figures['predicted_step_seconds'] * 1e3:.0f}", f"{100 * figures['step_error']:+.1f}",
-                             f"{100 * figures['raw_step_error']:+.1f}",
-                             f"{measured['COMM'] * 1e3:.0f}", f"{predicted['COMM'] * 1e3:.0f}",
-                             f"{100 * figures['stage_errors']['COMM']:+.1f}"])
-                print(format_table(HEADERS, rows[-1:]), flush=True)
-    print(f"\n{args.nodes} node(s) x {args.ranks_per_node} rank(s), global batch "
-          f"{args.batch_size}, {args.steps} steps per run; kernels from {os.path.relpath(args.calibration, REPO)}")
-    print(format_table(HEADERS, rows))
-
+                runs = []
+                for run in range(args.runs):
+                    runs.append(validated_run(args, rate, model, comm, calibration,
+                                              os.path.join(folder, f"{model}-{comm}-{rate:g}-{run}")))
+                    print(format_table(HEADERS, [summary_row(runs[-1:], model, comm, rate, False)]), flush=True)
+                rows.append(summary_row(runs, model, comm, rate, args.runs > 1))
+    print(f"\n{args.nodes} node(s) x {args.ranks_per_node} rank(s), global batch {args.batch_size}, {args.steps} "
+          f"steps per run, {args.runs} run(s) each{' (medians)' if args.runs > 1 else ''}; kernels from "
+          f"{os.path.relpath(args.calibration, REPO)}")
+    print(format_table(HEADERS + (BETWEEN_HEADERS if args.runs > 1 else []), rows))
 
 if __name__ == "__main__":
     main()

@@ -16,6 +16,7 @@ BENCHMARKS = os.path.join(REPO, "benchmarks")
 sys.path.insert(0, BENCHMARKS)
 
 from core_speed import longest  # noqa: E402
+from emulated_cluster import between_runs, summary_row  # noqa: E402
 from heterogeneous import verdict_of  # noqa: E402
 from host_kernels import NUMPY_VERSIONS  # noqa: E402
 from oversubscription import compute_bound  # noqa: E402
@@ -66,6 +67,24 @@ def test_the_oversubscription_bound_lets_ranks_beyond_the_cores_take_turns():
     assert compute_bound(0.3, ranks=1, cores=2) == pytest.approx(0.3)  # an idle core buys a one-thread rank nothing
     # 8 ranks of 8 images (0.1 s a step) against 2 of 32 (0.3 s): compute alone allows 0.75x.
     assert compute_bound(0.3, 2, 2) / compute_bound(0.1, 8, 2) == pytest.approx(0.75)
+
+
+def test_the_emulated_cluster_summary_gives_medians_and_how_far_runs_differ():
+    def run(step: float, comm: float, strategy: str = "mpi") -> dict:
+        return {"measured_step_seconds": step, "predicted_step_seconds": 0.2, "step_error": 0.2 / step - 1,
+                "raw_step_error": 0.0, "measured_stage_seconds": {"COMM": comm},
+                "predicted_stage_seconds": {"COMM": 0.05}, "stage_errors": {"COMM": 0.05 / comm - 1},
+                "strategy": strategy}
+    # Two runs 10 % apart: each misses the other by 10/110 or 10/100.
+    assert between_runs([0.11, 0.10]) == pytest.approx(100 * (0.1 / 1.1 + 0.1) / 2)
+    assert between_runs([0.3, 0.2, 0.1]) == pytest.approx(100 * (1 / 2 + 2 / 3) / 2)  # of 1/3, 1/2, 1/2, 2/3, 1, 2
+    runs = [run(0.25, 0.05), run(0.2, 0.04), run(0.16, 0.1)]
+    row = summary_row(runs, "vgg11", "mpi", 2.0, with_between=True)
+    assert row[:10] == ["vgg11", "mpi", "2", "200", "200", "+0.0", "+0.0", "50", "50", "+0.0"]
+    assert row[10:] == [f"{between_runs([0.25, 0.2, 0.16]):.1f}", f"{between_runs([0.05, 0.04, 0.1]):.1f}"]
+    assert summary_row(runs[:1], "vgg11", "mpi", 2.0, with_between=False)[5] == "-20.0"
+    # A strategy that --comm auto (or a fallback) chose is named beside the one asked for.
+    assert summary_row([run(0.2, 0.05, "hierarchical")], "vgg11", "auto", 1.0, False)[1] == "auto: hierarchical"
 
 
 def test_probe_tracking_fits_the_network_s_logarithm_on_each_probe_s():

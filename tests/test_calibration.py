@@ -26,7 +26,7 @@ from pydtnn_lite.perfmodel.measuring.machine_state import ALLREDUCE_BYTES
 from pydtnn_lite.perfmodel.measuring.probes import FULL, QUICK, Probe, calibration_grid
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe
 from pydtnn_lite.perfmodel.modelling.calibration import MIN_UPDATE_SAMPLES, Calibration
-from pydtnn_lite.perfmodel.modelling.machines import adjusted_machine, calibrated_machine
+from pydtnn_lite.perfmodel.modelling.machines import adjusted_machine, allreduce_models, calibrated_machine
 from pydtnn_lite.perfmodel.modelling.merging import merge_calibrations
 from pydtnn_lite.perfmodel.modelling.placement import Placement, ThreadScaling
 from pydtnn_lite.perfmodel.modelling.regression import (
@@ -421,6 +421,26 @@ def test_merged_calibrations_pool_their_samples_and_average_their_snapshots(tiny
     assert merged.warm_seconds("im2col", cost) == pytest.approx(np.median(pooled))
     assert calibration.warm_seconds("im2col", cost) < merged.warm_seconds("im2col", cost) < \
         later.warm_seconds("im2col", cost)
+
+
+def test_a_merge_counts_each_files_allreduce_once_a_size(tiny):
+    calibration, _ = tiny
+    mib = float(1 << 20)
+    # A file that is itself a merge of many: several samples a size, all slow.
+    many = dataclasses.replace(calibration, allreduce_samples=[(2, mib, t) for t in (3e-4, 4e-4, 5e-4)]
+                               + [(2, 4 * mib, t) for t in (1.2e-3, 1.4e-3, 1.5e-3, 1.6e-3)] + [(4, mib, 9e-4)],
+                               allreduce_cpu_samples=[(2, mib, t) for t in (1e-4, 2e-4, 6e-4)])
+    one = dataclasses.replace(a_later_calibration(calibration, slower=1.0),
+                              allreduce_samples=[(2, mib, 2e-4), (2, 4 * mib, 6e-4)],
+                              allreduce_cpu_samples=[(2, mib, 1e-4)])
+    merged = merge_calibrations([many, one])
+    assert sorted(merged.allreduce_samples) == sorted([(2, mib, 4e-4), (2, 4 * mib, 1.45e-3), (4, mib, 9e-4),
+                                                       (2, mib, 2e-4), (2, 4 * mib, 6e-4)])
+    assert sorted(merged.allreduce_cpu_samples) == [(2, mib, 1e-4), (2, mib, 2e-4)]
+    # The prediction takes the median of a size's samples: here the two files' mean.
+    model = allreduce_models(merged.allreduce_samples, None)["interpolate"]
+    assert model.seconds(4 * mib, 2) == pytest.approx((1.45e-3 + 6e-4) / 2)
+    assert model.seconds(mib, 2) == pytest.approx(3e-4)
 
 
 def test_a_thread_scaling_reads_back_and_older_files_scale_threads_linearly(tiny, tmp_path):
