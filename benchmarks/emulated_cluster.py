@@ -126,5 +126,6 @@ def main() -> None:
           f"{os.path.relpath(args.calibration, REPO)}")
     print(format_table(HEADERS + (BETWEEN_HEADERS if args.runs > 1 else []), rows))
 
+
 if __name__ == "__main__":
     main()

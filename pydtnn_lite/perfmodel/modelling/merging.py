@@ -39,8 +39,9 @@ SAME_MACHINE = ("cpu_model", "cores", "usable_cores", "ranks", "ranks_per_node",
 
 def merge_calibrations(calibrations: Sequence[Calibration]) -> Calibration:
     """One calibration holding the samples of all of ``calibrations`` (at least two, of one
-    machine, placement and set of jobs sampled whole), its kernel models those of the first
-    until the caller fits them again. ValueError naming what differs otherwise."""
+    machine, placement and set of jobs sampled whole; each one's Allreduce as a median a
+    size), its kernel models those of the first until the caller fits them again.
+    ValueError naming what differs otherwise."""
     if len(calibrations) < 2:
         raise ValueError("merging needs at least two calibrations")
     first = calibrations[0]
