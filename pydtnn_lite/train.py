@@ -36,7 +36,7 @@ from pydtnn_lite.models import create_model, model_names
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, Optimizer
 from pydtnn_lite.paths import check_writable, check_writable_file
-from pydtnn_lite.perfmodel.measuring.host import this_processor
+from pydtnn_lite.perfmodel.measuring.host import blas_info, this_processor
 from pydtnn_lite.perfmodel.measuring.kernel_probe import probe_kernels
 from pydtnn_lite.perfmodel.measuring.machine_state import StateWatch
 from pydtnn_lite.perfmodel.modelling.calibration_folder import calibration_file
@@ -483,7 +483,7 @@ def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str, watch:
             "overlap": config.overlap, "prefetch": config.prefetch, "trace_skip": config.trace_skip,
             "host": platform.node(),
             "processor": platform.processor() or platform.machine(), **this_processor().record(),
-            "numpy": np.__version__,
+            "blas": blas_info(), "numpy": np.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "ranks_per_node": max(comm.allgather_object(comm.local_size)),
             "cores_per_node": usable_cores(), "machine_state": state.to_dict(),
             "core_probes": [asdict(instant) for instant in watch.instants], "strategy": comm.name,

@@ -520,6 +520,15 @@ def test_calibrations_of_other_machines_or_networks_do_not_merge(tiny):
               for size in (260, 300)]
     with pytest.raises(ValueError, match="differ in last-level cache"):
         merge_calibrations(caches)
+    kernels = [dataclasses.replace(calibration, machine={**calibration.machine, "blas": [
+        {"internal_api": "openblas", "version": version, "architecture": architecture}]})
+        for version, architecture in (("0.3.30", "SkylakeX"), ("0.3.31", "Haswell"))]
+    with pytest.raises(ValueError, match="differ in BLAS kernels"):
+        merge_calibrations(kernels)
+    # Another version of the library running the same kernels is the same machine.
+    newer = dataclasses.replace(kernels[0], machine={**kernels[0].machine, "blas": [
+        {"internal_api": "openblas", "version": "0.3.31", "architecture": "SkylakeX"}]})
+    assert merge_calibrations([kernels[0], newer]).machine["blas"] == kernels[0].machine["blas"]
     with pytest.raises(ValueError, match="sampled different networks whole"):
         merge_calibrations([calibration, dataclasses.replace(calibration, settings={"jobs": ["lenet:8:synthetic"]})])
     with pytest.raises(ValueError, match="at least two"):

@@ -20,7 +20,7 @@ from pydtnn_lite.layers import BatchNorm, Conv2D, Dense, Flatten, GlobalAvgPool2
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, KIB, log_spaced_sizes
-from pydtnn_lite.perfmodel.measuring.host import this_processor
+from pydtnn_lite.perfmodel.measuring.host import blas_info, this_processor
 from pydtnn_lite.perfmodel.modelling.allreduce import (
     TERMS,
     AllreduceModel,
@@ -36,7 +36,7 @@ from pydtnn_lite.perfmodel.modelling.clusters import PRESETS
 from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, calibrated_machine
 from pydtnn_lite.perfmodel.modelling.outside_kernels import AffineCost
 from pydtnn_lite.perfmodel.modelling.prediction import PredictedKernel, StepPrediction, balanced_shares, predict_step
-from pydtnn_lite.perfmodel.modelling.processors import Processor
+from pydtnn_lite.perfmodel.modelling.processors import Processor, blas_kernels
 from pydtnn_lite.perfmodel.modelling.report import MAX_BARS, StageBars, stage_bars
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline, gemm_intensity
 from pydtnn_lite.perfmodel.modelling.synchronization import expected_maximum, fit_sync_wait
@@ -617,6 +617,13 @@ def test_validate_warns_of_a_run_on_another_processor_than_the_calibration_s():
     units = {"AVX2", "AVX-512"} - {Processor.of(machine.calibration.machine).vector_unit}
     [line] = processor_warnings(machine, {"device": "cpu", "cpu_model": calibrated_on, "vector_unit": min(units)})
     assert f"({calibrated_on}, {min(units)}) is not the calibration's ({calibrated_on}, " in line
+    # The same processor running other BLAS kernels (OPENBLAS_CORETYPE): the GEMMs of another machine.
+    same = {"device": "cpu", **Processor.of(machine.calibration.machine).record()}
+    ran = sorted(blas_kernels(machine.calibration.machine))
+    assert ran and processor_warnings(machine, {**same, "blas": [{"architecture": name} for name in ran]}) == []
+    [line] = processor_warnings(machine, {**same, "blas": [{"architecture": "Excavator"}]})
+    assert line == (f"the run's BLAS ran Excavator kernels, the calibration's {', '.join(ran)}: its GEMMs are "
+                    "predicted at another machine's speed; calibrate with the run's OPENBLAS_CORETYPE")
 
 
 def test_predict_warns_of_kernels_its_calibration_timed_in_older_code(tmp_path):
@@ -771,6 +778,8 @@ def test_a_calibration_folder_gives_each_run_the_file_of_its_processor(traced_ru
     here, elsewhere = str(folder / "here.json"), str(folder / "elsewhere.json")
     meta = json.loads((trace / "meta.json").read_text())
     assert meta["calibration"] == os.path.abspath(here)
+    # The trace names the BLAS kernels that ran, as a calibration on this machine does.
+    assert blas_kernels(meta) == blas_kernels({"blas": blas_info()}) != set()
     assert f"measured against predicted (calibration {here})" in trained
     validated = run("pydtnn_lite.validate", str(trace), "--calibration", str(folder), "--out", str(tmp_path / "v"))
     assert validated.returncode == 0, validated.stderr

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.drift import MachineState
 from pydtnn_lite.perfmodel.modelling.placement import ThreadScaling
-from pydtnn_lite.perfmodel.modelling.processors import Processor
+from pydtnn_lite.perfmodel.modelling.processors import Processor, blas_kernels
 
 # What must agree for calibrations to describe one machine placed one way.
 SAME_MACHINE = ("cpu_model", "cores", "usable_cores", "ranks", "ranks_per_node", "blas_threads", "device", "dtype")
@@ -53,6 +53,8 @@ def merge_calibrations(calibrations: Sequence[Calibration]) -> Calibration:
                 differing.append("vector_unit")
             elif not ours.same_as(theirs):
                 differing.append("last-level cache")
+        if blas_kernels(first.machine) != blas_kernels(other.machine):
+            differing.append("BLAS kernels")
         if differing:
             raise ValueError(f"the calibrations differ in {', '.join(differing)}: merge calibrations of one machine "
                              "placed one way")

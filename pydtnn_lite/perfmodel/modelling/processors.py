@@ -21,6 +21,16 @@ OPENBLAS_VECTOR_UNITS = {"skylakex": "AVX-512", "cooperlake": "AVX-512", "sapphi
                          "sandybridge": "AVX", "bulldozer": "AVX", "piledriver": "AVX", "steamroller": "AVX"}
 
 
+def blas_kernels(record: Mapping) -> set[str]:
+    """The kernels of the BLAS libraries a calibration's machine record or a trace's meta
+    lists (threadpoolctl's "architecture"; none in records written before a trace named
+    them). One processor runs OpenBLAS's AVX-512 or its AVX2 kernels as
+    ``OPENBLAS_CORETYPE`` says, its GEMMs up to twice as fast with the first (2026-12-02,
+    the AMD EPYC with AVX-512: 206 against 113 GFLOP/s a thread, 2048-cubed float32), so
+    figures measured with other kernels are another machine's."""
+    return {str(library.get("architecture")) for library in record.get("blas") or [] if isinstance(library, Mapping)}
+
+
 @dataclass(frozen=True)
 class Processor:
     """A processor's ``name`` (/proc/cpuinfo's model name), ``vector_unit`` ('AVX-512',

@@ -23,7 +23,7 @@ from pydtnn_lite.perfmodel.modelling.machines import (
 )
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.prediction import Machine, StepPrediction, predict_step
-from pydtnn_lite.perfmodel.modelling.processors import Processor
+from pydtnn_lite.perfmodel.modelling.processors import Processor, blas_kernels
 from pydtnn_lite.perfmodel.modelling.report import summary_text, validation_figures, write_report
 from pydtnn_lite.perfmodel.modelling.validation import Validation, validate
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
@@ -170,18 +170,26 @@ def check_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, m
 def processor_warnings(machine: Machine, meta: dict) -> list[str]:
     """A line where the traced run's processor is not the one ``machine``'s calibration
     measured, by name or by vector unit (:class:`Processor`; none for a preset, or a trace or
-    file that does not name its processor). The drift probes time a few kernels and shapes;
-    another processor moves the others by other factors (caches, vector units), which no
-    probe corrects."""
+    file that does not name its processor), and one where its BLAS ran other kernels
+    (:func:`blas_kernels`). The drift probes time a few kernels and shapes; another
+    processor or other GEMM kernels move the others by other factors, which no probe
+    corrects."""
     calibration = machine.base.calibration if isinstance(machine, AdjustedMachine) else (
         machine.calibration if isinstance(machine, CalibratedMachine) else None)
     if calibration is None or meta.get("device", "cpu") != "cpu":
         return []
     ran_on, measured_on = Processor.of(meta), Processor.of(calibration.machine)
-    if not ran_on.name or not measured_on.name or ran_on.same_as(measured_on):
-        return []
-    return [f"the run's processor ({ran_on}) is not the calibration's ({measured_on}): the drift correction "
-            "carries the calibration over only in part; calibrate on this processor for figures that need none"]
+    warnings = []
+    if ran_on.name and measured_on.name and not ran_on.same_as(measured_on):
+        warnings.append(f"the run's processor ({ran_on}) is not the calibration's ({measured_on}): the drift "
+                        "correction carries the calibration over only in part; calibrate on this processor for "
+                        "figures that need none")
+    ran_with, measured_with = blas_kernels(meta), blas_kernels(calibration.machine)
+    if ran_with and measured_with and ran_with != measured_with:
+        warnings.append(f"the run's BLAS ran {', '.join(sorted(ran_with))} kernels, the calibration's "
+                        f"{', '.join(sorted(measured_with))}: its GEMMs are predicted at another machine's speed; "
+                        "calibrate with the run's OPENBLAS_CORETYPE")
+    return warnings
 
 
 def validate_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, machine_name: str,
