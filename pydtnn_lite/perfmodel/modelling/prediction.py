@@ -487,9 +487,8 @@ def _bucket_reuse_bytes(network: Network, costs: Sequence[tuple[int, KernelCost]
             backward[layer] += cost.bytes
     moved = []
     for bucket in buckets:
-        layers = [s.layer for s in network.segments if s.start < bucket.stop and s.stop > bucket.start]
-        moved.append(sum(backward[layer] for layer in range(min(layers), max(layers) + 1))
-                     + bucket.size * itemsize)
+        last = max(s.layer for s in network.segments if s.start < bucket.stop and s.stop > bucket.start)
+        moved.append(sum(backward[layer] for layer in range(bucket.first_layer, last + 1)) + bucket.size * itemsize)
     return moved
 
 

@@ -48,8 +48,7 @@ class Processor:
         ``cpu_cache_bytes`` (or a CPU calibration's ``last_level_cache_bytes``)."""
         unit = str(record.get("vector_unit") or "")
         if not unit:
-            units = {OPENBLAS_VECTOR_UNITS.get(str(library.get("architecture", "")).lower(), "")
-                     for library in record.get("blas") or [] if isinstance(library, Mapping)}
+            units = {OPENBLAS_VECTOR_UNITS.get(kernels.lower(), "") for kernels in blas_kernels(record)}
             unit = units.pop() if len(units) == 1 else ""
         cache = record.get("cpu_cache_bytes")
         if cache is None and record.get("device", "cpu") == "cpu":
