@@ -29,6 +29,7 @@ from allreduce_model import benchmark_sizes  # noqa: E402  (benchmarks/ is a fol
 from common import interleave  # noqa: E402
 
 GRADIENT_SYNC = os.path.join(BENCHMARKS, "gradient_sync.py")
+BUCKET_PROGRESS = os.path.join(BENCHMARKS, "bucket_progress.py")
 
 
 def run_script(script: str, *args: str, timeout: int = 300) -> str:
@@ -278,6 +279,23 @@ def test_allreduce_benchmark_times_between_the_samples():
     assert benchmark_sizes([mib // 2, mib, 4 * mib, 16 * mib], mib) == {
         mib: "in", 3 * mib // 2: "out", 2 * mib: "out", 4 * mib: "in", 6 * mib: "out", 8 * mib: "out",
         16 * mib: "in"}
+
+
+def test_bucket_progress_prints_each_bucket_size_in_both_patterns_on_two_ranks():
+    result = run(2, [BUCKET_PROGRESS, "--mb", "0.25", "1", "--kernels", "3", "--gemm", "64", "--repeats", "2"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("2 ranks, 3 kernels") == 1, result.stdout  # rank 0 alone prints
+    rows = [line.split() for line in result.stdout.splitlines() if line.split()[:1] in (["0.25"], ["1"])]
+    assert [row[0] for row in rows] == ["0.25", "1"], result.stdout
+    for row in rows:  # blocking ms, then each pattern's ms with its ratio to the blocking Allreduce
+        assert float(row[1]) > 0 and all(cell.startswith("(") and cell.endswith("x)") for cell in row[3:8:2]), row
+
+
+def test_bucket_progress_needs_two_ranks():
+    result = run(1, [BUCKET_PROGRESS])
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == ["bucket_progress: needs at least 2 ranks: "
+                                                  "mpiexec -n 2 python benchmarks/bucket_progress.py"]
 
 
 def test_allreduce_benchmark_prints_both_models_on_two_ranks():

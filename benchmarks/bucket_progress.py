@@ -1,0 +1,129 @@
+"""Where a gradient bucket's reduction runs on one node: in its tests, or in the blocking reductions after it.
+
+    mpiexec -n 2 python benchmarks/bucket_progress.py [--mb 1 4 16] [--kernels 12] [--gemm 256] [--repeats 15]
+
+MPICH moves a non-blocking reduction's data only inside MPI calls, and any call advances
+every collective outstanding on the communicator. Overlapped backward tests the buckets
+after each kernel; a network with batch norm also makes a small blocking Allreduce (its
+statistics) in every batch-norm layer's backward, and that call, ordered behind the
+buckets, completes their work. This measures both patterns on every rank at once, each
+repeat after a barrier:
+
+- tests only: a bucket of each --mb posted, then --kernels one-thread GEMMs of --gemm
+  cubed with a test after each, then a wait; the seconds in the post, the tests and the
+  wait;
+- with batch-norm reductions: the same with a blocking Allreduce of 64 float64 values after
+  every kernel; the seconds in the post, the tests and the wait, and in the small
+  reductions;
+
+against, in the same run, a blocking Allreduce of the bucket alone and the small Allreduce
+alone (between kernels, no bucket outstanding). Rank 0 prints the medians over the ranks'
+medians and each figure over the bucket's blocking Allreduce.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from pydtnn_lite.runtime import set_blas_threads
+from pydtnn_lite.textable import format_table
+
+STATISTICS_VALUES = 64  # a batch-norm layer's sums, as float64
+Kernel = Callable[[], object]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mb", type=float, nargs="+", default=[1.0, 4.0, 16.0], help="bucket sizes, MiB")
+    parser.add_argument("--kernels", type=int, default=12, help="kernels between the post and the wait")
+    parser.add_argument("--gemm", type=int, default=256, help="each kernel: a GEMM of this size cubed")
+    parser.add_argument("--repeats", type=int, default=15)
+    return parser.parse_args()
+
+
+def timed(call: Callable[[], object], seconds: list[float]) -> object:
+    """``call()``, its seconds added to ``seconds[0]``."""
+    started = time.perf_counter()
+    result = call()
+    seconds[0] += time.perf_counter() - started
+    return result
+
+
+def overlapped(comm: MPI.Intracomm, bucket: np.ndarray, kernel: Kernel, kernels: int,
+               with_statistics: bool) -> tuple[float, float]:
+    """(seconds in the bucket's post, tests and wait; seconds in the small reductions) of one
+    reduction of ``bucket`` beside ``kernels`` runs of ``kernel``; collective."""
+    values = np.ones(STATISTICS_VALUES)
+    in_bucket, in_statistics = [0.0], [0.0]
+    comm.Barrier()
+    request = timed(lambda: comm.Iallreduce(MPI.IN_PLACE, bucket), in_bucket)
+    done = timed(request.Test, in_bucket)
+    for _ in range(kernels):  # a fixed count: every rank makes the same small reductions
+        kernel()
+        if with_statistics:
+            timed(lambda: comm.Allreduce(MPI.IN_PLACE, values), in_statistics)
+        if not done:
+            done = timed(request.Test, in_bucket)
+    timed(request.Wait, in_bucket)
+    return in_bucket[0], in_statistics[0]
+
+
+def blocking(comm: MPI.Intracomm, buffer: np.ndarray, kernel: Kernel) -> float:
+    """Seconds of one blocking Allreduce of ``buffer`` after a kernel; collective."""
+    comm.Barrier()
+    kernel()
+    started = time.perf_counter()
+    comm.Allreduce(MPI.IN_PLACE, buffer)
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    args = parse_args()
+    comm = MPI.COMM_WORLD
+    if comm.size < 2:
+        print("bucket_progress: needs at least 2 ranks: mpiexec -n 2 python benchmarks/bucket_progress.py",
+              file=sys.stderr)
+        return 2
+    set_blas_threads(1)
+    matrix = np.random.default_rng(0).standard_normal((args.gemm, args.gemm)).astype(np.float32)
+
+    def kernel() -> None:
+        matrix @ matrix
+
+    kernel()
+    rows = []
+    for mb in args.mb:
+        bucket = np.random.default_rng(comm.rank).standard_normal(int(mb * (1 << 18))).astype(np.float32)
+        samples: dict[str, list[float]] = {name: [] for name in ("alone", "small", "tests", "bn tests", "bn small")}
+        for _ in range(args.repeats):  # interleaved: a slow spell of the machine hits every pattern alike
+            samples["alone"].append(blocking(comm, bucket, kernel))
+            samples["small"].append(blocking(comm, np.ones(STATISTICS_VALUES), kernel))
+            samples["tests"].append(overlapped(comm, bucket, kernel, args.kernels, False)[0])
+            in_bucket, in_statistics = overlapped(comm, bucket, kernel, args.kernels, True)
+            samples["bn tests"].append(in_bucket)
+            samples["bn small"].append(in_statistics)
+        medians = comm.gather({name: statistics.median(values) for name, values in samples.items()})
+        if comm.rank == 0:
+            figure = {name: statistics.median(rank[name] for rank in medians) for name in samples}
+            alone = figure["alone"]
+            rows.append([f"{mb:g}", f"{alone * 1e3:.3f}",
+                         *(f"{figure[name] * 1e3:.3f} ({figure[name] / alone:.2f}x)"
+                           for name in ("tests", "bn tests", "bn small")),
+                         f"{args.kernels * figure['small'] * 1e3:.3f}"])
+    if comm.rank == 0:
+        print(f"{comm.size} ranks, {args.kernels} kernels (GEMM {args.gemm}^3, one thread) between a bucket's post "
+              f"and its wait; medians of {args.repeats} repeats, over the ranks; x: over the blocking Allreduce")
+        print(format_table(["MiB", "blocking ms", "tests only: in the bucket's calls",
+                            "with BN reductions: in the bucket's calls", "in the BN reductions",
+                            "BN reductions alone"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
