@@ -17,8 +17,9 @@ repeat after a barrier:
   reductions;
 
 against, in the same run, a blocking Allreduce of the bucket alone and the small Allreduce
-alone (between kernels, no bucket outstanding). Rank 0 prints the medians over the ranks'
-medians and each figure over the bucket's blocking Allreduce.
+alone (between kernels, no bucket outstanding), the four interleaved in an order that
+rotates every repeat. Rank 0 prints the medians over the ranks' medians and each figure
+over the bucket's blocking Allreduce.
 """
 from __future__ import annotations
 
@@ -31,8 +32,11 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
+from pydtnn_lite.comm.gradients import MIB
 from pydtnn_lite.runtime import set_blas_threads
 from pydtnn_lite.textable import format_table
+
+from common import Timings, interleave, timed
 
 STATISTICS_VALUES = 64  # a batch-norm layer's sums, as float64
 Kernel = Callable[[], object]
@@ -47,7 +51,7 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def timed(call: Callable[[], object], seconds: list[float]) -> object:
+def adding_seconds(call: Callable[[], object], seconds: list[float]) -> object:
     """``call()``, its seconds added to ``seconds[0]``."""
     started = time.perf_counter()
     result = call()
@@ -61,26 +65,41 @@ def overlapped(comm: MPI.Intracomm, bucket: np.ndarray, kernel: Kernel, kernels:
     reduction of ``bucket`` beside ``kernels`` runs of ``kernel``; collective."""
     values = np.ones(STATISTICS_VALUES)
     in_bucket, in_statistics = [0.0], [0.0]
-    comm.Barrier()
-    request = timed(lambda: comm.Iallreduce(MPI.IN_PLACE, bucket), in_bucket)
-    done = timed(request.Test, in_bucket)
+    request = adding_seconds(lambda: comm.Iallreduce(MPI.IN_PLACE, bucket), in_bucket)
+    done = adding_seconds(request.Test, in_bucket)
     for _ in range(kernels):  # a fixed count: every rank makes the same small reductions
         kernel()
         if with_statistics:
-            timed(lambda: comm.Allreduce(MPI.IN_PLACE, values), in_statistics)
+            adding_seconds(lambda: comm.Allreduce(MPI.IN_PLACE, values), in_statistics)
         if not done:
-            done = timed(request.Test, in_bucket)
-    timed(request.Wait, in_bucket)
+            done = adding_seconds(request.Test, in_bucket)
+    adding_seconds(request.Wait, in_bucket)
     return in_bucket[0], in_statistics[0]
 
 
 def blocking(comm: MPI.Intracomm, buffer: np.ndarray, kernel: Kernel) -> float:
     """Seconds of one blocking Allreduce of ``buffer`` after a kernel; collective."""
-    comm.Barrier()
     kernel()
-    started = time.perf_counter()
-    comm.Allreduce(MPI.IN_PLACE, buffer)
-    return time.perf_counter() - started
+    return timed(lambda: comm.Allreduce(MPI.IN_PLACE, buffer))
+
+
+
+def patterns(comm: MPI.Intracomm, bucket: np.ndarray, kernel: Kernel, kernels: int,
+             repeats: int) -> dict[str, list[float]]:
+    """Seconds of each pattern over ``repeats`` interleaved rounds, a barrier before each call:
+    the bucket's blocking Allreduce ("alone"), the small one ("small"), the bucket beside
+    the kernels with tests only ("tests") and with the small reductions ("bn tests", "bn
+    small"); collective."""
+    values = np.ones(STATISTICS_VALUES)
+
+    def with_statistics() -> Timings:
+        in_bucket, in_statistics = overlapped(comm, bucket, kernel, kernels, True)
+        return {"bn tests": in_bucket, "bn small": in_statistics}
+
+    return interleave([lambda: {"alone": blocking(comm, bucket, kernel)},
+                       lambda: {"small": blocking(comm, values, kernel)},
+                       lambda: {"tests": overlapped(comm, bucket, kernel, kernels, False)[0]},
+                       with_statistics], repeats, before=comm.Barrier)
 
 
 def main() -> int:
@@ -99,16 +118,9 @@ def main() -> int:
     kernel()
     rows = []
     for mb in args.mb:
-        bucket = np.random.default_rng(comm.rank).standard_normal(int(mb * (1 << 18))).astype(np.float32)
-        samples: dict[str, list[float]] = {name: [] for name in ("alone", "small", "tests", "bn tests", "bn small")}
-        for _ in range(args.repeats):  # interleaved: a slow spell of the machine hits every pattern alike
-            samples["alone"].append(blocking(comm, bucket, kernel))
-            samples["small"].append(blocking(comm, np.ones(STATISTICS_VALUES), kernel))
-            samples["tests"].append(overlapped(comm, bucket, kernel, args.kernels, False)[0])
-            in_bucket, in_statistics = overlapped(comm, bucket, kernel, args.kernels, True)
-            samples["bn tests"].append(in_bucket)
-            samples["bn small"].append(in_statistics)
-        medians = comm.gather({name: statistics.median(values) for name, values in samples.items()})
+        bucket = np.random.default_rng(comm.rank).standard_normal(int(mb * MIB) // 4).astype(np.float32)
+        samples = patterns(comm, bucket, kernel, args.kernels, args.repeats)
+        medians = comm.gather({name: statistics.median(seconds) for name, seconds in samples.items()})
         if comm.rank == 0:
             figure = {name: statistics.median(rank[name] for rank in medians) for name in samples}
             alone = figure["alone"]
