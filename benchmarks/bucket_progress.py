@@ -19,27 +19,25 @@ repeat after a barrier:
 against, in the same run, a blocking Allreduce of the bucket alone and the small Allreduce
 alone (between kernels, no bucket outstanding), the four interleaved in an order that
 rotates every repeat. Rank 0 prints the medians over the ranks' medians and each figure
-over the bucket's blocking Allreduce.
+over the bucket's blocking Allreduce. ``calibrate`` records the second pattern against the
+first (``pydtnn_lite/perfmodel/measuring/bucket_progress.py``, the same calls), and the
+performance model leaves that share of a bucket in its own calls on one node.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
-import time
-from collections.abc import Callable
 
 import numpy as np
-from mpi4py import MPI
 
 from pydtnn_lite.comm.gradients import MIB
+from pydtnn_lite.comm.mpi import MPICommunicator
+from pydtnn_lite.perfmodel.measuring.bucket_progress import STATISTICS_VALUES, Kernel, blocking, gemm_kernel, overlapped
 from pydtnn_lite.runtime import set_blas_threads
 from pydtnn_lite.textable import format_table
 
-from common import Timings, interleave, timed
-
-STATISTICS_VALUES = 64  # a batch-norm layer's sums, as float64
-Kernel = Callable[[], object]
+from common import Timings, interleave
 
 
 def parse_args() -> argparse.Namespace:
@@ -51,40 +49,7 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def adding_seconds(call: Callable[[], object], seconds: list[float]) -> object:
-    """``call()``, its seconds added to ``seconds[0]``."""
-    started = time.perf_counter()
-    result = call()
-    seconds[0] += time.perf_counter() - started
-    return result
-
-
-def overlapped(comm: MPI.Intracomm, bucket: np.ndarray, kernel: Kernel, kernels: int,
-               with_statistics: bool) -> tuple[float, float]:
-    """(seconds in the bucket's post, tests and wait; seconds in the small reductions) of one
-    reduction of ``bucket`` beside ``kernels`` runs of ``kernel``; collective."""
-    values = np.ones(STATISTICS_VALUES)
-    in_bucket, in_statistics = [0.0], [0.0]
-    request = adding_seconds(lambda: comm.Iallreduce(MPI.IN_PLACE, bucket), in_bucket)
-    done = adding_seconds(request.Test, in_bucket)
-    for _ in range(kernels):  # a fixed count: every rank makes the same small reductions
-        kernel()
-        if with_statistics:
-            adding_seconds(lambda: comm.Allreduce(MPI.IN_PLACE, values), in_statistics)
-        if not done:
-            done = adding_seconds(request.Test, in_bucket)
-    adding_seconds(request.Wait, in_bucket)
-    return in_bucket[0], in_statistics[0]
-
-
-def blocking(comm: MPI.Intracomm, buffer: np.ndarray, kernel: Kernel) -> float:
-    """Seconds of one blocking Allreduce of ``buffer`` after a kernel; collective."""
-    kernel()
-    return timed(lambda: comm.Allreduce(MPI.IN_PLACE, buffer))
-
-
-
-def patterns(comm: MPI.Intracomm, bucket: np.ndarray, kernel: Kernel, kernels: int,
+def patterns(comm: MPICommunicator, bucket: np.ndarray, kernel: Kernel, kernels: int,
              repeats: int) -> dict[str, list[float]]:
     """Seconds of each pattern over ``repeats`` interleaved rounds, a barrier before each call:
     the bucket's blocking Allreduce ("alone"), the small one ("small"), the bucket beside
@@ -99,29 +64,24 @@ def patterns(comm: MPI.Intracomm, bucket: np.ndarray, kernel: Kernel, kernels: i
     return interleave([lambda: {"alone": blocking(comm, bucket, kernel)},
                        lambda: {"small": blocking(comm, values, kernel)},
                        lambda: {"tests": overlapped(comm, bucket, kernel, kernels, False)[0]},
-                       with_statistics], repeats, before=comm.Barrier)
+                       with_statistics], repeats, before=comm.barrier)
 
 
 def main() -> int:
     args = parse_args()
-    comm = MPI.COMM_WORLD
+    comm = MPICommunicator()
     if comm.size < 2:
         print("bucket_progress: needs at least 2 ranks: mpiexec -n 2 python benchmarks/bucket_progress.py",
               file=sys.stderr)
         return 2
     set_blas_threads(1)
-    matrix = np.random.default_rng(0).standard_normal((args.gemm, args.gemm)).astype(np.float32)
-
-    def kernel() -> None:
-        matrix @ matrix
-
-    kernel()
+    kernel = gemm_kernel(args.gemm)
     rows = []
     for mb in args.mb:
         bucket = np.random.default_rng(comm.rank).standard_normal(int(mb * MIB) // 4).astype(np.float32)
         samples = patterns(comm, bucket, kernel, args.kernels, args.repeats)
-        medians = comm.gather({name: statistics.median(seconds) for name, seconds in samples.items()})
-        if comm.rank == 0:
+        medians = comm.gather_object({name: statistics.median(seconds) for name, seconds in samples.items()})
+        if medians is not None:
             figure = {name: statistics.median(rank[name] for rank in medians) for name in samples}
             alone = figure["alone"]
             rows.append([f"{mb:g}", f"{alone * 1e3:.3f}",

@@ -155,7 +155,10 @@ def _state(calibration: Calibration) -> str:
 def _network(calibration: Calibration) -> str:
     network = calibration.network
     if network is None:
-        return "one node: no Allreduce between nodes timed"
+        progress = calibration.bucket_progress
+        return "one node: no Allreduce between nodes timed" + (
+            f"; a bucket's own calls with blocking reductions after its post, over its blocking Allreduce: "
+            f"{progress.summary()}" if progress else "")
     link = f" over links of {network.link_gbit:g} Gbit/s (emulated)" if network.link_gbit else ""
     intra = (f", Reduce and Bcast among the {network.ranks_per_node} ranks of each node"
              if network.intra_node else "")

@@ -620,6 +620,12 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert all(seconds > 0 for record in (residency.resident, residency.evicted)
                for times in record.values() for seconds in times)
     assert "cache: resident over evicted" in result.stdout
+    # A bucket's own calls timed with blocking reductions after its post, against its blocking Allreduce.
+    progress = calibration.bucket_progress
+    assert progress is not None and (progress.ranks, len(progress.sizes)) == (2, 3)
+    assert all(seconds > 0 for seconds in (*progress.blocking, *progress.own_calls))
+    assert all(0.0 <= progress.share_left(n) <= 1.0 for n in progress.sizes)
+    assert "bucket progress: a bucket's own calls" in result.stdout
     # One (work, wait) sample per probe, the waits at the ranks' barrier fitted as a power law.
     assert len(calibration.sync_samples) == len(calibration_grid((4, 8), QUICK)) + 2  # and the MLP's two rounds
     # The time outside the kernels likewise, but the MLP's rounds as one sample, the last (their median).
@@ -667,6 +673,8 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert again.machine_state is not None and again.machine_state.gemm_flops == state.gemm_flops  # kernels' state kept
     assert again.machine_state.allreduce_seconds is not None and again.machine_state.allreduce_seconds > 0
     assert again.cache_residency is not None and again.cache_residency.sizes == QUICK_RESIDENCY_SIZES  # timed again
+    assert again.bucket_progress is not None and again.bucket_progress != progress  # timed again
+    assert f"over its blocking Allreduce: {again.bucket_progress.summary()}" in result.stdout  # in the report
     unknown = calibrate_cli("--quick", "--models", "vgg12:4", "--out", str(tmp_path / "never.json"))
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1 and "unknown model 'vgg12'" in unknown.stderr
     assert not (tmp_path / "never.json").exists()

@@ -134,6 +134,9 @@ class Machine:
     def cache_factor(self, kernel: str, nbytes: float, moved: float) -> float:
         return 1.0
 
+    def bucket_share_left(self, nbytes: float, procs: int) -> float:
+        return 1.0
+
     transfer_cost = NO_TRANSFER_COST
 
 

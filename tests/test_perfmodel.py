@@ -220,8 +220,10 @@ class ConstantMachine:
     bucket moved in the tests (``transfer``, ``in_tests`` of it inside them), the bytes that
     move between two tests (``window``), the seconds of posting a bucket (``post``) and of
     starting its later collectives (``start``; hand-checkable steps), and the factor
-    ``in_cache`` of a call whose data a rank moved at most ``cache`` bytes past. Its channel
-    is flat (no pipeline whose blocking calls carry only the started buckets)."""
+    ``in_cache`` of a call whose data a rank moved at most ``cache`` bytes past, and the
+    share ``left`` of a bucket's reduction that its own calls do where blocking reductions
+    follow it on one node. Its channel is flat (no pipeline whose blocking calls carry only
+    the started buckets)."""
 
     pipelines_in_tests = False
 
@@ -229,13 +231,13 @@ class ConstantMachine:
                  outside: float = 0.0, load: float = 0.0, background: float = 1.0,
                  during: float | None = None, starts_inside_calls: bool = False, transfer: float = 0.0,
                  window: float = math.inf, post: float = 0.0, in_tests: float = 1.0, start: float = 0.0,
-                 cache: float = 0.0, in_cache: float = 1.0) -> None:
+                 cache: float = 0.0, in_cache: float = 1.0, left: float = 1.0) -> None:
         self.kernel, self.reduce, self.overlaps_communication = kernel, reduce, overlaps_communication
         self.starts_inside_calls, self.transfer, self.window = starts_inside_calls, transfer, window
         self.post, self.in_tests, self.start = post, in_tests, start
         self.wait, self.outside, self.load, self.background = wait, outside, load, background
         self.during = reduce if during is None else during
-        self.cache, self.in_cache = cache, in_cache
+        self.cache, self.in_cache, self.left = cache, in_cache, left
 
     def overhead_seconds(self, calls: int, network: str = "", batch: int = 0, dataset: str | None = None) -> float:
         return self.outside * calls
@@ -270,6 +272,9 @@ class ConstantMachine:
 
     def cache_factor(self, kernel: str, nbytes: float, moved: float) -> float:
         return self.in_cache if moved <= self.cache else 1.0
+
+    def bucket_share_left(self, nbytes: float, procs: int) -> float:
+        return self.left
 
 
 def test_a_step_that_fits_in_the_cache_runs_its_bucket_reductions_and_updates_resident():
@@ -362,10 +367,8 @@ def test_where_the_link_is_the_bottleneck_the_wait_for_the_slowest_rank_hides_be
         outside * (calls - after_first_post))
 
 
-def test_a_batch_norm_reduction_of_backward_waits_for_the_buckets_ahead_of_it_on_the_channel():
-    """Conv - BN - Conv - BN - pool - Flatten - Dense, its first bucket the Dense layer's
-    gradient alone, the second the rest (ready only when backward is done). The second BN's
-    reduction in backward goes out behind the first bucket, and waits for it."""
+def _two_batch_norms() -> tuple[Network, SGD]:
+    """Conv - BN - Conv - BN - pool - Flatten - Dense on 6x6x3 inputs, and SGD without momentum."""
     net = Network("queue", (6, 6, 3), 4)
     for filters in (5, 7):
         net.add(Conv2D(filters, 3, padding=1, use_bias=False))
@@ -373,7 +376,14 @@ def test_a_batch_norm_reduction_of_backward_waits_for_the_buckets_ahead_of_it_on
     for layer in (GlobalAvgPool2D(), Flatten(), Dense(4)):
         net.add(layer)
     network = net.build(make_backend("cpu", "float32"), seed=0)
-    optimizer = SGD(network, momentum=0.0)
+    return network, SGD(network, momentum=0.0)
+
+
+def test_a_batch_norm_reduction_of_backward_waits_for_the_buckets_ahead_of_it_on_the_channel():
+    """Conv - BN - Conv - BN - pool - Flatten - Dense, its first bucket the Dense layer's
+    gradient alone, the second the rest (ready only when backward is done). The second BN's
+    reduction in backward goes out behind the first bucket, and waits for it."""
+    network, optimizer = _two_batch_norms()
     dense, second_bn = len(network.layers) - 1, 3
     first_bucket_mb = network.layers[dense].param_count * 4 / MIB
     kernel, reduce = 1e-3, 0.5
@@ -393,6 +403,43 @@ def test_a_batch_norm_reduction_of_backward_waits_for_the_buckets_ahead_of_it_on
     assert queued[1] == pytest.approx(reduce)  # the channel is free again by then
     unqueued, _ = bn_reductions(False)  # reductions that move no data beside the compute queue for nothing
     assert unqueued == {1: pytest.approx(reduce), second_bn: pytest.approx(reduce)}
+
+
+def test_on_one_node_a_batch_norm_reduction_of_backward_finishes_the_buckets_posted_before_it():
+    """The network above on one node, where a bucket moves only inside MPI calls and its own
+    calls do a quarter of it where blocking reductions follow its post. The Dense layer's
+    bucket is posted before the second BN's reduction, which takes the other three
+    quarters; the rest of the gradient is ready only as backward ends, after every
+    reduction, and stays whole in its calls. The step's time moves from COMM to BP: its
+    totals are those of buckets left whole. Where the ranks wait for the slowest there,
+    the bucket's work runs inside the wait, and only what outlasts it lengthens the step."""
+    network, optimizer = _two_batch_norms()
+    dense, second_bn = len(network.layers) - 1, 3
+    first_bucket_mb = network.layers[dense].param_count * 4 / MIB
+    kernel, reduce = 1e-3, 0.5
+
+    def step(left: float, wait: float = 0.0) -> StepPrediction:
+        machine = ConstantMachine(kernel, reduce, overlaps_communication=False, wait=wait, left=left)
+        return predict_step(network, optimizer, 8, 2, machine, bucket_mb=1.0, first_bucket_mb=first_bucket_mb)
+
+    def bn_reductions(prediction: StepPrediction) -> dict[int, float]:
+        return {k.layer: k.seconds for k in prediction.kernels if k.kernel == "allreduce" and k.stage == "BP"}
+
+    whole, quarter = step(1.0), step(0.25)
+    assert bn_reductions(quarter) == {1: pytest.approx(reduce), second_bn: pytest.approx(reduce + 0.75 * reduce)}
+    buckets = [k.seconds for k in quarter.kernels if k.kernel == "allreduce" and k.stage == "COMM"][:-1]
+    assert buckets == [pytest.approx(0.25 * reduce), pytest.approx(reduce)]
+    assert quarter.bucket_seconds == whole.bucket_seconds == [reduce, reduce]
+    assert quarter.stage_seconds["BP"] - whole.stage_seconds["BP"] == pytest.approx(0.75 * reduce)
+    assert whole.stage_seconds["COMM"] - quarter.stage_seconds["COMM"] == pytest.approx(0.75 * reduce)
+    for overlap in (True, False):
+        assert quarter.step_seconds(overlap) == pytest.approx(whole.step_seconds(overlap))
+
+    waiting, waiting_quarter = step(1.0, wait=10.0), step(0.25, wait=10.0)
+    waited = bn_reductions(waiting)[second_bn] - reduce  # the wait for the slowest in the second BN's reduction
+    assert 0 < waited < 0.75 * reduce
+    assert bn_reductions(waiting_quarter)[second_bn] == pytest.approx(reduce + max(waited, 0.75 * reduce))
+    assert waiting.step_with_overlap - waiting_quarter.step_with_overlap == pytest.approx(waited)
 
 
 def test_over_mpi_a_reduction_phase_begins_only_at_a_test_once_the_one_before_it_has_arrived():

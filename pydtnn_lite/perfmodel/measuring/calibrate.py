@@ -21,12 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pydtnn_lite.backend import Backend
+from pydtnn_lite.backend import Backend, make_backend
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.comm.mpi import MPICommunicator
 from pydtnn_lite.comm.nodes import node_name
 from pydtnn_lite.costs import GEMM, KERNEL_REVISIONS
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import FULL_SIZES, allreduce_samples
+from pydtnn_lite.perfmodel.measuring.bucket_progress import measure_bucket_progress
 from pydtnn_lite.perfmodel.measuring.cache_residency import SIZES as RESIDENCY_SIZES
 from pydtnn_lite.perfmodel.measuring.cache_residency import measure_cache_residency
 from pydtnn_lite.perfmodel.measuring.data_loading import (
@@ -50,6 +51,7 @@ from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, Probe, calibr
 from pydtnn_lite.perfmodel.measuring.process_counts import samples_beyond
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe, median_over_ranks, rounded
 from pydtnn_lite.perfmodel.measuring.thread_scaling import measure_gemm_shapes, measure_thread_scaling
+from pydtnn_lite.perfmodel.modelling.bucket_progress import BucketProgress
 from pydtnn_lite.perfmodel.modelling.cache_residency import CacheResidency
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.drift import MachineState, mean_allreduce
@@ -208,6 +210,8 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     residency = (measure_cache_residency(mpi_of(comm), settings.residency_sizes)
                  if comm.size > 1 and on_host else None)
     phase_done("cache", _residency(residency))
+    progress = one_node_bucket_progress(mpi_of(comm)) if comm.size > 1 and on_host else None
+    phase_done("bucket progress", _progress(progress))
     reductions, allreduce = bracketed_allreduce_samples(comm, settings.allreduce_sizes)
     state = MachineState.over(instants, allreduce, typical=True)
     reduction_cpu: list[tuple[int, int, float]] = []
@@ -249,7 +253,8 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                        read_ahead_samples=read_ahead_samples, read_ahead_share=read_ahead,
                        machine_state=state, network=network, cold_start_samples=cold_starts,
                        kernel_probes=[work for work in kernel_probes if work.calls], thread_scaling=scaling,
-                       kernel_revisions=dict(KERNEL_REVISIONS), cache_residency=residency)
+                       kernel_revisions=dict(KERNEL_REVISIONS), cache_residency=residency,
+                       bucket_progress=progress)
 
 
 def in_rounds(grid: Sequence[Probe], jobs: Sequence[Probe], rounds: int) -> list[Probe]:
@@ -296,6 +301,19 @@ def _residency(residency: CacheResidency | None) -> str:
             + ", ".join(f"{kernel} x{min(r):.2f} to x{max(r):.2f}" for kernel, r in ratios.items()))
 
 
+def _progress(progress: BucketProgress | None) -> str:
+    if progress is None:
+        return "skipped: one rank, several nodes, or not on the host"
+    return f"a bucket's own calls with blocking reductions after it, over its blocking Allreduce: {progress.summary()}"
+
+
+def one_node_bucket_progress(comm: MPICommunicator) -> BucketProgress | None:
+    """:func:`measure_bucket_progress` where the job's ranks share one node, else None: on
+    several nodes the links move the buckets (``Calibration.network``). Collective."""
+    one_node = len(set(comm.allgather_object(node_name()))) == 1
+    return measure_bucket_progress(comm, CacheEvictor(make_backend("cpu"))) if one_node else None
+
+
 def _levels(network: NetworkTimings | None) -> str:
     if network is None:
         return ""
@@ -334,10 +352,12 @@ def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tup
     """Time Allreduce of ``sizes`` again into ``calibration`` (collective; the kernel models
     and samples are kept), and with ``beyond_job`` at the process counts above the job's
     too: the file's Allreduce samples are then this job's (:func:`check_allreduce_ranks`).
-    The cache residency is timed again too, at ``residency_sizes``."""
+    The cache residency is timed again too, at ``residency_sizes``, and where the ranks
+    share a node the bucket progress."""
     check_allreduce_ranks(comm.size)
     started, load_before = time.perf_counter(), os.getloadavg()
     calibration.cache_residency = measure_cache_residency(mpi_of(comm), residency_sizes)
+    calibration.bucket_progress = one_node_bucket_progress(mpi_of(comm))
     samples, probes = bracketed_allreduce_samples(comm, sizes)
     beyond, cpu_samples = samples_beyond(comm, usable_cores()) if beyond_job else ([], [])
     samples += beyond

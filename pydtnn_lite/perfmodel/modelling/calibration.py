@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pydtnn_lite.costs import ALLREDUCE, FUSED_KERNELS, KERNEL_REVISIONS, TRANSFER_CPU, KernelCost, Stage
+from pydtnn_lite.perfmodel.modelling.bucket_progress import BucketProgress
 from pydtnn_lite.perfmodel.modelling.cache_residency import CacheResidency
 from pydtnn_lite.perfmodel.modelling.drift import COMPUTE_BOUND, STREAMING, MachineState, ProbedWork
 from pydtnn_lite.perfmodel.modelling.network import NetworkTimings
@@ -86,7 +87,10 @@ class Calibration:
     (``costs.KERNEL_REVISIONS`` of the code that measured it; none in older files).
     ``cache_residency`` times the Allreduce and the updates with their data in the cache
     against after an eviction (``cache_residency.py``; None in older files and on one
-    rank: every call is predicted evicted).
+    rank: every call is predicted evicted). ``bucket_progress`` times a bucket's own calls
+    where blocking reductions follow its post on one node, against its blocking Allreduce
+    (``bucket_progress.py``; None in older files, on one rank and on several nodes: a
+    bucket's whole reduction is predicted in its own calls).
     """
 
     machine: dict
@@ -114,6 +118,7 @@ class Calibration:
     thread_scaling: ThreadScaling | None = None
     kernel_revisions: dict[str, int] = field(default_factory=dict)
     cache_residency: CacheResidency | None = None
+    bucket_progress: BucketProgress | None = None
     _cold_start: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _widest: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
     _sampled: dict[str, dict[tuple, tuple[float, int]]] = field(  # by sizes: (median, count)
@@ -331,7 +336,8 @@ class Calibration:
                                        for name, samples in sorted(self.cold_start_samples.items())},
                 "thread_scaling": self.thread_scaling.to_dict() if self.thread_scaling else None,
                 "kernel_revisions": dict(sorted(self.kernel_revisions.items())),
-                "cache_residency": self.cache_residency.to_dict() if self.cache_residency else None}
+                "cache_residency": self.cache_residency.to_dict() if self.cache_residency else None,
+                "bucket_progress": self.bucket_progress.to_dict() if self.bucket_progress else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> Calibration:
@@ -372,7 +378,9 @@ class Calibration:
                    kernel_revisions={name: int(revision)
                                      for name, revision in data.get("kernel_revisions", {}).items()},
                    cache_residency=(CacheResidency.from_dict(data["cache_residency"])
-                                    if data.get("cache_residency") else None))
+                                    if data.get("cache_residency") else None),
+                   bucket_progress=(BucketProgress.from_dict(data["bucket_progress"])
+                                    if data.get("bucket_progress") else None))
 
     def save(self, path: str) -> None:
         """Write the calibration file at ``path`` (its folder is created; the file is replaced

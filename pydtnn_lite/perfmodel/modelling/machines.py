@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from pydtnn_lite.costs import COMPUTE_STAGES, DATA_LOAD, FUSED_KERNELS, GEMM, KernelCost, Stage
+from pydtnn_lite.costs import ALLREDUCE, COMPUTE_STAGES, DATA_LOAD, FUSED_KERNELS, GEMM, KernelCost, Stage
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Optimizer
@@ -123,6 +123,10 @@ class CalibratedMachine:
     def cache_factor(self, kernel: str, nbytes: float, moved: float) -> float:
         return _cache_factor(self.calibration, self.calibration.placement, kernel, nbytes, moved)
 
+    def bucket_share_left(self, nbytes: float, procs: int) -> float:
+        progress = self.calibration.bucket_progress
+        return 1.0 if progress is None or procs <= 1 else progress.share_left(nbytes)
+
     @property
     def transfer_cost(self) -> TransferCost:
         network = self.calibration.network
@@ -180,6 +184,11 @@ class AdjustedMachine:
             lines.append("the calibration holds no cache residency (a file older than it): buckets and updates "
                          "that a step leaves in the cache are predicted evicted; calibrate again, or add it with "
                          "calibrate --allreduce-only FILE")
+        if (ALLREDUCE in names and calibration.bucket_progress is None and calibration.network is None
+                and not self.placement.oversubscribed and calibration.machine.get("device", "cpu") == "cpu"):
+            lines.append("the calibration holds no bucket progress (a file older than it): the buckets' reductions "
+                         "are predicted whole in COMM, where the batch norms' reductions do most of them; "
+                         "calibrate again, or add it with calibrate --allreduce-only FILE")
         if self.placement.oversubscribed and counts and self.placement.ranks not in counts:
             lines.append(f"the calibration timed Allreduce on {', '.join(map(str, sorted(counts)))} ranks, not on "
                          f"{self.placement.ranks} sharing the cores: their reductions come from a fit that does "
@@ -255,6 +264,12 @@ class AdjustedMachine:
 
     def cache_factor(self, kernel: str, nbytes: float, moved: float) -> float:
         return _cache_factor(self.base.calibration, self.placement, kernel, nbytes, moved)
+
+    def bucket_share_left(self, nbytes: float, procs: int) -> float:
+        """The calibration's, timed with a rank per core: where ranks time-share the cores a
+        rank waiting in a blocking call gives its core to one that computes, and none of it is
+        known (all of a bucket is left to its own calls)."""
+        return 1.0 if self.placement.oversubscribed else self.base.bucket_share_left(nbytes, procs)
 
     @property
     def transfer_cost(self) -> TransferCost:

@@ -82,6 +82,7 @@ def merge_calibrations(calibrations: Sequence[Calibration]) -> Calibration:
         machine_state=_mean_state([c.machine_state for c in calibrations]),
         network=next((c.network for c in calibrations if c.network is not None), None),
         cache_residency=next((c.cache_residency for c in calibrations if c.cache_residency is not None), None),
+        bucket_progress=next((c.bucket_progress for c in calibrations if c.bucket_progress is not None), None),
         kernel_probes=[run for c in calibrations for run in c.kernel_probes],
         thread_scaling=_mean_scaling([c.thread_scaling for c in calibrations]),
         kernel_revisions={kernel: revision for kernel, revision in revisions.items() if revision > 1})
