@@ -431,7 +431,7 @@ def _finished_in_blocking_reductions(network: Network, kernels: list[PredictedKe
     ResNet50's steps (docs/model-accuracy-log.md, 2026-12-02 evening)."""
     extra: dict[CallKey, float] = {}
     taken = [0.0] * len(buckets)
-    handed_over = 0  # buckets before this one went out behind an earlier reduction
+    handed_over = 0  # the buckets before this index went to an earlier reduction
     for kernel, posted in _with_posts(network, kernels, buckets):
         if kernel.kernel == ALLREDUCE and posted > handed_over:
             taken[handed_over:posted] = handed[handed_over:posted]
