@@ -9,20 +9,19 @@ bucket's blocking Allreduce after one kernel, they give the
 """
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pydtnn_lite.perfmodel.measuring.sampling import rounded
+from pydtnn_lite.comm.gradients import MIB
+from pydtnn_lite.perfmodel.measuring.sampling import median_of_slowest, rounded
 from pydtnn_lite.perfmodel.modelling.bucket_progress import BucketProgress
 
 if TYPE_CHECKING:
     from pydtnn_lite.comm.mpi import MPICommunicator
 
-MIB = 1 << 20
 SIZES = (MIB, 4 * MIB, 16 * MIB)  # the trainer's buckets are 4 MiB, its first 1 MiB by default
 KERNELS, GEMM_SIZE, REPEATS = 6, 256, 15
 STATISTICS_VALUES = 64  # a batch-norm layer's sums, as float64
@@ -105,6 +104,6 @@ def measure_bucket_progress(comm: MPICommunicator, evict: Callable[[], None], si
                 alone.append(once)
                 own.append(beside)
         per_rank = comm.allgather_object((alone, own))
-        blocking_seconds.append(rounded(statistics.median(map(max, zip(*(a for a, _ in per_rank), strict=True)))))
-        own_seconds.append(rounded(statistics.median(map(max, zip(*(o for _, o in per_rank), strict=True)))))
+        blocking_seconds.append(rounded(median_of_slowest([a for a, _ in per_rank])))
+        own_seconds.append(rounded(median_of_slowest([o for _, o in per_rank])))
     return BucketProgress(comm.size, tuple(int(n) for n in sizes), tuple(blocking_seconds), tuple(own_seconds))

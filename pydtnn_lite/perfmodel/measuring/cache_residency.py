@@ -23,7 +23,7 @@ from pydtnn_lite.backend import make_backend
 from pydtnn_lite.costs import ALLREDUCE
 from pydtnn_lite.optim import SGD, Adam
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
-from pydtnn_lite.perfmodel.measuring.sampling import rounded
+from pydtnn_lite.perfmodel.measuring.sampling import median_of_slowest, rounded
 from pydtnn_lite.perfmodel.modelling.cache_residency import CacheResidency
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def measure_cache_residency(comm: MPICommunicator, sizes: Sequence[int] = SIZES,
         per_rank = comm.allgather_object(_rank_seconds(comm, max(nbytes // 4, 1), evict, calls, rounds))
         for kernel, mode in per_rank[0]:
             columns = [rank[(kernel, mode)] for rank in per_rank]
-            median = (statistics.median(max(call) for call in zip(*columns, strict=True)) if kernel == ALLREDUCE
+            median = (median_of_slowest(columns) if kernel == ALLREDUCE
                       else statistics.median(statistics.median(column) for column in columns))
             (resident if mode == RESIDENT else evicted).setdefault(kernel, []).append(rounded(median))
     return CacheResidency(comm.size, tuple(int(n) for n in sizes), resident, evicted)

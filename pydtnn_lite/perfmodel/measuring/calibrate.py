@@ -210,7 +210,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     residency = (measure_cache_residency(mpi_of(comm), settings.residency_sizes)
                  if comm.size > 1 and on_host else None)
     phase_done("cache", _residency(residency))
-    progress = one_node_bucket_progress(mpi_of(comm)) if comm.size > 1 and on_host else None
+    progress = one_node_bucket_progress(mpi_of(comm), evict) if comm.size > 1 and on_host else None
     phase_done("bucket progress", _progress(progress))
     reductions, allreduce = bracketed_allreduce_samples(comm, settings.allreduce_sizes)
     state = MachineState.over(instants, allreduce, typical=True)
@@ -307,11 +307,11 @@ def _progress(progress: BucketProgress | None) -> str:
     return f"a bucket's own calls with blocking reductions after it, over its blocking Allreduce: {progress.summary()}"
 
 
-def one_node_bucket_progress(comm: MPICommunicator) -> BucketProgress | None:
+def one_node_bucket_progress(comm: MPICommunicator, evict: CacheEvictor) -> BucketProgress | None:
     """:func:`measure_bucket_progress` where the job's ranks share one node, else None: on
     several nodes the links move the buckets (``Calibration.network``). Collective."""
     one_node = len(set(comm.allgather_object(node_name()))) == 1
-    return measure_bucket_progress(comm, CacheEvictor(make_backend("cpu"))) if one_node else None
+    return measure_bucket_progress(comm, evict) if one_node else None
 
 
 def _levels(network: NetworkTimings | None) -> str:
@@ -357,7 +357,7 @@ def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tup
     check_allreduce_ranks(comm.size)
     started, load_before = time.perf_counter(), os.getloadavg()
     calibration.cache_residency = measure_cache_residency(mpi_of(comm), residency_sizes)
-    calibration.bucket_progress = one_node_bucket_progress(mpi_of(comm))
+    calibration.bucket_progress = one_node_bucket_progress(mpi_of(comm), CacheEvictor(make_backend("cpu")))
     samples, probes = bracketed_allreduce_samples(comm, sizes)
     beyond, cpu_samples = samples_beyond(comm, usable_cores()) if beyond_job else ([], [])
     samples += beyond

@@ -45,6 +45,12 @@ def rounded(seconds: float) -> float:
     return float(f"{seconds:.4g}")
 
 
+def median_of_slowest(per_rank: Sequence[Sequence[float]]) -> float:
+    """The median over calls of the slowest rank's seconds, ``per_rank`` holding each rank's
+    seconds of the same calls in the same order: a collective lasts until its slowest rank is done."""
+    return statistics.median(max(call) for call in zip(*per_rank, strict=True))
+
+
 class RandomImages(Dataset):
     """Any number of samples of ``input_shape``, served from one random batch: the probes
     time the kernels of a step, so the loading must cost little and fit any shape."""
