@@ -23,6 +23,7 @@ import argparse
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm.mpi import MPICommunicator
 from pydtnn_lite.perfmodel.measuring.cache_residency import CALLS, ROUNDS, measure_cache_residency
+from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
 from pydtnn_lite.runtime import default_blas_threads, set_blas_threads
 from pydtnn_lite.textable import format_table
 
@@ -36,7 +37,8 @@ def main() -> None:
     args = parser.parse_args()
     comm = MPICommunicator()
     set_blas_threads(default_blas_threads(comm))  # as calibrate runs them: a rank's share of the cores
-    residency = measure_cache_residency(comm, [int(mib * (1 << 20)) for mib in args.mib], args.calls, args.rounds)
+    residency = measure_cache_residency(comm, CacheEvictor(make_backend("cpu")),
+                                        [int(mib * (1 << 20)) for mib in args.mib], args.calls, args.rounds)
     if comm.rank != 0:
         return
     rows = [[kernel, f"{nbytes / (1 << 20):g}", f"{1e3 * resident:.3f}", f"{1e3 * evicted:.3f}",

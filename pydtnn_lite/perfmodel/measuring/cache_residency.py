@@ -19,10 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pydtnn_lite import kernels
-from pydtnn_lite.backend import make_backend
 from pydtnn_lite.costs import ALLREDUCE
 from pydtnn_lite.optim import SGD, Adam
-from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
 from pydtnn_lite.perfmodel.measuring.sampling import median_of_slowest, rounded
 from pydtnn_lite.perfmodel.modelling.cache_residency import CacheResidency
 
@@ -70,13 +68,12 @@ def _rank_seconds(comm: MPICommunicator, count: int, evict: Callable[[], None], 
     return seconds
 
 
-def measure_cache_residency(comm: MPICommunicator, sizes: Sequence[int] = SIZES, calls: int = CALLS,
-                            rounds: int = ROUNDS) -> CacheResidency:
-    """Time every kernel of :func:`_calls` resident and evicted on gradients of ``sizes``
-    bytes (collective; every rank gets the record). An Allreduce lasts until its slowest
+def measure_cache_residency(comm: MPICommunicator, evict: Callable[[], None], sizes: Sequence[int] = SIZES,
+                            calls: int = CALLS, rounds: int = ROUNDS) -> CacheResidency:
+    """Time every kernel of :func:`_calls` resident and evicted (by ``evict``) on gradients
+    of ``sizes`` bytes (collective; every rank gets the record). An Allreduce lasts until its slowest
     rank is done: the median over calls of the slowest rank's seconds; an update is each
     rank's own: the median over ranks of each rank's median."""
-    evict = CacheEvictor(make_backend("cpu"))
     resident: dict[str, list[float]] = {}
     evicted: dict[str, list[float]] = {}
     for nbytes in sizes:

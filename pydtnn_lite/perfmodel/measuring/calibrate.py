@@ -207,7 +207,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
 
     # Before the Allreduce samples: the child jobs that time the counts beyond the job's leave
     # the machine busy for seconds after they end.
-    residency = (measure_cache_residency(mpi_of(comm), settings.residency_sizes)
+    residency = (measure_cache_residency(mpi_of(comm), evict, settings.residency_sizes)
                  if comm.size > 1 and on_host else None)
     phase_done("cache", _residency(residency))
     progress = one_node_bucket_progress(mpi_of(comm), evict) if comm.size > 1 and on_host else None
@@ -356,8 +356,9 @@ def remeasure_allreduce(calibration: Calibration, comm: Communicator, sizes: tup
     share a node the bucket progress."""
     check_allreduce_ranks(comm.size)
     started, load_before = time.perf_counter(), os.getloadavg()
-    calibration.cache_residency = measure_cache_residency(mpi_of(comm), residency_sizes)
-    calibration.bucket_progress = one_node_bucket_progress(mpi_of(comm), CacheEvictor(make_backend("cpu")))
+    evict = CacheEvictor(make_backend("cpu"))
+    calibration.cache_residency = measure_cache_residency(mpi_of(comm), evict, residency_sizes)
+    calibration.bucket_progress = one_node_bucket_progress(mpi_of(comm), evict)
     samples, probes = bracketed_allreduce_samples(comm, sizes)
     beyond, cpu_samples = samples_beyond(comm, usable_cores()) if beyond_job else ([], [])
     samples += beyond
