@@ -100,7 +100,9 @@ THREADED_FROM_ELEMENTS: dict[str, int] = {"concat": 1 << 21}
 # kernel's samples from the files that timed its newest revision, and a prediction warns
 # where its calibration timed an older one.
 KERNEL_REVISIONS: dict[str, int] = {
-    "concat": 3,  # 2: copied by every thread, not by NumPy on one; 3: each output row written once
+    # 2: copied by every thread, not by NumPy on one; 3: each output row written once; 4: a
+    # dense block's joins write their new channels alone into the block's shared buffer.
+    "concat": 4,
     "batchnorm_sums": 2,  # one read of memory, deviations from each block's first row summed in float32 runs
     # The batch-norm loops read their inputs flat by row strides (2-D indexing left channel
     # slices unvectorised); the input gradient may add the input's other gradients in.

@@ -23,6 +23,7 @@ from pydtnn_lite.backend import Backend, make_backend
 from pydtnn_lite.costs import KernelCost, Stage
 from pydtnn_lite.layers.base import Layer, Shape, StepContext, gradient_sum_cost
 from pydtnn_lite.layers.batchnorm import link_statistics
+from pydtnn_lite.layers.merge import link_joins
 from pydtnn_lite.textable import format_table
 
 Scope = Callable[[int, str], AbstractContextManager]
@@ -96,6 +97,7 @@ class Network:
             layer.needs_input_grad = any(s != self.INPUT and needs_grad[s] for s in sources)
             needs_grad.append(bool(layer.params) or layer.needs_input_grad)
         link_statistics(self.layers, self.inputs)
+        link_joins(self.layers, self.inputs)
         for layer in self.layers:
             layer.adds_input_grad, layer.output_grad_terms = False, 1
         for index, source in self._gradient_sums():

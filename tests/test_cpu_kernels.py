@@ -125,6 +125,20 @@ def test_concat_matches_numpy(parallel_elements, monkeypatch):
     np.testing.assert_array_equal(cpu.concat(inputs), np.concatenate(inputs, axis=-1))
 
 
+@pytest.mark.parametrize("parallel_elements", [0, cpu.CONCAT_PARALLEL_ELEMENTS])
+def test_concat_writes_into_a_channel_slice_of_a_wider_map(parallel_elements, monkeypatch):
+    """A dense block's join: the inputs written into their channels of a shared buffer, in
+    place, every other channel left as it was; NumPy's version the same."""
+    monkeypatch.setattr(cpu, "CONCAT_PARALLEL_ELEMENTS", parallel_elements)
+    first, second = normal((2, 5, 3, 4), np.float32, seed=1), normal((2, 5, 3, 2), np.float32, seed=2)
+    for concat in (cpu.concat, elementwise.concat):
+        buffer = normal((2, 5, 3, 9), np.float32, seed=3)
+        expected = buffer.copy()
+        expected[..., 3:9] = np.concatenate([first, second], axis=-1)
+        assert concat([first, second], out=buffer[..., 3:9]).base is buffer
+        np.testing.assert_array_equal(buffer, expected)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_host_total_is_numpys_sum_and_lets_nan_and_inf_through(dtype):
     """The divergence check's sum of a step's gradients: NumPy's sum to rounding, and NaN or

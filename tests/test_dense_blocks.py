@@ -119,3 +119,72 @@ def test_a_gradient_added_in_the_batch_norm_costs_one_read_and_no_add():
         layer.adds_input_grad = False
     assert [cost.kernel for _, cost in net.costs(2)].count("add") == 3
 
+
+
+def joins(net: Network) -> list[Concat]:
+    return [layer for layer in net.layers if isinstance(layer, Concat)]
+
+
+def unlink_joins(net: Network) -> None:
+    for join in joins(net):
+        join.extends = join.extended_by = None
+        join.capacity = join.output_shape[-1]
+
+
+def test_the_joins_of_a_block_write_into_one_buffer():
+    """Each join's output is the leading channels of one map as wide as the block, and equals
+    the concatenation of its inputs, the earlier outputs unchanged by the later joins."""
+    net = dense_block()
+    block = joins(net)
+    assert [join.extends for join in block] == [None, block[0], block[1]]
+    assert [join.capacity for join in block] == [9, 9, 9]
+    seen: list[tuple] = []
+    for join in block:
+        def recording(*inputs, ctx, join=join, forward=join.forward):
+            out = forward(*inputs, ctx=ctx)
+            seen.append((out, np.concatenate(inputs, axis=-1)))
+            return out
+        join.forward = recording
+    net.forward(np.random.default_rng(6).normal(size=(2, 5, 5, 3)), StepContext(training=True, global_batch=2))
+    assert [out.shape[-1] for out, _ in seen] == [5, 7, 9]
+    assert all(np.shares_memory(out, seen[-1][0]) for out, _ in seen)
+    for out, expected in seen:
+        np.testing.assert_array_equal(out, expected)
+
+
+def test_linked_joins_train_as_unlinked_ones():
+    x = np.random.default_rng(7).normal(size=(3, 5, 5, 3))
+    results = []
+    for linked in (True, False):
+        net = dense_block()
+        if not linked:
+            unlink_joins(net)
+        logits = net.forward(x, StepContext(training=True, global_batch=3))
+        net.backward(np.ones_like(logits))
+        results.append((logits, net.flat_grads.copy()))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+
+
+def test_a_map_that_two_joins_read_is_joined_apart():
+    """Where two joins take one output, neither writes after it: both keep their own map."""
+    net = Network("fork", (4, 4, 2), 3)
+    stem = net.add(Conv2D(2, 1))
+    first = net.add(Concat(), stem, net.add(Conv2D(1, 1), stem))
+    left = net.add(Concat(), first, net.add(Conv2D(2, 1), first))
+    right = net.add(Concat(), first, net.add(Conv2D(3, 1), first))
+    net.add(Concat(), left, right)
+    net.add(GlobalAvgPool2D())
+    net.add(Flatten())
+    net.add(Dense(3))
+    net.build(FLOAT64, seed=2)
+    assert [join.extends for join in joins(net)] == [None, None, None, net.layers[left]]
+    assert network_gradient_error(net, np.random.default_rng(8).normal(size=(2, 4, 4, 2)), np.array([0, 2])) <= 1e-6
+
+
+def test_a_linked_join_lists_the_copy_of_its_new_channels_alone():
+    block = joins(dense_block())
+    written = [next(cost for cost in join.costs(2) if cost.kernel == "concat").dims[0] for join in block]
+    assert written == [2 * 25 * 5, 2 * 25 * 2, 2 * 25 * 2]
+    densenet = joins(create_model("densenet121", (32, 32, 3), 10).build(FLOAT64))
+    assert sum(join.extends is not None for join in densenet) == 54  # each block's joins but its first

@@ -55,9 +55,16 @@ def add(inputs: Sequence[Any]) -> Any:
     return total
 
 
-def concat(inputs: Sequence[Any]) -> Any:
-    """Join NHWC tensors along channels (the dense-block merge)."""
-    return array_module(inputs[0]).concatenate(inputs, axis=-1)
+def concat(inputs: Sequence[Any], out: Any = None) -> Any:
+    """Join NHWC tensors along channels (the dense-block merge); with ``out``, into it (its
+    channels as many as the inputs' together: a channel slice of a wider map, for one)."""
+    if out is None:
+        return array_module(inputs[0]).concatenate(inputs, axis=-1)
+    start = 0
+    for term in inputs:
+        out[..., start:start + term.shape[-1]] = term
+        start += term.shape[-1]
+    return out
 
 
 def split(grad_out: Any, channels: Sequence[int]) -> list:
