@@ -418,7 +418,9 @@ def concat(inputs: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.nd
     sources = tuple(span for span, _ in spans)
     if out_stride is None or not np.may_share_memory(rows, out) or len(
             {numba.typeof(source) for source in sources}) != 1 or sources[0].dtype != out.dtype:
-        return elementwise.concat(inputs, out)  # of mixed types, which one compiled loop cannot take
+        # Rows not evenly spaced (the writes must land in ``out`` itself), or inputs of mixed
+        # types, which one compiled loop cannot take.
+        return elementwise.concat(inputs, out)
     join = _join_rows if out.size >= CONCAT_PARALLEL_ELEMENTS else _join_rows.serial
     join(rows.shape[0], sources, np.array([stride for _, stride in spans]),
          np.array([term.shape[-1] for term in inputs]), _span(rows)[0], out_stride)

@@ -135,11 +135,8 @@ def link_joins(layers: Sequence[Layer], sources: Sequence[Sequence[int]]) -> Non
             for position, source in enumerate(inputs):
                 joins_of.setdefault(source, []).append((index, position))
     for index, inputs in enumerate(sources):
-        layer, first = layers[index], inputs[0]
-        if isinstance(layer, Concat) and first >= 0 and isinstance(layers[first], Concat) \
-                and joins_of[first] == [(index, 0)]:
-            earlier = layers[first]
-            assert isinstance(earlier, Concat)
+        layer, earlier = layers[index], layers[inputs[0]] if inputs[0] >= 0 else None
+        if isinstance(layer, Concat) and isinstance(earlier, Concat) and joins_of[inputs[0]] == [(index, 0)]:
             layer.extends, earlier.extended_by = earlier, layer
     for layer in layers:
         if isinstance(layer, Concat) and layer.extends is None:
