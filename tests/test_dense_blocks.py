@@ -120,7 +120,6 @@ def test_a_gradient_added_in_the_batch_norm_costs_one_read_and_no_add():
     assert [cost.kernel for _, cost in net.costs(2)].count("add") == 3
 
 
-
 def joins(net: Network) -> list[Concat]:
     return [layer for layer in net.layers if isinstance(layer, Concat)]
 

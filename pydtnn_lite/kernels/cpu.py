@@ -412,18 +412,18 @@ def concat(inputs: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.nd
     if out is None:
         out = np.empty(inputs[0].shape[:-1] + (sum(term.shape[-1] for term in inputs),),
                        dtype=np.result_type(*inputs))
-    rows = _rows(out)  # a view where the rows lie evenly apart: a copy would take the writes
-    out_stride = row_stride(rows) if rows.shape[0] > 1 else rows.shape[1]
+    rows = _rows(out)
+    out_span, out_stride = _span(rows)
     spans = [_strided(term) for term in inputs]
     sources = tuple(span for span, _ in spans)
-    if out_stride is None or not np.may_share_memory(rows, out) or len(
+    if not np.may_share_memory(out_span, out) or len(
             {numba.typeof(source) for source in sources}) != 1 or sources[0].dtype != out.dtype:
-        # Rows not evenly spaced (the writes must land in ``out`` itself), or inputs of mixed
-        # types, which one compiled loop cannot take.
+        # Rows not evenly spaced (a copy, where the writes must land in ``out`` itself), or
+        # inputs of mixed types, which one compiled loop cannot take.
         return elementwise.concat(inputs, out)
     join = _join_rows if out.size >= CONCAT_PARALLEL_ELEMENTS else _join_rows.serial
     join(rows.shape[0], sources, np.array([stride for _, stride in spans]),
-         np.array([term.shape[-1] for term in inputs]), _span(rows)[0], out_stride)
+         np.array([term.shape[-1] for term in inputs]), out_span, out_stride)
     return out
 
 

@@ -87,8 +87,7 @@ class Concat(Layer):
         self.extends: Concat | None = None  # the join before it in a block, whose buffer it writes into
         self.extended_by: Concat | None = None
         self.capacity = 0  # channels of the block's buffer: this join's own, unless linked
-        self._buffer: Any = None  # this step's buffer and the view returned, until the next join takes them
-        self._joined: Any = None
+        self._joined: Any = None  # this step's view of the buffer, until the next join takes it
 
     def init(self, input_shapes: Sequence[Shape], backend: Backend, rng: np.random.Generator) -> Shape:
         if len({tuple(s[:-1]) for s in input_shapes}) != 1:
@@ -100,17 +99,17 @@ class Concat(Layer):
     def forward(self, *inputs: Any, ctx: StepContext) -> Any:
         earlier = self.extends
         if earlier is not None and earlier._joined is not None and inputs[0] is earlier._joined:
-            buffer, start, new = earlier._buffer, inputs[0].shape[-1], inputs[1:]
-            earlier._buffer = earlier._joined = None
+            buffer, start, new = inputs[0].base, inputs[0].shape[-1], inputs[1:]  # the view's buffer
+            earlier._joined = None
         else:  # the block's first join, or a join run on its own
             xp = array_module(inputs[0])
             buffer = xp.empty(inputs[0].shape[:-1] + (self.capacity,), dtype=xp.result_type(*inputs))
             start, new = 0, inputs
-        width = sum(self.channels)
+        width = self.output_shape[-1]
         kernels.concat(new, out=buffer[..., start:width])
         joined = buffer[..., :width]
         if self.extended_by is not None:
-            self._buffer, self._joined = buffer, joined
+            self._joined = joined
         return joined
 
     def backward(self, grad_out: Any) -> list:
@@ -120,7 +119,7 @@ class Concat(Layer):
         """The copy of what this join writes (a linked join: its new inputs alone) and the
         split of the gradient, views."""
         n = self.elements(batch)
-        written = n if self.extends is None else n // sum(self.channels) * sum(self.channels[1:])
+        written = n if self.extends is None else n // self.output_shape[-1] * sum(self.channels[1:])
         return [KernelCost(Stage.FP, "concat", 0, 2 * written * self.itemsize, (written,)),
                 KernelCost(Stage.BP, "split", 0, 0, (n,))]  # views, no copy
 
