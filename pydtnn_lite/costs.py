@@ -108,9 +108,11 @@ KERNEL_REVISIONS: dict[str, int] = {
     # slices unvectorised); the input gradient may add the input's other gradients in.
     "batchnorm_normalize": 2,
     "batchnorm_relu_normalize": 2,
-    "batchnorm_grad_sums": 2,
+    # The gradient's sums, 3 (with the ReLU 4): runs of rows summed in the input's precision,
+    # the runs' sums in float64 (the ReLU's 2: its mask computed from the input, not read).
+    "batchnorm_grad_sums": 3,
     "batchnorm_grad_input": 2,
-    "batchnorm_relu_grad_sums": 3,  # 2: the ReLU's mask computed from the input, not read from the output
+    "batchnorm_relu_grad_sums": 4,
     "batchnorm_relu_grad_input": 3,
     "gemm": 2,  # Winograd's 36 products on contiguous, point-major matrices
     "winograd_input": 2,  # point-major tiles, written a point at a time

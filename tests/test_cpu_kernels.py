@@ -220,6 +220,26 @@ def test_batchnorm_kernels_match_numpy(dtype, shape):
                                rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("relu", [False, True])
+def test_float32_gradient_sums_hold_float32_precision_over_many_rows(relu):
+    """The gradient's sums run in float32 over runs of rows, then in float64: over a map of
+    131072 rows (8192 runs), with a gradient far from zero, they stay within a few float32
+    roundings of the sums taken in float64."""
+    x, grad = normal((128, 32, 32, 16), np.float32, offset=3.0), normal((128, 32, 32, 16), np.float32, 1, offset=1e3)
+    mean, inv_std = np.full(16, 3.0, np.float32), np.full(16, 0.5, np.float32)
+    gamma, beta = np.ones(16, np.float32), np.full(16, 0.2, np.float32)
+    wide = [array.astype(np.float64) for array in (grad, x, mean, inv_std, gamma, beta)]
+    if relu:
+        sums, exact = cpu.batchnorm_relu_grad_sums(grad, x, mean, inv_std, gamma, beta), \
+            normalization.batchnorm_relu_grad_sums(*wide)
+    else:
+        sums, exact = cpu.batchnorm_grad_sums(grad, x, mean, inv_std), normalization.batchnorm_grad_sums(*wide[:4])
+    # The second sum is of zero-mean x_hat times ~1e3: the scale its error goes by.
+    scale = np.abs(wide[0] * ((wide[1] - 3.0) * 0.5)).sum(axis=(0, 1, 2))
+    np.testing.assert_allclose(sums[0], exact[0], rtol=2e-7)  # summed row by row in float32: 4e-6
+    assert np.all(np.abs(sums[1] - exact[1]) <= 2e-7 * scale)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kernels_read_a_channel_slice_in_place_and_match_numpy(dtype):
     """A concatenation's gradient reaches its inputs' layers as channel slices (``split``):
