@@ -93,6 +93,14 @@ def _flat(array: Any) -> np.ndarray:
 
 
 # --------------------------------------------------------------------- batch norm
+@njit(inline="always", cache=True)
+def _carry_run(run, total):  # pragma: no cover (compiled)
+    """Add a run's sums (in the input's precision) into their float64 totals and start the run again."""
+    for c in range(run.shape[0]):
+        total[c] += run[c]
+        run[c] = 0
+
+
 @ParallelLoop
 def _block_moments(span, rows, channels, stride, block_rows):  # pragma: no cover (compiled)
     """Per block of rows, the per-channel mean and sum of squared deviations from it, from
@@ -121,11 +129,8 @@ def _block_moments(span, rows, channels, stride, block_rows):  # pragma: no cove
                     deviation = span[base + uint64(c)] - shift[c]
                     run_sum[c] += deviation
                     run_square[c] += deviation * deviation
-            for c in range(channels):
-                total[c] += run_sum[c]
-                total_square[c] += run_square[c]
-                run_sum[c] = 0
-                run_square[c] = 0
+            _carry_run(run_sum, total)
+            _carry_run(run_square, total_square)
         for c in range(channels):
             offset = total[c] / (stop - start)
             means[block, c] = shift[c] + offset
@@ -232,11 +237,8 @@ def _grad_sums(rows, grad, grad_stride, x, x_stride, mean, inv_std, gamma, beta,
                     g = g * (x_hat * gamma[c] + beta[c] > 0) if relu else g  # NaN * 0 stays NaN
                     run_grad[c] += g
                     run_grad_x_hat[c] += g * x_hat
-            for c in range(channels):
-                total_grad[c] += run_grad[c]
-                total_grad_x_hat[c] += run_grad_x_hat[c]
-                run_grad[c] = 0
-                run_grad_x_hat[c] = 0
+            _carry_run(run_grad, total_grad)
+            _carry_run(run_grad_x_hat, total_grad_x_hat)
         partial[chunk, 0] = total_grad
         partial[chunk, 1] = total_grad_x_hat
     return partial.sum(axis=0)
