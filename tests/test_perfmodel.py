@@ -628,12 +628,12 @@ def test_predict_and_validate_with_the_reference_calibration(tmp_path):
     assert no_mpi.returncode == 2 and "cannot read calibration file" in no_mpi.stderr
 
 
-def edited_reference(tmp_path, edit) -> str:
-    """A copy of the reference calibration file with ``edit`` (a function of its JSON) applied."""
+def edited_reference(tmp_path, edit, name: str = "edited.json") -> str:
+    """A copy of the reference calibration file with ``edit`` (a function of its JSON) applied, as ``name``."""
     with open(REFERENCE_CALIBRATION, encoding="utf-8") as handle:
         document = json.load(handle)
     edit(document)
-    path = tmp_path / "edited.json"
+    path = tmp_path / name
     path.write_text(json.dumps(document), encoding="utf-8")
     return str(path)
 
@@ -675,7 +675,7 @@ def test_validate_warns_of_a_run_on_another_processor_than_the_calibration_s():
 
 def test_predict_warns_of_kernels_its_calibration_timed_in_older_code(tmp_path):
     # As written before kernels had revisions: every kernel's first.
-    older = edited_reference(tmp_path, lambda document: document.pop("kernel_revisions"))
+    older = edited_reference(tmp_path, lambda document: document.pop("kernel_revisions"), "unrevised.json")
     result = run("pydtnn_lite.predict", "--model", "resnet18", "--batch-size", "16", "--procs", "2",
                  "--calibration", older)
     assert result.returncode == 0, result.stderr
@@ -684,7 +684,8 @@ def test_predict_warns_of_kernels_its_calibration_timed_in_older_code(tmp_path):
     for changed in ("batchnorm_relu_grad_input", "batchnorm_relu_grad_sums", "gemm", "winograd_input_grad"):
         assert changed in line
     # A calibration of this code's revisions (the reference file's models, its record brought up to date).
-    measured_now = edited_reference(tmp_path, lambda document: document.update(kernel_revisions=dict(KERNEL_REVISIONS)))
+    measured_now = edited_reference(tmp_path, lambda document: document.update(kernel_revisions=dict(KERNEL_REVISIONS)),
+                                    "current.json")
     current = run("pydtnn_lite.predict", "--model", "resnet18", "--batch-size", "16", "--procs", "2",
                   "--calibration", measured_now)
     assert current.returncode == 0 and "older code" not in current.stdout
