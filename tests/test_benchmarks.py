@@ -307,17 +307,20 @@ def test_allreduce_benchmark_prints_both_models_on_two_ranks():
         assert result.stdout.count(line) == 1, result.stdout  # rank 0 alone prints
 
 
-def test_cache_residency_prints_each_kernel_resident_and_evicted_on_two_ranks():
+def test_cache_residency_prints_each_kernel_resident_after_a_wait_and_evicted_on_two_ranks():
     result = run(2, [os.path.join(BENCHMARKS, "cache_residency.py"), "--mib", "1", "2", "--calls", "2",
-                     "--rounds", "1"])
+                     "--rounds", "1", "--idle-ms", "1"])
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = re.findall(r"^(\w+_?\w*) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)$", result.stdout, re.MULTILINE)
+    assert "resident ms  after 1 ms  evicted ms" in result.stdout, result.stdout
+    rows = re.findall(r"^(\w+_?\w*) +([\d.]+)" + r" +([\d.]+)" * 5 + "$", result.stdout, re.MULTILINE)
     assert [(kernel, mib) for kernel, mib, *_ in rows] == [(kernel, mib) for kernel in ("allreduce", "sgd_update",
                                                                                         "adam_update")
                                                            for mib in ("1", "2")], result.stdout
-    for _, _, resident, evicted, ratio in rows:  # rank 0 alone prints; the ratio is of the two times it prints
-        assert float(resident) > 0 and float(evicted) > 0
-        assert float(ratio) == pytest.approx(float(resident) / float(evicted), rel=0.02, abs=0.01)
+    for _, _, resident, waited, evicted, resident_ratio, waited_ratio in rows:  # rank 0 alone prints
+        assert float(resident) > 0 and float(waited) > 0 and float(evicted) > 0
+        # Each ratio is of the times the row prints.
+        assert float(resident_ratio) == pytest.approx(float(resident) / float(evicted), rel=0.02, abs=0.01)
+        assert float(waited_ratio) == pytest.approx(float(waited) / float(evicted), rel=0.02, abs=0.01)
 
 
 def test_device_allreduce_checks_the_sums_and_skips_strategies_the_ranks_cannot_run():

@@ -37,6 +37,27 @@ def test_the_ratio_applies_only_where_what_was_moved_since_fits_in_the_cache():
     assert RECORD.factor(ALLREDUCE, MIB, 8 * MIB, 0) == 1.0  # no cache named
 
 
+# The update timed resident (half its evicted time) and after waits of 2 and 8 ms since its
+# data's last use: 0.5 and 0.9 of it at 1 MiB, at 4 MiB a wait's noise below the resident time.
+WAITED = dataclasses.replace(RECORD, resident={**RECORD.resident, "sgd_update": (0.5, 2.0)},
+                             evicted={**RECORD.evicted, "sgd_update": (1.0, 4.0)}, idle_seconds=(0.002, 0.008),
+                             idle={"sgd_update": ((0.5, 1.6), (0.9, 4.4))})
+
+
+def test_the_ratio_follows_the_time_since_the_data_s_last_use():
+    assert WAITED.ratio("sgd_update", MIB) == pytest.approx(0.5)  # right after its last use
+    assert WAITED.ratio("sgd_update", MIB, 0.002) == pytest.approx(0.5)
+    assert WAITED.ratio("sgd_update", MIB, 0.005) == pytest.approx(0.7)  # halfway between the waits
+    assert WAITED.ratio("sgd_update", MIB, 0.008) == WAITED.ratio("sgd_update", MIB, 1.0) == pytest.approx(0.9)
+    # A longer wait cannot bring the data back: 2 ms takes the resident 0.5, not its 0.4.
+    assert WAITED.ratio("sgd_update", 4 * MIB, 0.002) == pytest.approx(0.5)
+    assert WAITED.ratio("sgd_update", 4 * MIB, 0.008) == 1.0
+    assert WAITED.factor("sgd_update", MIB, 32 * MIB, 32 * MIB, 0.005) == pytest.approx(0.7)
+    assert WAITED.factor("sgd_update", MIB, 32 * MIB + 1, 32 * MIB, 0.0) == 1.0
+    # A kernel timed without waits (and a record written before them) is resident at any wait.
+    assert WAITED.ratio(ALLREDUCE, MIB, 1.0) == RECORD.ratio(ALLREDUCE, MIB, 1.0) == pytest.approx(0.5)
+
+
 def test_the_record_reads_back_and_a_damaged_one_is_refused():
     assert CacheResidency.from_dict(RECORD.to_dict()) == dataclasses.replace(
         RECORD, resident={k: tuple(v) for k, v in RECORD.resident.items()},
@@ -45,6 +66,16 @@ def test_the_record_reads_back_and_a_damaged_one_is_refused():
     damaged["evicted"][ALLREDUCE] = [1.0]
     with pytest.raises(ValueError, match="cover its sizes"):
         CacheResidency.from_dict(damaged)
+    waited = CacheResidency.from_dict(WAITED.to_dict())
+    assert (waited.idle_seconds, waited.idle) == (WAITED.idle_seconds, WAITED.idle)
+    assert waited.ratio("sgd_update", MIB, 0.005) == pytest.approx(0.7)
+    older = RECORD.to_dict()
+    del older["idle_seconds"], older["idle"]  # a record written before the waits were timed
+    assert CacheResidency.from_dict(older).idle == {}
+    for key, value in (("idle_seconds", [0.002]), ("idle", {"sgd_update": [[0.5, 1.6], [0.9]]})):
+        damaged = {**WAITED.to_dict(), key: value}
+        with pytest.raises(ValueError, match="cover every wait and size"):
+            CacheResidency.from_dict(damaged)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from pydtnn_lite.errors import UserError
 from pydtnn_lite.models import create_model
 from pydtnn_lite.optim import SGD, Adam
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
+from pydtnn_lite.perfmodel.measuring.cache_residency import IDLE_WAITS
 from pydtnn_lite.perfmodel.measuring.cache_residency import QUICK_SIZES as QUICK_RESIDENCY_SIZES
 from pydtnn_lite.perfmodel.measuring.calibrate import CalibrationSettings, calibrate, in_rounds
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
@@ -619,7 +620,11 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert set(residency.resident) == set(residency.evicted) == {ALLREDUCE, "sgd_update", "adam_update"}
     assert all(seconds > 0 for record in (residency.resident, residency.evicted)
                for times in record.values() for seconds in times)
-    assert "cache: resident over evicted" in result.stdout
+    # And in the cache after each wait since the data's last use, at every size.
+    assert residency.idle_seconds == IDLE_WAITS and set(residency.idle) == set(residency.resident)
+    assert all(len(rows) == len(IDLE_WAITS) and all(len(row) == len(QUICK_RESIDENCY_SIZES) and min(row) > 0
+                                                    for row in rows) for rows in residency.idle.values())
+    assert "cache: resident over evicted" in result.stdout and "ms after the data's last use" in result.stdout
     # A bucket's own calls timed with blocking reductions after its post, against its blocking Allreduce.
     progress = calibration.bucket_progress
     assert progress is not None and (progress.ranks, len(progress.sizes)) == (2, 3)

@@ -131,7 +131,7 @@ class Machine:
     def data_load_seconds(self, dataset: str, samples: int) -> float:
         return 0.0
 
-    def cache_factor(self, kernel: str, nbytes: float, moved: float) -> float:
+    def cache_factor(self, kernel: str, nbytes: float, moved: float, since_use: float = 0.0) -> float:
         return 1.0
 
     def bucket_share_left(self, nbytes: float, procs: int) -> float:

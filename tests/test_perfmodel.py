@@ -9,13 +9,14 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
 
 from pydtnn_lite.backend import make_backend
-from pydtnn_lite.comm.gradients import MIB
-from pydtnn_lite.costs import ALLREDUCE, KERNEL_REVISIONS, KernelCost
+from pydtnn_lite.comm.gradients import MIB, plan_buckets
+from pydtnn_lite.costs import ALLREDUCE, KERNEL_REVISIONS, KernelCost, Stage
 from pydtnn_lite.layers import BatchNorm, Conv2D, Dense, Flatten, GlobalAvgPool2D
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD
@@ -238,6 +239,7 @@ class ConstantMachine:
         self.wait, self.outside, self.load, self.background = wait, outside, load, background
         self.during = reduce if during is None else during
         self.cache, self.in_cache, self.left = cache, in_cache, left
+        self.since_use: list[tuple[str, float]] = []  # each cache_factor call's kernel and time since the data's use
 
     def overhead_seconds(self, calls: int, network: str = "", batch: int = 0, dataset: str | None = None) -> float:
         return self.outside * calls
@@ -270,7 +272,8 @@ class ConstantMachine:
     def transfer_cost(self) -> TransferCost:
         return TransferCost(self.transfer, self.window, self.post, self.in_tests, self.start)
 
-    def cache_factor(self, kernel: str, nbytes: float, moved: float) -> float:
+    def cache_factor(self, kernel: str, nbytes: float, moved: float, since_use: float = 0.0) -> float:
+        self.since_use.append((kernel, since_use))
         return self.in_cache if moved <= self.cache else 1.0
 
     def bucket_share_left(self, nbytes: float, procs: int) -> float:
@@ -300,6 +303,28 @@ def test_a_step_that_fits_in_the_cache_runs_its_bucket_reductions_and_updates_re
     assert step == pytest.approx(evicted_step - saved)
     updates, buckets, _ = predicted(step_bytes - 1)
     assert updates == evicted and buckets == [5e-3] * len(buckets)
+
+
+def test_an_update_s_data_was_last_used_a_step_before_and_a_bucket_s_as_its_backward_began():
+    """MLP on 2 ranks, every kernel 1 ms and 0.1 ms outside each: an update's data was last
+    used a whole step of kernels before, a bucket's from the start of the backward of its
+    last layer to its reduction (the BP kernels of the layers it holds)."""
+    network, optimizer = build_workload("mlp", "cifar10")
+    costs = step_costs(network, optimizer, 8)
+    machine = ConstantMachine(1e-3, 10e-3, outside=0.1e-3)
+    step = predict_step(network, optimizer, 8, 2, machine)
+    calls = sum(cost.kernel != ALLREDUCE for _, cost in costs)
+    assert {kernel for kernel, _ in machine.since_use} == {optimizer.kernel, ALLREDUCE}
+    updates = [since for kernel, since in machine.since_use if kernel == optimizer.kernel]
+    assert updates == pytest.approx([calls * 1.1e-3] * len(network.segments))
+    backward = Counter(layer for layer, cost in costs if cost.stage == Stage.BP and cost.kernel != ALLREDUCE)
+    buckets = plan_buckets(network, 4 * MIB)
+    expected = []
+    for bucket in buckets:
+        last = max(s.layer for s in network.segments if s.start < bucket.stop and s.stop > bucket.start)
+        expected.append(1e-3 * sum(backward[layer] for layer in range(bucket.first_layer, last + 1)))
+    assert [since for kernel, since in machine.since_use if kernel == ALLREDUCE] == pytest.approx(expected)
+    assert len(step.bucket_seconds) == len(buckets) > 1
 
 
 def test_prediction_adds_up_and_overlap_hides_communication_behind_backward():

@@ -6,8 +6,10 @@ the cache, where the same calls take as little as 0.45-0.7 of the time (the Xeon
 300 MiB of L3, 2026-12-02). Per gradient size, every rank of the node times each kernel
 both ways at once (the cache is shared), each mode's calls in a block of their own: a
 resident call right after an evicted one would find the rest of its data (the update's
-weights and state, MPICH's buffers) evicted. The result is a
-:class:`~pydtnn_lite.perfmodel.modelling.cache_residency.CacheResidency`.
+weights and state, MPICH's buffers) evicted. Each kernel is also timed as resident after
+the rank spun for a while since its data's last use (``IDLE_WAITS``): a step's other
+work takes time, and on a shared host other tenants' traffic evicts the data meanwhile.
+The result is a :class:`~pydtnn_lite.perfmodel.modelling.cache_residency.CacheResidency`.
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ SIZES = tuple((MIB // 4) << i for i in range(9))  # 256 KiB .. 64 MiB of gradien
 QUICK_SIZES = (MIB,)
 CALLS, ROUNDS = 12, 3  # timed calls per size, kernel, mode and round; rounds alternating the modes
 RESIDENT, EVICTED = "resident", "evicted"
+IDLE_WAITS = (0.002, 0.008, 0.032)  # seconds from a resident call's last use of its data to the call: a bucket's
+# backward is a few milliseconds, a small network's step (whose update comes a step after the last) 10-100
 LEARNING_RATE = 1e-6  # on arrays of zeros: the updates leave them zeros (no overflow, no denormals)
 
 
@@ -48,16 +52,34 @@ def _calls(comm: MPICommunicator, count: int) -> tuple[dict[str, Callable[[], ob
     return runs, lambda: grad.fill(0.0)
 
 
-def _rank_seconds(comm: MPICommunicator, count: int, evict: Callable[[], None], calls: int,
-                  rounds: int) -> dict[tuple[str, str], list[float]]:
+def _spin(seconds: float) -> None:
+    """Keep the core busy for ``seconds`` without touching memory, as a rank computing elsewhere."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+def _idle(wait: float) -> str:
+    return f"idle {wait}"
+
+
+def _rank_seconds(comm: MPICommunicator, count: int, evict: Callable[[], None], calls: int, rounds: int,
+                  waits: Sequence[float]) -> dict[tuple[str, str], list[float]]:
     """This rank's seconds of every call of each (kernel, mode) on a gradient of ``count`` float32."""
     runs, written = _calls(comm, count)
     for run in runs.values():
         run()  # compiles the updates' loops, maps MPICH's buffers
-    prepare = {RESIDENT: written, EVICTED: evict}
+
+    def written_then(wait: float) -> Callable[[], None]:
+        def write_and_wait() -> None:
+            written()
+            _spin(wait)
+        return write_and_wait
+
+    prepare = {RESIDENT: written, **{_idle(wait): written_then(wait) for wait in waits}, EVICTED: evict}
     seconds: dict[tuple[str, str], list[float]] = {}
     for _ in range(rounds):
-        for mode in (RESIDENT, EVICTED):
+        for mode in prepare:
             for kernel, run in runs.items():
                 for _ in range(calls):
                     prepare[mode]()
@@ -69,18 +91,21 @@ def _rank_seconds(comm: MPICommunicator, count: int, evict: Callable[[], None], 
 
 
 def measure_cache_residency(comm: MPICommunicator, evict: Callable[[], None], sizes: Sequence[int] = SIZES,
-                            calls: int = CALLS, rounds: int = ROUNDS) -> CacheResidency:
-    """Time every kernel of :func:`_calls` resident and evicted (by ``evict``) on gradients
-    of ``sizes`` bytes (collective; every rank gets the record). An Allreduce lasts until its slowest
-    rank is done: the median over calls of the slowest rank's seconds; an update is each
-    rank's own: the median over ranks of each rank's median."""
-    resident: dict[str, list[float]] = {}
-    evicted: dict[str, list[float]] = {}
+                            calls: int = CALLS, rounds: int = ROUNDS,
+                            waits: Sequence[float] = IDLE_WAITS) -> CacheResidency:
+    """Time every kernel of :func:`_calls` resident, resident after each of ``waits``
+    seconds and evicted (by ``evict``) on gradients of ``sizes`` bytes (collective; every
+    rank gets the record). An Allreduce lasts until its slowest rank is done: the median
+    over calls of the slowest rank's seconds; an update is each rank's own: the median
+    over ranks of each rank's median."""
+    by_mode: dict[str, dict[str, list[float]]] = {}
     for nbytes in sizes:
-        per_rank = comm.allgather_object(_rank_seconds(comm, max(nbytes // 4, 1), evict, calls, rounds))
+        per_rank = comm.allgather_object(_rank_seconds(comm, max(nbytes // 4, 1), evict, calls, rounds, waits))
         for kernel, mode in per_rank[0]:
             columns = [rank[(kernel, mode)] for rank in per_rank]
             median = (median_of_slowest(columns) if kernel == ALLREDUCE
                       else statistics.median(statistics.median(column) for column in columns))
-            (resident if mode == RESIDENT else evicted).setdefault(kernel, []).append(rounded(median))
-    return CacheResidency(comm.size, tuple(int(n) for n in sizes), resident, evicted)
+            by_mode.setdefault(mode, {}).setdefault(kernel, []).append(rounded(median))
+    idle = {kernel: [by_mode[_idle(wait)][kernel] for wait in waits] for kernel in by_mode[RESIDENT]}
+    return CacheResidency(comm.size, tuple(int(n) for n in sizes), by_mode[RESIDENT], by_mode[EVICTED],
+                          tuple(waits), idle if waits else {})

@@ -296,9 +296,16 @@ def _rounds_apart(jobs: Sequence[Probe], per_rank: list[dict[Probe, list[float]]
 def _residency(residency: CacheResidency | None) -> str:
     if residency is None:
         return "skipped: one rank, or not on the host"
-    ratios = {kernel: [residency.ratio(kernel, n) for n in residency.sizes] for kernel in residency.resident}
+    def span(kernel: str, since_use: float) -> str:
+        ratios = [residency.ratio(kernel, n, since_use) for n in residency.sizes]
+        return f"x{min(ratios):.2f} to x{max(ratios):.2f}"
+
+    waited = (f"; in brackets, {1e3 * residency.idle_seconds[-1]:g} ms after the data's last use"
+              if residency.idle_seconds else "")
     return (f"resident over evicted at {residency.sizes[0] / 2 ** 20:g} to {residency.sizes[-1] / 2 ** 20:g} MiB: "
-            + ", ".join(f"{kernel} x{min(r):.2f} to x{max(r):.2f}" for kernel, r in ratios.items()))
+            + ", ".join(f"{kernel} {span(kernel, 0.0)}" + (f" ({span(kernel, residency.idle_seconds[-1])})"
+                                                           if waited else "") for kernel in residency.resident)
+            + waited)
 
 
 def _progress(progress: BucketProgress | None) -> str:

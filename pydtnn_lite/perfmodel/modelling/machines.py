@@ -120,8 +120,8 @@ class CalibratedMachine:
     def background_seconds(self, seconds: float) -> float:
         return self.calibration.read_ahead_seconds(seconds, self.calibration.placement)
 
-    def cache_factor(self, kernel: str, nbytes: float, moved: float) -> float:
-        return _cache_factor(self.calibration, self.calibration.placement, kernel, nbytes, moved)
+    def cache_factor(self, kernel: str, nbytes: float, moved: float, since_use: float = 0.0) -> float:
+        return _cache_factor(self.calibration, self.calibration.placement, kernel, nbytes, moved, since_use)
 
     def bucket_share_left(self, nbytes: float, procs: int) -> float:
         progress = self.calibration.bucket_progress
@@ -262,8 +262,8 @@ class AdjustedMachine:
     def background_seconds(self, seconds: float) -> float:
         return self.base.calibration.read_ahead_seconds(seconds, self.placement)
 
-    def cache_factor(self, kernel: str, nbytes: float, moved: float) -> float:
-        return _cache_factor(self.base.calibration, self.placement, kernel, nbytes, moved)
+    def cache_factor(self, kernel: str, nbytes: float, moved: float, since_use: float = 0.0) -> float:
+        return _cache_factor(self.base.calibration, self.placement, kernel, nbytes, moved, since_use)
 
     def bucket_share_left(self, nbytes: float, procs: int) -> float:
         """The calibration's, timed with a rank per core: where ranks time-share the cores a
@@ -297,14 +297,16 @@ class AdjustedMachine:
                        start_seconds=cost.start_seconds * share / measured)
 
 
-def _cache_factor(calibration: Calibration, placement: Placement, kernel: str, nbytes: float, moved: float) -> float:
+def _cache_factor(calibration: Calibration, placement: Placement, kernel: str, nbytes: float, moved: float,
+                  since_use: float) -> float:
     """The calibration's cache-residency factor of a call whose data each of the node's ranks
     (as ``placement`` has them) moved ``moved`` bytes past, against the processor's
-    last-level cache; 1 where the calibration timed no residency or names no cache."""
+    last-level cache, ``since_use`` seconds before; 1 where the calibration timed no
+    residency or names no cache."""
     residency, cache = calibration.cache_residency, Processor.of(calibration.machine).cache_bytes
     if residency is None or not cache:
         return 1.0
-    return residency.factor(kernel, nbytes, moved * placement.ranks_per_node, cache)
+    return residency.factor(kernel, nbytes, moved * placement.ranks_per_node, cache, since_use)
 
 
 OUTSIDE_KERNELS = "outside_kernels"  # the interpreter's time between kernels: scaled as a memory-bound kernel

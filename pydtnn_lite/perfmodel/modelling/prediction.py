@@ -90,8 +90,8 @@ class Machine(Protocol):
     buckets over MPI on a network costs beside the computation (``channel.py``).
     ``cache_factor`` is what a call of ``kernel`` (a bucket's Allreduce, an update) on a
     gradient of ``nbytes`` takes against its calibrated time, which is an evicted call's,
-    where each rank of the node moved ``moved`` bytes since the call's data was last used
-    (``cache_residency.py``). ``bucket_share_left`` is the share of a bucket's reduction of
+    where each rank of the node moved ``moved`` bytes since the call's data was last used,
+    ``since_use`` seconds before (``cache_residency.py``). ``bucket_share_left`` is the share of a bucket's reduction of
     ``nbytes`` that its own calls do where it moves only inside MPI calls and blocking
     reductions follow its post (``bucket_progress.py``): 1 where nothing else advances it.
     """
@@ -129,7 +129,7 @@ class Machine(Protocol):
     @property
     def transfer_cost(self) -> TransferCost: ...
 
-    def cache_factor(self, kernel: str, nbytes: float, moved: float) -> float: ...
+    def cache_factor(self, kernel: str, nbytes: float, moved: float, since_use: float = 0.0) -> float: ...
 
     def bucket_share_left(self, nbytes: float, procs: int) -> float: ...
 
@@ -176,7 +176,7 @@ class RooflineMachine:
     def transfer_cost(self) -> TransferCost:
         return NO_TRANSFER_COST  # NCCL and RDMA move the data without the host's cores
 
-    def cache_factor(self, kernel: str, nbytes: float, moved: float) -> float:
+    def cache_factor(self, kernel: str, nbytes: float, moved: float, since_use: float = 0.0) -> float:
         return 1.0  # a roofline has no cache
 
     def bucket_share_left(self, nbytes: float, procs: int) -> float:
@@ -260,11 +260,15 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
                                         copy.flops, copy.bytes)]
     gradient_bytes = float(network.param_count * itemsize) if procs > 1 else 0.0
     step_bytes = sum(cost.bytes for _, cost in costs if cost.kernel != ALLREDUCE) + gradient_bytes
+    call_seconds = _call_seconds(machine, [cost for _, cost in costs], procs)
+    overhead = machine.overhead_seconds(calls, network.name, batch, dataset)
+    step_seconds = sum(seconds for (_, cost), seconds in zip(costs, call_seconds, strict=True)
+                       if cost.kernel != ALLREDUCE) + overhead
     counter = CallCounter()
     kernels = []
-    for (layer, cost), seconds in zip(costs, _call_seconds(machine, [cost for _, cost in costs], procs), strict=True):
+    for (layer, cost), seconds in zip(costs, call_seconds, strict=True):
         if cost.kernel == optimizer.kernel:  # the data was last used by the previous step's update
-            seconds *= machine.cache_factor(cost.kernel, cost.dims[0] * itemsize, step_bytes)
+            seconds *= machine.cache_factor(cost.kernel, cost.dims[0] * itemsize, step_bytes, step_seconds)
         key = counter.key(layer, cost.stage, cost.kernel)
         name = (network.layers[layer].name if 0 <= layer < len(network.layers)
                 else "loss" if layer == network.loss_index else "")
@@ -277,11 +281,11 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     first_bucket_bytes = None if first_bucket_mb is None else first_bucket_mb * MIB
     buckets = plan_buckets(network, bucket_mb * MIB, first_bucket_bytes) if procs > 1 else []
     bucket_bytes = [float(b.size * itemsize) for b in buckets]
-    in_cache = [machine.cache_factor(ALLREDUCE, n, moved)
-                for n, moved in zip(bucket_bytes, _bucket_reuse_bytes(network, costs, buckets, itemsize), strict=True)]
+    in_cache = [machine.cache_factor(ALLREDUCE, n, moved, since_use)
+                for n, (moved, since_use) in zip(bucket_bytes, _bucket_reuse(network, costs, call_seconds, buckets,
+                                                                             itemsize), strict=True)]
     bucket_seconds = [machine.allreduce_seconds(n, procs) * factor for n, factor in zip(bucket_bytes, in_cache,
                                                                                         strict=True)]
-    overhead = machine.overhead_seconds(calls, network.name, batch, dataset)
     in_own_calls = bucket_seconds
     if machine.overlaps_communication:
         kernels, exposed = _backward_channel(network, kernels, bucket_bytes, buckets, bucket_seconds, machine, procs,
@@ -527,21 +531,25 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     return waited, max(0.0, done - clock) + posting * len(buckets) + cost.in_tests * sum(transfer_cpu.values())
 
 
-def _bucket_reuse_bytes(network: Network, costs: Sequence[tuple[int, KernelCost]], buckets: Sequence[Bucket],
-                        itemsize: int) -> list[float]:
-    """For each bucket, the bytes a rank moves from the start of the backward of the bucket's
-    last layer, as backward begins to write its gradient, to its reduction right after its
-    first layer's (the trainer tests after every kernel): those layers' BP kernels and the
-    bucket itself."""
-    backward: defaultdict[int, float] = defaultdict(float)
-    for layer, cost in costs:
+def _bucket_reuse(network: Network, costs: Sequence[tuple[int, KernelCost]], call_seconds: Sequence[float],
+                  buckets: Sequence[Bucket], itemsize: int) -> list[tuple[float, float]]:
+    """For each bucket, the bytes a rank moves and the seconds it takes from the start of the
+    backward of the bucket's last layer, as backward begins to write its gradient, to its
+    reduction right after its first layer's (the trainer tests after every kernel): those
+    layers' BP kernels, and the bucket's own bytes."""
+    moved: defaultdict[int, float] = defaultdict(float)
+    seconds: defaultdict[int, float] = defaultdict(float)
+    for (layer, cost), call in zip(costs, call_seconds, strict=True):
         if cost.stage == Stage.BP and cost.kernel != ALLREDUCE:
-            backward[layer] += cost.bytes
-    moved = []
+            moved[layer] += cost.bytes
+            seconds[layer] += call
+    reuse = []
     for bucket in buckets:
         last = max(s.layer for s in network.segments if s.start < bucket.stop and s.stop > bucket.start)
-        moved.append(sum(backward[layer] for layer in range(bucket.first_layer, last + 1)) + bucket.size * itemsize)
-    return moved
+        layers = range(bucket.first_layer, last + 1)
+        reuse.append((sum(moved[layer] for layer in layers) + bucket.size * itemsize,
+                      sum(seconds[layer] for layer in layers)))
+    return reuse
 
 
 def _unhidden_bucket_seconds(machine: Machine, bucket_bytes: list[float], in_cache: list[float], procs: int) -> float:
