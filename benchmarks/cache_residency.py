@@ -51,9 +51,9 @@ def main() -> None:
     for kernel in residency.resident:
         for index, nbytes in enumerate(residency.sizes):
             evicted = residency.evicted[kernel][index]
-            resident = (residency.resident[kernel][index], *(row[index] for row in residency.idle.get(kernel, ())))
-            rows.append([kernel, f"{nbytes / (1 << 20):g}", *(f"{1e3 * s:.3f}" for s in resident),
-                         f"{1e3 * evicted:.3f}", *(f"{s / evicted:.2f}" for s in resident)])
+            in_cache = (residency.resident[kernel][index], *(row[index] for row in residency.idle.get(kernel, ())))
+            rows.append([kernel, f"{nbytes / (1 << 20):g}", *(f"{1e3 * s:.3f}" for s in in_cache),
+                         f"{1e3 * evicted:.3f}", *(f"{s / evicted:.2f}" for s in in_cache)])
     cache = make_backend("cpu").last_level_cache_bytes() >> 20
     waits = [f"after {ms:g} ms" for ms in args.idle_ms]
     print(f"{comm.size} rank(s), each streaming {2 * cache} MiB to evict the caches")

@@ -106,6 +106,7 @@ def measure_cache_residency(comm: MPICommunicator, evict: Callable[[], None], si
             median = (median_of_slowest(columns) if kernel == ALLREDUCE
                       else statistics.median(statistics.median(column) for column in columns))
             by_mode.setdefault(mode, {}).setdefault(kernel, []).append(rounded(median))
-    idle = {kernel: [by_mode[_idle(wait)][kernel] for wait in waits] for kernel in by_mode[RESIDENT]}
+    idle = ({kernel: [by_mode[_idle(wait)][kernel] for wait in waits] for kernel in by_mode[RESIDENT]}
+            if waits else {})
     return CacheResidency(comm.size, tuple(int(n) for n in sizes), by_mode[RESIDENT], by_mode[EVICTED],
-                          tuple(waits), idle if waits else {})
+                          tuple(waits), idle)

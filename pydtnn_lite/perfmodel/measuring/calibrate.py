@@ -296,16 +296,19 @@ def _rounds_apart(jobs: Sequence[Probe], per_rank: list[dict[Probe, list[float]]
 def _residency(residency: CacheResidency | None) -> str:
     if residency is None:
         return "skipped: one rank, or not on the host"
+    longest = residency.idle_seconds[-1] if residency.idle_seconds else None
+
     def span(kernel: str, since_use: float) -> str:
         ratios = [residency.ratio(kernel, n, since_use) for n in residency.sizes]
         return f"x{min(ratios):.2f} to x{max(ratios):.2f}"
 
-    waited = (f"; in brackets, {1e3 * residency.idle_seconds[-1]:g} ms after the data's last use"
-              if residency.idle_seconds else "")
+    def described(kernel: str) -> str:
+        resident = f"{kernel} {span(kernel, 0.0)}"
+        return resident if longest is None else f"{resident} ({span(kernel, longest)})"
+
+    waited = "" if longest is None else f"; in brackets, {1e3 * longest:g} ms after the data's last use"
     return (f"resident over evicted at {residency.sizes[0] / 2 ** 20:g} to {residency.sizes[-1] / 2 ** 20:g} MiB: "
-            + ", ".join(f"{kernel} {span(kernel, 0.0)}" + (f" ({span(kernel, residency.idle_seconds[-1])})"
-                                                           if waited else "") for kernel in residency.resident)
-            + waited)
+            + ", ".join(described(kernel) for kernel in residency.resident) + waited)
 
 
 def _progress(progress: BucketProgress | None) -> str:

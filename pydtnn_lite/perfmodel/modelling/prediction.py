@@ -91,9 +91,10 @@ class Machine(Protocol):
     ``cache_factor`` is what a call of ``kernel`` (a bucket's Allreduce, an update) on a
     gradient of ``nbytes`` takes against its calibrated time, which is an evicted call's,
     where each rank of the node moved ``moved`` bytes since the call's data was last used,
-    ``since_use`` seconds before (``cache_residency.py``). ``bucket_share_left`` is the share of a bucket's reduction of
-    ``nbytes`` that its own calls do where it moves only inside MPI calls and blocking
-    reductions follow its post (``bucket_progress.py``): 1 where nothing else advances it.
+    ``since_use`` seconds before (``cache_residency.py``). ``bucket_share_left`` is the
+    share of a bucket's reduction of ``nbytes`` that its own calls do where it moves only
+    inside MPI calls and blocking reductions follow its post (``bucket_progress.py``): 1
+    where nothing else advances it.
     """
 
     @property
