@@ -23,16 +23,20 @@ measured in the same run.
 
 Each round also trains the network as a job does, its gradients summed by the trainer's
 bucketed Allreduce overlapped with backward (``measure_probe(reduced=True)``), and the
-last line sets its kernels against the calibration's sampling of the same round: a
-median near x1 says the calibration samples the network as training runs it, so that
-what a prediction misses on this machine is the machine's move, not the method.
+last lines set its kernels against the calibration's sampling of the same round, in all
+and kernel by kernel: a median near x1 says the calibration samples the network as
+training runs it, so that what a prediction misses on this machine is the machine's
+move, not the method. The sampling evicts the caches before each update, the job does
+not: a kernel well below x1 there is one a step leaves in the cache.
 """
 from __future__ import annotations
 
 import argparse
 import math
 import statistics
+from collections import defaultdict
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm.mpi import MPICommunicator
@@ -80,21 +84,48 @@ def spread_left(probe: Sequence[float], network: Sequence[float]) -> float:
     return corrected / own if own > 0 else math.nan
 
 
-def one_round(comm: MPICommunicator, model: str, batch: int, dataset: str) -> dict[str, float]:
-    """One round of the probes and the network's sample, as times (collective)."""
+class Round(NamedTuple):
+    """One round: each column's time, and the network's seconds a step by kernel name,
+    sampled as calibrating does and trained as a job."""
+
+    figures: dict[str, float]
+    sampled: dict[str, float]
+    trained: dict[str, float]
+
+
+def one_round(comm: MPICommunicator, model: str, batch: int, dataset: str) -> Round:
+    """One round of the probes and the network's sample (collective)."""
     backend = make_backend("cpu")
     cores = probe_cores(comm)
     gemm_pace, copy_pace = cores.pace()
     probed = probe_kernels(comm)
     [network] = job_probes([(model, batch, dataset)])
-    sampled = measure_probe(network, backend, comm, 3, CacheEvictor(backend), min_seconds=1.0)
-    trained = measure_probe(network, backend, comm, 3, CacheEvictor(backend), min_seconds=1.0, reduced=True)
-    return {"core GEMM": 1.0 / gemm_pace, "core copy": 1.0 / copy_pace,
-            "kernel probe": sum(s.seconds for calls in probed.calls.values() for s in calls),
-            "kernel probe GEMMs": sum(s.seconds for s in probed.calls.get(GEMM, [])),
-            "network GEMMs": sum(s.seconds for s in sampled.samples.get(GEMM, [])),
-            NETWORK: sum(s.seconds for calls in sampled.samples.values() for s in calls),
-            TRAINED: sum(s.seconds for calls in trained.samples.values() for s in calls)}
+    sampled = measure_probe(network, backend, comm, 3, CacheEvictor(backend), min_seconds=1.0).kernel_seconds()
+    trained = measure_probe(network, backend, comm, 3, CacheEvictor(backend), min_seconds=1.0,
+                            reduced=True).kernel_seconds()
+    return Round({"core GEMM": 1.0 / gemm_pace, "core copy": 1.0 / copy_pace,
+                  "kernel probe": sum(s.seconds for calls in probed.calls.values() for s in calls),
+                  "kernel probe GEMMs": sum(s.seconds for s in probed.calls.get(GEMM, [])),
+                  "network GEMMs": sampled.get(GEMM, 0.0), NETWORK: sum(sampled.values()),
+                  TRAINED: sum(trained.values())}, sampled, trained)
+
+
+def kernel_rows(rounds: Sequence[Round]) -> list[list[str]]:
+    """Per kernel, largest share first: its share of the sampled network's time (over all
+    rounds), and its time trained over sampled in the same round, median and range."""
+    sampled = defaultdict(float)
+    for one in rounds:
+        for name, seconds in one.sampled.items():
+            sampled[name] += seconds
+    total = sum(sampled.values())
+    rows = []
+    for name in sorted(sampled, key=lambda name: -sampled[name]):
+        ratios = sorted(one.trained[name] / one.sampled[name] for one in rounds
+                        if one.sampled.get(name, 0.0) > 0 and name in one.trained)
+        if ratios:
+            rows.append([name, f"{100 * sampled[name] / total:.1f}", f"{statistics.median(ratios):.3f}",
+                         f"{ratios[0]:.3f}", f"{ratios[-1]:.3f}"])
+    return rows
 
 
 def main() -> None:
@@ -112,17 +143,17 @@ def main() -> None:
     set_blas_threads(1)  # as a calibration's ranks, one per core
     comm = MPICommunicator()
     one_round(comm, args.model, args.batch_size, args.dataset)  # warm-up: first calls, compiled loops, page faults
-    rounds = []
+    measured: list[Round] = []
     for index in range(args.rounds):
-        rounds.append(one_round(comm, args.model, args.batch_size, args.dataset))
+        measured.append(one_round(comm, args.model, args.batch_size, args.dataset))
         if comm.rank == 0:
-            first = rounds[0]
-            print(f"round {index + 1}: " + ", ".join(f"{name} x{rounds[-1][name] / first[name]:.3f}"
-                                                     for name in COLUMNS) +
-                  f" (network kernels {1e3 * rounds[-1][NETWORK]:.1f} ms sampled, "
-                  f"{1e3 * rounds[-1][TRAINED]:.1f} ms trained)", flush=True)
+            first, last = measured[0].figures, measured[-1].figures
+            print(f"round {index + 1}: " + ", ".join(f"{name} x{last[name] / first[name]:.3f}" for name in COLUMNS) +
+                  f" (network kernels {1e3 * last[NETWORK]:.1f} ms sampled, {1e3 * last[TRAINED]:.1f} ms trained)",
+                  flush=True)
     if comm.rank != 0:
         return
+    rounds = [one.figures for one in measured]
     rows = []
     network = [r[NETWORK] for r in rounds]
     for probe in PROBES:
@@ -140,7 +171,9 @@ def main() -> None:
     trained_over_sampled = sorted(r[TRAINED] / r[NETWORK] for r in rounds)
     print(f"trained as a job over sampled as calibrating does, the same round: median "
           f"x{statistics.median(trained_over_sampled):.3f} (x{trained_over_sampled[0]:.3f} to "
-          f"x{trained_over_sampled[-1]:.3f})")
+          f"x{trained_over_sampled[-1]:.3f}); by kernel:")
+    print(format_table(["kernel", "% of the network's time", "trained / sampled, median", "lowest", "highest"],
+                       kernel_rows(measured)))
 
 
 if __name__ == "__main__":

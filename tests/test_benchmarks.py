@@ -115,6 +115,19 @@ def test_probe_tracking_prints_every_round_and_each_probe_s_fit_on_two_ranks():
     figure = r"(-?[\d.]+|nan)"  # two rounds: a correlation is +-1 or, where either stood still, nan
     for probe in ("core GEMM", "core copy", "kernel probe", "kernel probe GEMMs"):
         assert re.search(rf"^{probe} +[\d.]+( +{figure}){{4}}$", result.stdout, re.MULTILINE), result.stdout
+    # Kernel by kernel, trained over sampled: every kernel of the step, the first update (which
+    # follows other work, sampled apart from the rest) among them, largest share first; the
+    # shares add up to the whole network.
+    table = result.stdout.split("by kernel:")[1]
+    rows = re.findall(r"^([a-z_0-9]+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)$", table, re.MULTILINE)
+    kernels = {name: float(share) for name, share, *_ in rows}
+    assert {"gemm", "sgd_update", "relu", "bias_add", "softmax_cross_entropy"} <= set(kernels), result.stdout
+    assert list(kernels.values()) == sorted(kernels.values(), reverse=True)
+    assert sum(kernels.values()) == pytest.approx(100.0, abs=0.1 * len(kernels))
+    assert all(float(low) <= float(median) <= float(high) for _, _, median, low, high in rows)
+    # The first layer's update, 1.6 M of MLP's 1.7 M parameters streamed from memory: a large
+    # share, which a sum of the other updates alone (a few % of the step) would miss.
+    assert kernels["sgd_update"] > 10.0, result.stdout
 
 
 def test_cold_start_times_every_condition_against_back_to_back():

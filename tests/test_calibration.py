@@ -206,6 +206,10 @@ def test_every_kernel_call_of_a_probe_step_becomes_one_sample(probe):
     assert all(s.seconds > 0 for calls in [*samples.values(), *measured.cold_starts.values()] for s in calls)
     im2col = samples.get("im2col", [KernelSample((0,) * 6, 0, 0, 1)])[0]
     assert len(im2col.dims) == 6
+    # A step's seconds by kernel count every call, the first update among them.
+    totals = measured.kernel_seconds()
+    assert set(totals) == set(expected) and totals[optimizer.kernel] == pytest.approx(
+        sum(s.seconds for s in [*samples.get(optimizer.kernel, []), *measured.cold_starts[optimizer.kernel]]))
 
 
 def test_a_probe_trained_as_a_job_samples_the_same_calls_without_waits_or_evictions():

@@ -178,7 +178,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
         my_waits.append(measured.waits)
         my_overheads.append(measured.overhead)
         if probe in my_job_seconds:
-            my_job_seconds[probe].append(sum(s.seconds for calls in measured.samples.values() for s in calls))
+            my_job_seconds[probe].append(sum(measured.kernel_seconds().values()))
     if settings.kernel_probes > 0:
         kernel_probes.append(probe_kernels(comm, on_host=on_host))
     instants.append(probe_cores(comm))

@@ -115,6 +115,15 @@ class ProbeMeasurement:
     overhead: tuple[float, float]
     cold_starts: dict[str, list[KernelSample]]
 
+    def kernel_seconds(self) -> dict[str, float]:
+        """Seconds a step by kernel name, over every sampled call, those that follow other
+        work included (a network's first update, say: its largest)."""
+        totals: dict[str, float] = defaultdict(float)
+        for group in (self.samples, self.cold_starts):
+            for name, calls in group.items():
+                totals[name] += sum(call.seconds for call in calls)
+        return dict(totals)
+
 
 def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: int, evict: Callable[[], None],
                   min_seconds: float = 0.0, seed: int = 0, reduced: bool = False) -> ProbeMeasurement:
