@@ -46,7 +46,7 @@ from pydtnn_lite.perfmodel.measuring.kernel_probe import probe_kernels
 from pydtnn_lite.perfmodel.measuring.machine_state import probe_cores
 from pydtnn_lite.perfmodel.measuring.probes import job_probes
 from pydtnn_lite.perfmodel.measuring.sampling import measure_probe
-from pydtnn_lite.runtime import set_blas_threads
+from pydtnn_lite.runtime import keep_freed_memory, set_blas_threads
 from pydtnn_lite.textable import format_table
 
 # Each round's figures, as times (seconds, or a rate's inverse): what a probe says of the machine.
@@ -141,6 +141,7 @@ def main() -> None:
         parser.error(f"--rounds {args.rounds} --window {args.window}: take 2 rounds or more and a window of 1 "
                      "to --rounds rounds")
     set_blas_threads(1)  # as a calibration's ranks, one per core
+    keep_freed_memory()  # as calibrate and train: the step's large temporaries reused, not mapped afresh
     comm = MPICommunicator()
     one_round(comm, args.model, args.batch_size, args.dataset)  # warm-up: first calls, compiled loops, page faults
     measured: list[Round] = []
