@@ -185,13 +185,26 @@ def test_expected_maximum_of_normal_draws_and_the_fitted_wait():
 
 def test_the_fitted_wait_grows_at_most_as_the_work_and_at_least_as_its_square_root():
     # Waits that grow as T ** 2 over the probes' range: held at T ** 1, with the coefficient
-    # that fits best under that exponent (the geometric mean of wait / T).
-    steep = [(t, 0.3 * t ** 2) for t in (0.05, 0.1, 0.2)]
-    model = fit_sync_wait(steep, ranks=2)
+    # that gives the samples' total wait under that exponent.
+    segments = (0.05, 0.1, 0.2)
+    model = fit_sync_wait([(t, 0.3 * t ** 2) for t in segments], ranks=2)
     assert model.exponent == 1.0
-    assert model.coefficient == pytest.approx(0.3 * math.prod((0.05, 0.1, 0.2)) ** (1 / 3))
+    assert model.coefficient == pytest.approx(0.3 * sum(t ** 2 for t in segments) / sum(segments))
     flat = fit_sync_wait([(t, 0.002 * t ** 0.1) for t in (0.1, 1.0, 10.0)], ranks=2)
-    assert flat.exponent == 0.5 and flat.coefficient == pytest.approx(0.002)  # T ** -0.4 at 0.1 and 10 cancel
+    assert flat.exponent == 0.5
+    assert flat.coefficient == pytest.approx(0.002 * (0.1 ** 0.1 + 1 + 10 ** 0.1) / (0.1 ** 0.5 + 1 + 10 ** 0.5))
+
+
+def test_the_fitted_wait_is_the_mean_of_skewed_waits_not_their_geometric_mean():
+    # Most stretches end with a short wait and one in four with a long one, in proportion to
+    # the stretch: a step pays the mean, 3 % of its work here, where the geometric mean of
+    # the waits (what a line in log-log gives) is 1.7 %. A wait of 0 counts in the mean.
+    waits = (0.01, 0.01, 0.01, 0.09)
+    samples = [(t, share * t) for t in (0.1, 0.2) for share in waits]
+    model = fit_sync_wait(samples, ranks=2)
+    assert model.exponent == pytest.approx(1.0)
+    assert model.seconds(0.3, 2) == pytest.approx(0.03 * 0.3)
+    assert fit_sync_wait(samples + [(0.1, 0.0), (0.2, 0.0)], ranks=2).seconds(0.3, 2) == pytest.approx(0.024 * 0.3)
 
 
 def test_a_calibration_file_s_wait_is_fitted_again_from_its_samples_as_it_loads(tmp_path):
