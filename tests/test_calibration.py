@@ -21,7 +21,7 @@ from pydtnn_lite.optim import SGD, Adam
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
 from pydtnn_lite.perfmodel.measuring.cache_residency import IDLE_WAITS
 from pydtnn_lite.perfmodel.measuring.cache_residency import QUICK_SIZES as QUICK_RESIDENCY_SIZES
-from pydtnn_lite.perfmodel.measuring.calibrate import CalibrationSettings, calibrate, in_rounds
+from pydtnn_lite.perfmodel.measuring.calibrate import CalibrationSettings, _mean_waits, calibrate, in_rounds
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
 from pydtnn_lite.perfmodel.measuring.machine_state import ALLREDUCE_BYTES
 from pydtnn_lite.perfmodel.measuring.probes import FULL, QUICK, Probe, calibration_grid
@@ -189,12 +189,14 @@ def test_every_kernel_call_of_a_probe_step_becomes_one_sample(probe):
     evictions = []
     measured = measure_probe(probe, backend, SerialCommunicator(), repeats=2, evict=lambda: evictions.append(1))
     assert len(evictions) == 3  # before the update of the warm-up step and of each traced step
-    assert len(measured.waits) == 2 and all(work > 0 and wait >= 0 for work, wait in measured.waits)
     samples = measured.samples
     network = probe.network().build(backend)
     optimizer = Adam(network) if probe.optimizer == "adam" else SGD(network)
     # Reductions are communication, which the calibration times apart (allreduce_timing.py).
     costs = step_costs(network, optimizer, probe.batch)
+    meetings = 1 + batch_norm_reductions(probe)  # a wait a step at each batch-norm reduction, and after backward
+    assert len(measured.waits) == 2 and all(len(step) == meetings for step in measured.waits)
+    assert all(work > 0 and wait >= 0 for step in measured.waits for work, wait in step)
     expected = Counter(cost.kernel for _, cost in costs if cost.kernel != ALLREDUCE)
     expected[H2D_COPY] += 1
     # The step's first update follows the step's other work: it is kept apart, for its cold start.
@@ -210,6 +212,45 @@ def test_every_kernel_call_of_a_probe_step_becomes_one_sample(probe):
     totals = measured.kernel_seconds()
     assert set(totals) == set(expected) and totals[optimizer.kernel] == pytest.approx(
         sum(s.seconds for s in [*samples.get(optimizer.kernel, []), *measured.cold_starts[optimizer.kernel]]))
+
+
+def batch_norm_reductions(probe: Probe) -> int:
+    """The blocking reductions of ``probe``'s training step: its batch norms' statistics."""
+    network = probe.network().build(make_backend())
+    optimizer = Adam(network) if probe.optimizer == "adam" else SGD(network)
+    return sum(cost.kernel == ALLREDUCE for _, cost in step_costs(network, optimizer, probe.batch))
+
+
+class CountedBarriers(SerialCommunicator):
+    """One process that counts the barriers it is asked to wait at."""
+
+    def __init__(self) -> None:
+        self.barriers = 0
+
+    def barrier(self) -> None:
+        self.barriers += 1
+
+
+def test_the_ranks_of_a_probe_meet_at_each_batch_norm_reduction_as_a_jobs_ranks_do():
+    """After a job's batch-norm reduction its ranks run the next memory-bound pass at the
+    same moment: the sampling's ranks meet there too, so they time it side by side."""
+    probe = Probe("conv", 4, (8, 3, 4, 3, 2, 1))  # batch norms in FP and BP
+    reductions = batch_norm_reductions(probe)
+    assert reductions >= 2
+    ranks = CountedBarriers()
+    measured = measure_probe(probe, make_backend(), ranks, repeats=2, evict=lambda: None)
+    assert ranks.barriers == 3 * (reductions + 1)  # the warm-up step and two traced steps
+    # The statistics stay the probe's own: the reductions sum nothing into them.
+    assert all(len(step) == reductions + 1 for step in measured.waits)
+
+
+def test_a_meetings_wait_is_the_mean_over_steps_and_ranks_beyond_the_last_ranks_own():
+    # Two ranks, two steps, two meetings a step: (work, seconds at the barrier).
+    rank0 = [[[(0.010, 0.003), (0.100, 0.001)], [(0.012, 0.001), (0.090, 0.010)]]]
+    rank1 = [[[(0.012, 0.001), (0.100, 0.005)], [(0.010, 0.004), (0.080, 0.002)]]]
+    first, end = _mean_waits([rank0, rank1])
+    assert first == pytest.approx((0.011, (0.002 + 0.0 + 0.0 + 0.003) / 4))
+    assert end == pytest.approx((0.0925, (0.0 + 0.004 + 0.008 + 0.0) / 4))
 
 
 def test_a_probe_trained_as_a_job_samples_the_same_calls_without_waits_or_evictions():
@@ -635,8 +676,10 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
     assert all(seconds > 0 for seconds in (*progress.blocking, *progress.own_calls))
     assert all(0.0 <= progress.share_left(n) <= 1.0 for n in progress.sizes)
     assert "bucket progress: a bucket's own calls" in result.stdout
-    # One (work, wait) sample per probe, the waits at the ranks' barrier fitted as a power law.
-    assert len(calibration.sync_samples) == len(calibration_grid((4, 8), QUICK)) + 2  # and the MLP's two rounds
+    # One (work, wait) sample per meeting of a probe's step (each batch-norm reduction, then
+    # after backward), the waits at the ranks' barriers fitted as a power law.
+    meetings = sum(1 + batch_norm_reductions(probe) for probe in calibration_grid((4, 8), QUICK))
+    assert len(calibration.sync_samples) == meetings + 2  # and the MLP's two rounds
     # The time outside the kernels likewise, but the MLP's rounds as one sample, the last (their median).
     assert len(calibration.overhead_samples) == len(calibration_grid((4, 8), QUICK)) + 1
     # The job's network sampled whole: each of its calls predicted as measured (the median of
@@ -657,7 +700,7 @@ def test_two_rank_quick_calibration_holds_allreduce_samples_and_refits(tmp_path)
                        if tuple(s.dims) == tuple(cost.dims) and s.bytes == cost.bytes]
             assert len(sampled) >= 2, cost  # one from each round, at least
             assert calibration.kernel_seconds(cost.kernel, cost) == pytest.approx(np.median(sampled)), cost
-    assert sum(map(len, calibration.cold_start_samples.values())) == len(calibration.sync_samples)  # one a probe
+    assert sum(map(len, calibration.cold_start_samples.values())) == len(calibration_grid((4, 8), QUICK)) + 2
     assert all(work > 0 and wait >= 0 for work, wait in calibration.sync_samples)
     assert calibration.sync_wait.ranks == 2 and calibration.sync_wait.coefficient > 0
     assert "wait for the slowest rank" in result.stdout

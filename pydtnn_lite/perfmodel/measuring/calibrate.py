@@ -96,12 +96,23 @@ def fit_models(samples: dict[str, list[KernelSample]], comm: Communicator, seed:
     return {name: model_from_dict(fitted[name]) for name in names}
 
 
-def _mean_waits(per_rank: list[list[list[tuple[float, float]]]]) -> list[tuple[float, float]]:
-    """One (work, wait) sample per probe: the mean over its steps and the ranks (every rank
-    traced the same steps of the same probes)."""
-    return [(rounded(float(np.mean([w for rank in ranks for w, _ in rank]))),
-             rounded(float(np.mean([t for rank in ranks for _, t in rank]))))
-            for ranks in zip(*per_rank, strict=True) if all(ranks)]
+def _mean_waits(per_rank: list[list[list[list[tuple[float, float]]]]]) -> list[tuple[float, float]]:
+    """One (work, wait) sample per meeting of the ranks in a probe's step (each batch-norm
+    reduction, then the end of the step), the mean over its steps and the ranks, the wait
+    beyond the last rank's own: that rank waited for no one, its time at the barrier is the
+    meeting's latency, which a job's reductions pay in their own time (every rank traced the
+    same steps of the same probes)."""
+    samples = []
+    for probe in zip(*per_rank, strict=True):  # one probe: each rank's steps
+        if not all(probe):
+            continue
+        # by_step[s][m]: each rank's (work, wait) at the m-th meeting of step s
+        by_step = [list(zip(*step, strict=True)) for step in zip(*probe, strict=True)]
+        for meeting in zip(*by_step, strict=True):  # the m-th meeting of every step
+            works = [work for ranks in meeting for work, _ in ranks]
+            waits = [wait - min(w for _, w in ranks) for ranks in meeting for _, wait in ranks]
+            samples.append((rounded(float(np.mean(works))), rounded(float(np.mean(waits)))))
+    return samples
 
 
 @dataclass(frozen=True)
@@ -156,7 +167,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
     evict = CacheEvictor(backend)
     mine: dict[str, list[KernelSample]] = {}
     my_cold_starts: dict[str, list[KernelSample]] = {}
-    my_waits: list[list[tuple[float, float]]] = []
+    my_waits: list[list[list[tuple[float, float]]]] = []
     my_overheads: list[tuple[float, float]] = []
     my_job_seconds: dict[Probe, list[float]] = {job: [] for job in jobs}  # each round's kernel time a step
     # A run's kernel probe is set against the calibration's own runs of it, spread over the

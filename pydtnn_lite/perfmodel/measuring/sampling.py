@@ -6,7 +6,8 @@ is paired with its entry of :func:`~pydtnn_lite.step_costs.step_costs`, which gi
 call of the step with the median of its times over the repeated steps.
 
 The ranks train their copies of a probe in step with each other and wait for the slowest
-after each step's backward, as a training job's ranks do (:class:`ProbeSynchronizer`).
+where a training job's ranks do: at each batch-norm reduction and after each step's
+backward (:class:`ProbeSynchronizer`).
 A probe is a small network whose optimizer state would stay in the cache from one step
 to the next, where a real network's does not: its updates are timed after a cache
 eviction.
@@ -19,6 +20,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -71,34 +73,60 @@ class RandomImages(Dataset):
         return self.images[rows], self.labels[rows]
 
 
+class MeetingCommunicator(SerialCommunicator):
+    """One process's collectives, but a blocking sum first calls ``meet``: a probe's
+    batch-norm reductions sum its own statistics only, and meet the other ranks where a
+    job's ranks meet."""
+
+    def __init__(self, meet: Callable[[], None]) -> None:
+        self.meet = meet
+
+    def allreduce(self, array: Any) -> Any:
+        """``array`` unchanged, once every rank has reached a reduction."""
+        self.meet()
+        return array
+
+
 class ProbeSynchronizer(GradientSynchronizer):
     """A probe's gradient synchronizer, between backward and the update of every step.
 
     Each rank trains its own copy of the probe (nothing to sum), but the ranks meet at a
-    barrier here, as a training job's ranks meet at its gradient reduction: they then run
-    every kernel in step with each other, sharing the memory system as a job's ranks do,
-    and the barrier measures how long each rank waits for the slowest after a step's work
-    (``waits``: (seconds of work since the last barrier, seconds waited) per step). Then
-    the caches are evicted (``untraced``: the seconds of each step's wait and eviction,
-    which no traced call covers), so that the update reads the optimizer state from memory, as
-    every update of a network whose state exceeds the cache does: an update timed from the
-    cache under-estimates it (docs/performance-model.md, 'What is measured').
+    barrier wherever a training job's ranks meet at a blocking reduction: at each batch-norm
+    reduction of the statistics (:class:`MeetingCommunicator`) and here, after backward. They
+    then run every kernel in step with each other, sharing the memory system as a job's
+    ranks do: after a job's batch-norm reduction both ranks run the same memory-bound pass at
+    once, and ranks that drifted apart would time it alone. Each meeting measures how long
+    the rank waits for the slowest after its work since the last one (``waits``: a list a
+    step of (seconds of work, seconds at the barrier) a meeting, in the order the step
+    meets). After the last meeting the caches are evicted (``untraced``: the seconds of each
+    step's last meeting and eviction, which no traced call covers), so that the update
+    reads the optimizer state from memory, as every update of a network whose state exceeds
+    the cache does: an update timed from the cache under-estimates it
+    (docs/performance-model.md, 'What is measured').
     """
 
     def __init__(self, network: Network, ranks: Communicator, evict: Callable[[], None]) -> None:
-        super().__init__(network, SerialCommunicator(), overlap=False)
+        super().__init__(network, MeetingCommunicator(self.meet), overlap=False)
         self.ranks, self.evict = ranks, evict
-        self.waits: list[tuple[float, float]] = []
+        self.waits: list[list[tuple[float, float]]] = []
+        self.meetings: list[tuple[float, float]] = []  # the current step's so far
         self.untraced: list[float] = []
         self.last_met = time.perf_counter()
+
+    def meet(self) -> None:
+        """Wait for every rank at a barrier; note the work since the last meeting and the wait."""
+        arrived = time.perf_counter()
+        self.ranks.barrier()
+        met = time.perf_counter()
+        self.meetings.append((arrived - self.last_met, met - arrived))
+        self.last_met = met
 
     def finish(self) -> None:
         super().finish()
         arrived = time.perf_counter()
-        self.ranks.barrier()
-        met = time.perf_counter()
-        self.waits.append((arrived - self.last_met, met - arrived))
-        self.last_met = met
+        self.meet()
+        self.waits.append(self.meetings)
+        self.meetings = []
         self.evict()
         self.untraced.append(time.perf_counter() - arrived)
 
@@ -106,12 +134,12 @@ class ProbeSynchronizer(GradientSynchronizer):
 @dataclass
 class ProbeMeasurement:
     """What one probe measured: kernel samples by kernel name, the (work, wait) seconds
-    of each traced step at the ranks' barrier (see :class:`ProbeSynchronizer`), the
+    of each meeting of the ranks in each traced step (see :class:`ProbeSynchronizer`), the
     step's compute kernel calls with the median seconds of a step outside every traced call,
     and the samples of the calls that follow other work (``cold_starts``, by kernel name)."""
 
     samples: dict[str, list[KernelSample]]
-    waits: list[tuple[float, float]]
+    waits: list[list[tuple[float, float]]]
     overhead: tuple[float, float]
     cold_starts: dict[str, list[KernelSample]]
 
