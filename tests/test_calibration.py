@@ -577,6 +577,12 @@ def test_calibrations_of_other_machines_or_networks_do_not_merge(tiny):
     assert merge_calibrations([kernels[0], newer]).machine["blas"] == kernels[0].machine["blas"]
     with pytest.raises(ValueError, match="sampled different networks whole"):
         merge_calibrations([calibration, dataclasses.replace(calibration, settings={"jobs": ["lenet:8:synthetic"]})])
+    # A file whose probes' ranks met only after backward sampled the kernels after a batch
+    # norm apart, where the ranks of a newer file ran them side by side.
+    older = dataclasses.replace(calibration, settings={k: v for k, v in calibration.settings.items()
+                                                       if k != "ranks_meet"})
+    with pytest.raises(ValueError, match="met at different points"):
+        merge_calibrations([calibration, older])
     with pytest.raises(ValueError, match="at least two"):
         merge_calibrations([calibration])
 

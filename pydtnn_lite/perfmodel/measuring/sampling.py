@@ -38,6 +38,9 @@ from pydtnn_lite.tracing.records import COMPUTE, TRAIN
 from pydtnn_lite.training import TrainerSettings, build_trainer
 
 LEARNING_RATE = 1e-4  # small enough that no probe's loss diverges on random labels
+# Where a probe's ranks meet, as a calibration records it: its samples are not to be pooled
+# with those of files whose ranks met only after each step (written before 2026-12-06).
+RANKS_MEET = "at each batch-norm reduction and after backward"
 MAX_STEPS = 20
 
 

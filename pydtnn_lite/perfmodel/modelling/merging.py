@@ -61,6 +61,9 @@ def merge_calibrations(calibrations: Sequence[Calibration]) -> Calibration:
         if first.settings.get("jobs", []) != other.settings.get("jobs", []):
             raise ValueError("the calibrations sampled different networks whole (calibrate --models): merge "
                              "calibrations made with the same --models")
+        if first.settings.get("ranks_meet") != other.settings.get("ranks_meet"):
+            raise ValueError("the calibrations' ranks met at different points of a probe's step (files written "
+                             "before 2026-12-06 met only after backward): calibrate again and merge the new files")
     revisions = _newest_revisions(calibrations)
     calibrations = [_without_kernels(c, {kernel for kernel, revision in revisions.items()
                                          if c.revision(kernel) < revision}) for c in calibrations]
