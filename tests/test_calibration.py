@@ -190,8 +190,7 @@ def test_every_kernel_call_of_a_probe_step_becomes_one_sample(probe):
     measured = measure_probe(probe, backend, SerialCommunicator(), repeats=2, evict=lambda: evictions.append(1))
     assert len(evictions) == 3  # before the update of the warm-up step and of each traced step
     samples = measured.samples
-    network = probe.network().build(backend)
-    optimizer = Adam(network) if probe.optimizer == "adam" else SGD(network)
+    network, optimizer = probe.trainable(backend)
     # Reductions are communication, which the calibration times apart (allreduce_timing.py).
     costs = step_costs(network, optimizer, probe.batch)
     meetings = 1 + batch_norm_reductions(probe)  # a wait a step at each batch-norm reduction, and after backward
@@ -216,8 +215,7 @@ def test_every_kernel_call_of_a_probe_step_becomes_one_sample(probe):
 
 def batch_norm_reductions(probe: Probe) -> int:
     """The blocking reductions of ``probe``'s training step: its batch norms' statistics."""
-    network = probe.network().build(make_backend())
-    optimizer = Adam(network) if probe.optimizer == "adam" else SGD(network)
+    network, optimizer = probe.trainable(make_backend())
     return sum(cost.kernel == ALLREDUCE for _, cost in step_costs(network, optimizer, probe.batch))
 
 

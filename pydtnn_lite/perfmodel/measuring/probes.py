@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pydtnn_lite.backend import Backend
 from pydtnn_lite.data import GENERATED_SHAPES, DataError
 from pydtnn_lite.kernels.conv import output_size
 from pydtnn_lite.layers import (
@@ -36,6 +37,7 @@ from pydtnn_lite.layers import (
 from pydtnn_lite.layers.conv import convolution_form
 from pydtnn_lite.models import create_model
 from pydtnn_lite.network import Network
+from pydtnn_lite.optim import SGD, Adam, Optimizer
 
 CLASSES = (10, 100, 1000)  # the head's width: the loss kernels' (batch, classes)
 SIZES = (4, 8, 16, 32)  # feature map height = width
@@ -96,6 +98,11 @@ class Probe:
             inputs, units, classes = self.shape
             return 6.0 * self.batch * units * (inputs + classes)
         return 0.0
+
+    def trainable(self, backend: Backend, seed: int = 0) -> tuple[Network, Optimizer]:
+        """The probe's network built on ``backend``, and its optimizer."""
+        network = self.network().build(backend, seed=seed)
+        return network, Adam(network) if self.optimizer == "adam" else SGD(network)
 
     def network(self) -> Network:
         """The probe's network, not yet built."""

@@ -29,7 +29,7 @@ from pydtnn_lite.comm import Communicator, GradientSynchronizer, SerialCommunica
 from pydtnn_lite.costs import COMPUTE_STAGES, NO_LAYER, CallCounter, CallKey, KernelCost, keyed_costs
 from pydtnn_lite.data import Dataset
 from pydtnn_lite.network import Network
-from pydtnn_lite.optim import SGD, Adam, LearningRateSchedule
+from pydtnn_lite.optim import LearningRateSchedule
 from pydtnn_lite.perfmodel.measuring.probes import Probe
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample
 from pydtnn_lite.step_costs import h2d_copy_cost, step_costs
@@ -172,8 +172,7 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
     samples can be set against (``benchmarks/probe_tracking.py``).
     """
     most = max(repeats, MAX_STEPS)
-    network = probe.network().build(backend, seed=seed)
-    optimizer = Adam(network) if probe.optimizer == "adam" else SGD(network)
+    network, optimizer = probe.trainable(backend, seed)
     synchronizer = None if reduced else ProbeSynchronizer(network, ranks, evict)
     global_batch = probe.batch * (ranks.size if reduced else 1)  # each rank trains on the probe's batch
     data = RandomImages(global_batch * (most + 1), probe.batch, probe.input_shape, probe.classes, seed)
