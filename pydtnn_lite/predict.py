@@ -75,15 +75,17 @@ def placed(machine: CalibratedMachine, args: argparse.Namespace, procs: int) -> 
     threads = args.blas_threads or max(1, cores // per_node)
     if per_node > procs:
         raise UserError(f"--ranks-per-node {per_node} is more than the job's {procs} ranks: lower it or raise --procs")
-    now, probed = None, None
+    now, probed, processor = None, None, None
     if args.probe:
         # Measuring code, loaded only to measure: a prediction alone needs no communicator.
+        from pydtnn_lite.perfmodel.measuring.host import this_processor
         from pydtnn_lite.perfmodel.measuring.kernel_probe import probe_kernels
         from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
 
         now = probe_machine_state(SerialCommunicator())
         probed = probe_kernels(SerialCommunicator(), args.dataset)
-    return adjusted_machine(machine, Placement(procs, per_node, cores, threads), now, probed)
+        processor = this_processor()
+    return adjusted_machine(machine, Placement(procs, per_node, cores, threads), now, probed, processor)
 
 
 def prediction_json(prediction: StepPrediction, model: str, dataset: str, machine_name: str,

@@ -30,11 +30,12 @@ from pydtnn_lite.perfmodel.modelling.machines import (
     CalibratedMachine,
     adjusted_machine,
     allreduce_models,
-    probed_gemm_rest,
+    probed_gemm_ratio,
     probed_ratios,
 )
 from pydtnn_lite.perfmodel.modelling.outside_kernels import AffineCost, fit_affine
 from pydtnn_lite.perfmodel.modelling.placement import Placement
+from pydtnn_lite.perfmodel.modelling.processors import Processor
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample, RateModel
 from pydtnn_lite.perfmodel.modelling.synchronization import SyncWaitModel, expected_maximum
 from pydtnn_lite.perfmodel.modelling.trace_validation import kernel_probe_of
@@ -69,14 +70,19 @@ def test_a_gemm_moves_with_the_peak_only_for_the_share_of_its_time_spent_at_the_
     assert Drift(compute=1.5, memory=0.8).scale("gemm", flops=6e9, seconds=0.1) == pytest.approx(1.5)
 
 
-def test_a_gemm_off_its_peak_moves_as_the_kernel_probe_s_products():
+def test_a_gemm_moves_as_the_kernel_probe_s_products_and_on_another_processor_splits_at_the_peak():
     """A GEMM predicted at 1 ms with a quarter of its time at the 90 GFLOP/s peak (2.25e7
-    FLOP): the part at the peak moves as the every-core probe's GEMM (1.2x), the rest as
-    the kernel probe's products did (1.6x), where the copy rates would move it 0.8x."""
-    drift = dataclasses.replace(drift_between(THEN, MachineState(75e9, 25e9)), gemm_rest=1.6)  # GEMM x1.2
-    assert drift.scale("gemm", flops=2.25e7, seconds=1e-3) == pytest.approx(0.25 * 1.2 + 0.75 * 1.6)
+    FLOP), where the every-core probe's GEMM moved 1.2x and the kernel probe's products 1.6x:
+    on the calibration's processor all of it moves 1.6x, at the peak or not. On another, the
+    part at the peak moves as the every-core probe's GEMM, the rest as the products."""
+    drift = dataclasses.replace(drift_between(THEN, MachineState(75e9, 25e9)), probed_gemm=1.6)  # GEMM x1.2
+    assert drift.scale("gemm", flops=2.25e7, seconds=1e-3) == pytest.approx(1.6)
+    assert drift.scale("gemm", flops=9e7, seconds=1e-3) == pytest.approx(1.6)
     assert drift.scale("im2col") == pytest.approx(0.8)  # other kernels keep the copy rates
-    assert "GEMM off its peak x1.600" in drift.describe()
+    assert "the model's GEMMs x1.600, as the kernel probe's products moved" in drift.describe()
+    elsewhere = dataclasses.replace(drift, other_processor=True)
+    assert elsewhere.scale("gemm", flops=2.25e7, seconds=1e-3) == pytest.approx(0.25 * 1.2 + 0.75 * 1.6)
+    assert "GEMMs off their peak x1.600" in elsewhere.describe()
 
 
 def test_a_fused_kernel_the_probe_did_not_time_moves_as_the_mean_of_its_parts():
@@ -126,6 +132,23 @@ def test_only_allreduce_times_measured_at_the_run_s_rank_count_carry_its_probe_o
     timed = machine(two + [(8, n, 4 * (20e-6 + n * 1e-9)) for n in sizes])
     assert timed.drift.communication == pytest.approx(12 * 300e-6 / (300e-6 * 4), rel=0.05)
     assert timed.warnings([]) == []
+
+
+def test_a_run_on_another_processor_splits_its_gemms_at_the_calibration_s_peak():
+    """The run's processor against the calibration's (its record names Xeon A, AVX-512):
+    another name or vector unit is another processor; a record that names none is taken
+    as the calibration's, as is a run without a processor named."""
+    placed = {"ranks": 2, "usable_cores": 2, "blas_threads": 1, "cpu_model": "Xeon A", "vector_unit": "AVX-512"}
+    calibration = Calibration(machine=placed, peak_flops=1e11, memory_bandwidth=1e10, kernel_models={},
+                              allreduce_samples=[], machine_state=THEN)
+    machine = CalibratedMachine(calibration, None)
+    now = MachineState(60e9, 25e9)
+
+    def other(processor: Processor | None) -> bool:
+        return adjusted_machine(machine, None, now, None, processor).drift.other_processor
+
+    assert other(Processor("Xeon B", "AVX-512")) and other(Processor("Xeon A", "AVX2"))
+    assert not other(Processor("Xeon A", "AVX-512")) and not other(Processor("")) and not other(None)
 
 
 def test_a_probe_travels_through_its_dictionary():
@@ -408,8 +431,8 @@ def test_the_kernel_probe_is_set_against_the_calibration_s_own_runs_of_it():
     gemm_then = dataclasses.replace(own, kernel_probes=[ProbedWork({"gemm": products})] * 2)
     now_gemm = ProbedWork({"gemm": [dataclasses.replace(call, seconds=1.5 * call.seconds)
                                     for call in products]})
-    assert probed_gemm_rest(gemm_then, now_gemm) == pytest.approx(1.5)
-    assert probed_gemm_rest(gemm_then, ProbedWork({"relu": probed.calls["relu"]})) is None  # no product timed
+    assert probed_gemm_ratio(gemm_then, now_gemm) == pytest.approx(1.5)
+    assert probed_gemm_ratio(gemm_then, ProbedWork({"relu": probed.calls["relu"]})) is None  # no product timed
 
 
 def test_a_call_beyond_the_largest_sampled_batch_takes_time_in_proportion():

@@ -952,7 +952,7 @@ def test_validate_prints_its_figures_as_one_json_object(traced_run, tmp_path):
     assert isinstance(drift, float) and drift > 0
     assert document["raw_step_error"] == pytest.approx((predicted / drift - measured) / measured)
     assert set(document["drift"]) == {"compute", "memory", "communication", "noise", "measured", "peak_flops",
-                                      "kernels", "imbalance", "gemm_rest"}
+                                      "kernels", "imbalance", "probed_gemm", "other_processor"}
     assert document["drift"]["kernels"]["batchnorm_sums"] > 0  # the kernel probe's own ratios
     assert set(document["wre"]) == {"FP", "BP", "WU"} and all(isinstance(v, float) for v in document["wre"].values())
     for key in ("measured_stage_seconds", "predicted_stage_seconds", "stage_errors"):

@@ -5,11 +5,14 @@ of the machine runs a one-thread GEMM and then a copy at the same time, as a job
 ranks load every core, and an Allreduce is timed over the job's ranks. A kernel's
 predicted time is scaled by the ratio of the rate that bounds it, then to now:
 
-- GEMM, by the GEMM rates for the part of its calibrated time that ran at the
-  calibration probe's GEMM rate, and for the rest (packing, the edges of skinny products,
-  memory traffic) as the run's kernel probe's products moved as a whole, or by the copy
-  rates where it timed none: processors differ most in their peak rates, and a product
-  that stayed below the peak on the calibration's machine moves less than the peak does;
+- GEMM, as the run's kernel probe's products moved as a whole: on the calibration's
+  processor they follow a job's products, at the peak and off it, where the every-core
+  probe's GEMM reads the machine as up to a third faster than they run. On another
+  processor, where peaks differ most, the part of a product's calibrated time that ran
+  at the calibration probe's GEMM rate moves with the GEMM rates and the rest as the
+  kernel probe's products (a product that stayed below the peak on the calibration's
+  machine moves less than the peak does); without a kernel probe, the rest moves with
+  the copy rates;
 - every other compute kernel by its own ratio where the run's kernel probe
   (``measuring/kernel_probe.py``) timed it: against the calibration's own runs of the
   probe, as the probe's work as a whole moved and by its share of that work where the
@@ -213,7 +216,9 @@ class Drift:
     the moves beyond the probes' noise, with ``noise`` the largest combined spread of the
     probes (relative) and ``measured`` the largest move before the noise was taken off;
     ``peak_flops``, the calibration probe's one-core GEMM FLOP/s (0: unknown); ``kernels``,
-    the ratios of the kernels the run's kernel probe timed (:func:`kernel_ratios`)."""
+    the ratios of the kernels the run's kernel probe timed (:func:`kernel_ratios`);
+    ``probed_gemm``, how its products moved; ``other_processor``, whether the run's
+    processor is not the calibration's."""
 
     compute: float = 1.0
     memory: float = 1.0
@@ -223,14 +228,16 @@ class Drift:
     peak_flops: float = 0.0
     kernels: Mapping[str, float] = field(default_factory=dict)
     imbalance: float | None = None  # the run's probe's (:meth:`CoreRates.imbalance`); None: not probed
-    gemm_rest: float | None = None  # GEMM off its peak: as the kernel probe's products moved; None: memory
+    probed_gemm: float | None = None  # as the kernel probe's products moved; None: not timed
+    other_processor: bool = False
 
     def scale(self, kernel: str, communication: bool = False, flops: float = 0.0, seconds: float = 0.0) -> float:
         """The factor for a kernel's predicted time (``communication``: a collective). A
-        compute-bound kernel of ``flops`` that took ``seconds`` at the calibration moves with
-        the GEMM rates for the share of its time that ran at the calibration probe's rate
-        (``peak_flops``; the whole of it where either is unknown), the rest by ``gemm_rest``
-        where the kernel probe gave one, else with memory."""
+        compute-bound kernel moves as the kernel probe's products did (``probed_gemm``). On
+        another processor, or without them, one of ``flops`` that took ``seconds`` at the
+        calibration moves with the GEMM rates for the share of its time that ran at the
+        calibration probe's rate (``peak_flops``; the whole of it where either is unknown),
+        the rest as the kernel probe's products, else with memory."""
         if communication:
             return self.communication
         if kernel in FUSED_KERNELS and kernel not in self.kernels:
@@ -240,8 +247,10 @@ class Drift:
             return sum(self.kernels.get(part, self.memory) for part in parts) / len(parts)
         if kernel not in COMPUTE_BOUND:
             return self.kernels.get(kernel, self.memory)
+        if self.probed_gemm is not None and not self.other_processor:
+            return self.probed_gemm
         at_peak = peak_share(flops, seconds, self.peak_flops)
-        rest = self.memory if self.gemm_rest is None else self.gemm_rest
+        rest = self.memory if self.probed_gemm is None else self.probed_gemm
         return at_peak * self.compute + (1.0 - at_peak) * rest
 
     @property
@@ -254,7 +263,9 @@ class Drift:
                f"to x{max(self.kernels.values()):.2f})") if self.kernels else ""
         noise = (f"; the probes measured moves up to {100 * self.measured:.0f} % and repeat within "
                  f"+-{100 * self.noise:.0f} %, a part of each move that is not corrected") if self.noise else ""
-        own = (f"; GEMM off its peak x{self.gemm_rest:.3f} by the kernel probe's" if self.gemm_rest else "") + own
+        if self.probed_gemm:
+            part = " off their peak" if self.other_processor else ""
+            own = f"; the model's GEMMs{part} x{self.probed_gemm:.3f}, as the kernel probe's products moved" + own
         slowest = (f"; the slowest core {100 * self.imbalance:.1f} % slower than the cores' mean"
                    if self.imbalance else "")
         return (f"GEMM x{self.compute:.3f}, memory x{self.memory:.3f}, communication x{self.communication:.3f}"

@@ -331,12 +331,14 @@ def faster_strategy(machine: CalibratedMachine, network: Network, optimizer: Opt
 
 
 def adjusted_machine(machine: CalibratedMachine, placement: Placement | None = None,
-                     now: MachineState | None = None, probed: ProbedWork | None = None) -> AdjustedMachine:
+                     now: MachineState | None = None, probed: ProbedWork | None = None,
+                     processor: Processor | None = None) -> AdjustedMachine:
     """``machine`` with its ranks placed as ``placement`` (default: as in the calibration) and
     corrected for the drift from the calibration's machine-state probe to ``now`` (none
     when either probe is missing), the work that ``probed`` (a run's kernel probe) timed
     by its own ratios where the calibration ran one single-thread rank per core, as the
-    kernel probe does."""
+    kernel probe does; ``processor`` is the run's (None: the calibration's), whose GEMMs move
+    otherwise where it is another (:meth:`~pydtnn_lite.perfmodel.modelling.drift.Drift.scale`)."""
     calibration = machine.calibration
     drift = Drift()
     if now is not None and calibration.machine_state is not None:
@@ -346,8 +348,9 @@ def adjusted_machine(machine: CalibratedMachine, placement: Placement | None = N
         timed = now.allreduce_ranks in calibration.allreduce_rank_counts
         model = machine.allreduce_seconds if machine.allreduce is not None and timed else None
         drift = drift_between(calibration.machine_state, now, model)
+        other = processor is not None and processor.differs_from(Processor.of(calibration.machine))
         drift = replace(drift, kernels=probed_ratios(calibration, probed),
-                        gemm_rest=probed_gemm_rest(calibration, probed))
+                        probed_gemm=probed_gemm_ratio(calibration, probed), other_processor=other)
     return AdjustedMachine(machine, placement or calibration.placement, drift)
 
 
@@ -410,7 +413,7 @@ def _modelled_ratios(calibration: Calibration, probed: ProbedWork) -> dict[str, 
 
 def _kinds_of_work(probed: ProbedWork) -> dict[str, Pieces]:
     """A probe's work to set like for like, by kind, each piece named by what it was: each
-    kernel's calls but GEMM's (left to the GEMM rates and :func:`probed_gemm_rest`), and
+    kernel's calls but GEMM's (left to :func:`probed_gemm_ratio`), and
     the steps' time outside the kernels, named by their calls. The updates count: like for
     like, the probe's 2M-parameter updates stream from memory as a model's do (against the
     models they do not, :func:`kernel_ratios`); with them, the WU stage's WRE of six runs
@@ -426,9 +429,9 @@ def _pieces(calls: Sequence[KernelSample]) -> Pieces:
     return [(call.dims, call.seconds) for call in calls]
 
 
-def probed_gemm_rest(calibration: Calibration, probed: ProbedWork | None) -> float | None:
-    """How the kernel probe's products moved against ``calibration``, the ratio for the
-    part of a GEMM's time off its peak: their total time now over then
+def probed_gemm_ratio(calibration: Calibration, probed: ProbedWork | None) -> float | None:
+    """How the kernel probe's products moved against ``calibration``, the ratio for a
+    GEMM's time (on another processor, for its part off the peak): their total time now over then
     (:func:`~pydtnn_lite.perfmodel.modelling.drift.work_ratio`), against the median of the
     calibration's own runs of the probe where they timed the same products
     (:func:`~pydtnn_lite.perfmodel.modelling.drift.like_for_like`), beyond that ratio's
@@ -443,7 +446,11 @@ def probed_gemm_rest(calibration: Calibration, probed: ProbedWork | None) -> flo
     splitting the probe's move at the peak, with the peak's part moving as the every-core
     probe's, put the gap between the two probes on the rest, which is a small share of
     the probe's time, and so multiplied their noise (LeNet's correction overshot by a
-    third)."""
+    third). On 2026-12-06 the every-core probe's GEMM read this machine 8-27 % faster than
+    the kernel probe's products in every run of the day, and the products at the peak
+    (VGG11's on 4 and 8 ranks) ran as the kernel probe's did: moved with them whole, the
+    4- and 8-rank steps came within 10 % where they had been 9-17 % short
+    (docs/model-accuracy-log.md)."""
     if probed is None or not _probe_comparable(calibration, probed) or not probed.calls.get(GEMM):
         return None
     calls = probed.calls[GEMM]

@@ -70,6 +70,10 @@ class Processor:
         return self.same_vector_unit(other) and (self.cache_bytes == other.cache_bytes
                                                  or not self.cache_bytes or not other.cache_bytes)
 
+    def differs_from(self, other: Processor) -> bool:
+        """Whether both records name their processor and the two are not one kind (:meth:`same_as`)."""
+        return bool(self.name and other.name) and not self.same_as(other)
+
     def __str__(self) -> str:
         cache = f"{self.cache_bytes / 2 ** 20:g} MiB of last-level cache" if self.cache_bytes else ""
         return ", ".join(part for part in (self.name, self.vector_unit, cache) if part)

@@ -69,7 +69,8 @@ def run_machines(machine: Machine, meta: dict) -> tuple[Machine, Machine]:
     placement = job_placement(meta)
     state = MachineState.from_dict(meta["machine_state"]) if meta.get("machine_state") else None
     probed = kernel_probe_of(meta)
-    raw, corrected = adjusted_machine(machine, placement), adjusted_machine(machine, placement, state, probed)
+    raw = adjusted_machine(machine, placement)
+    corrected = adjusted_machine(machine, placement, state, probed, Processor.of(meta))
     if meta.get("strategy") == "hierarchical":  # the drift stays the flat model's
         # Traces written before the reductions were pipelined ran them after backward.
         two_level = machine.hierarchical(pipelined=bool(meta.get("reduces_during_backward", False)))
@@ -180,7 +181,7 @@ def processor_warnings(machine: Machine, meta: dict) -> list[str]:
         return []
     ran_on, measured_on = Processor.of(meta), Processor.of(calibration.machine)
     warnings = []
-    if ran_on.name and measured_on.name and not ran_on.same_as(measured_on):
+    if ran_on.differs_from(measured_on):
         warnings.append(f"the run's processor ({ran_on}) is not the calibration's ({measured_on}): the drift "
                         "correction carries the calibration over only in part; calibrate on this processor for "
                         "figures that need none")
