@@ -8,12 +8,11 @@ predicted time is scaled by the ratio of the rate that bounds it, then to now:
 - GEMM, as the run's kernel probe's products moved as a whole: on the calibration's
   processor they follow a job's products, at the peak and off it, where the every-core
   probe's GEMM read the development machine up to a quarter faster than they ran
-  (2026-12-06). On another
-  processor, where peaks differ most, the part of a product's calibrated time that ran
-  at the calibration probe's GEMM rate moves with the GEMM rates and the rest as the
-  kernel probe's products (a product that stayed below the peak on the calibration's
-  machine moves less than the peak does); without a kernel probe, the rest moves with
-  the copy rates;
+  (2026-12-06). On another processor, where peaks differ most, the part of a product's
+  calibrated time that ran at the calibration probe's GEMM rate moves with the GEMM
+  rates and the rest as the kernel probe's products (a product that stayed below the
+  peak on the calibration's machine moves less than the peak does); without a kernel
+  probe, the rest moves with the copy rates;
 - every other compute kernel by its own ratio where the run's kernel probe
   (``measuring/kernel_probe.py``) timed it: against the calibration's own runs of the
   probe, as the probe's work as a whole moved and by its share of that work where the
