@@ -156,7 +156,7 @@ def test_a_probe_travels_through_its_dictionary():
     # A probe recorded before spreads were has none: its moves are all taken as real.
     old = {key: value for key, value in THEN.to_dict().items() if not key.endswith("_spread")}
     assert MachineState.from_dict(old) == THEN and THEN.gemm_spread == 0.0
-    assert Drift().describe().startswith("GEMM x1.000")
+    assert Drift().describe().startswith("every-core GEMM x1.000")
 
 
 def test_the_affine_fit_recovers_a_fixed_and_a_per_unit_cost():

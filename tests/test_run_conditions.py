@@ -62,6 +62,6 @@ def test_a_child_job_times_allreduce_on_more_ranks_than_the_caller_has():
 
 def test_predict_probe_corrects_for_the_machine_s_state_now():
     document = predict("--procs", "2", "--probe")
-    assert "drift GEMM x" in document["machine"] and document["step_seconds"] > 0
+    assert "drift every-core GEMM x" in document["machine"] and document["step_seconds"] > 0
     # The kernel probe's networks time the kernels and the loading of the synthetic set too.
     assert "kinds of work by the kernel probe's" in document["machine"]
