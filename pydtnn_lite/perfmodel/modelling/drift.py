@@ -270,7 +270,7 @@ class Drift:
         slowest = (f"; the slowest core {100 * self.imbalance:.1f} % slower than the cores' mean"
                    if self.imbalance else "")
         # The every-core probe's GEMM, named as such: the model's GEMMs follow it only on another
-        # processor or without a kernel probe, and it read this machine up to a quarter faster.
+        # processor or without a kernel probe.
         return (f"every-core GEMM x{self.compute:.3f}, memory x{self.memory:.3f}, "
                 f"communication x{self.communication:.3f}"
                 f"{own} (time now over time at calibration{noise}){slowest}")
