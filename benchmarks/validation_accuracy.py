@@ -37,7 +37,6 @@ header says how many hours before (or after) the runs it was measured.
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import os
 import statistics
@@ -48,14 +47,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from pydtnn_lite.costs import COMPUTE_STAGES, Stage
+from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.perfmodel.measuring.host import this_processor
 from pydtnn_lite.perfmodel.modelling.calibration_folder import calibration_file
 from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, calibrated_machine
 from pydtnn_lite.perfmodel.modelling.placement import Placement
 from pydtnn_lite.perfmodel.modelling.prediction import predict_step
+from pydtnn_lite.perfmodel.modelling.repeatability import comparison_table, model_and_floor
 from pydtnn_lite.perfmodel.modelling.trace_validation import run_machines, validations_of
-from pydtnn_lite.perfmodel.modelling.validation import Validation, weighted_relative_error
+from pydtnn_lite.perfmodel.modelling.validation import Validation
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from pydtnn_lite.textable import format_table
 from pydtnn_lite.tracing import load_trace
@@ -64,7 +64,6 @@ from pydtnn_lite.tracing.records import META_FILE, read_meta
 from common import output_folder
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-FIGURES = ("step error", "WRE FP", "WRE BP", "WRE WU", "COMM error")
 
 
 # The zoo at a small and a large batch for CIFAR-sized images; the large models at smaller
@@ -118,74 +117,18 @@ def traced_run(config: Config, steps: int, overlap: bool, trace: str) -> None:
         raise SystemExit(f"validation_accuracy: training {config} failed:\n{result.stderr[-2000:]}")
 
 
-def figures(validation: Validation) -> dict[str, float]:
-    """The step error, stage WRE and COMM error of a validation."""
-    stages = {s.name: s for s in validation.stages}
-    return {"step error": validation.step.relative_error, "WRE FP": stages[Stage.FP].wre,
-            "WRE BP": stages[Stage.BP].wre, "WRE WU": stages[Stage.WU].wre,
-            "COMM error": stages[Stage.COMM].relative_error}
-
-
-def between(measured: Validation, reference: Validation) -> dict[str, float]:
-    """The figures of ``measured`` with ``reference``'s measurement in place of the prediction."""
-    stand_in = {k.key: k.measured for k in reference.kernels}
-    out = {"step error": (reference.step.measured - measured.step.measured) / measured.step.measured}
-    for stage in COMPUTE_STAGES:
-        kernels = [k for k in measured.kernels if k.stage == stage]
-        out[f"WRE {stage}"] = weighted_relative_error([stand_in[k.key] for k in kernels], [k.measured for k in kernels])
-    comm = {s.name: s.measured for s in measured.stages}[Stage.COMM]
-    reference_comm = {s.name: s.measured for s in reference.stages}[Stage.COMM]
-    out["COMM error"] = (reference_comm - comm) / comm if comm > 0 else float("nan")
-    return out
-
-
-def split_half(validation: Validation) -> dict[str, float]:
-    stages = {s.name: s for s in validation.stages}
-    return {"step error": validation.step.half_difference, "WRE FP": stages[Stage.FP].half_wre,
-            "WRE BP": stages[Stage.BP].half_wre, "WRE WU": stages[Stage.WU].half_wre,
-            "COMM error": stages[Stage.COMM].half_difference}
-
-
-def median_magnitudes(rows: list[dict[str, float]]) -> dict[str, float]:
-    return {name: statistics.median(abs(row[name]) for row in rows) for name in FIGURES}
-
-
-def row(label: str, values: dict[str, float], signed: bool = True) -> tuple[str, ...]:
-    """A label and its percentages; errors carry their sign where ``signed``, a WRE never does."""
-    return (label, *(f"{100 * values[name]:+.1f}" if signed and "error" in name else f"{100 * values[name]:.1f}"
-                     for name in FIGURES))
-
-
-def model_and_floor(validations: list[Validation]) -> tuple[dict[str, float], dict[str, float]]:
-    """A configuration's figures over its runs, each the median of magnitudes: the model's,
-    and between runs (every ordered pair, one run's measurement standing in for the prediction)."""
-    model = median_magnitudes([figures(v) for v in validations])
-    floor = median_magnitudes([between(a, b) for a, b in itertools.permutations(validations, 2)])
-    return model, floor
-
-
 def median_step_error(validations: list[Validation]) -> float:
     """The signed step error of a configuration: the median over its runs."""
     return statistics.median(v.step.relative_error for v in validations)
 
 
 def report(config: Config, traced: int, validations: list[Validation], raw: list[Validation]) -> str:
-    model = [figures(v) for v in validations]
-    model_median, floor_median = model_and_floor(validations)
-    ratio = {name: model_median[name] / floor_median[name] if floor_median[name] > 0 else float("nan")
-             for name in FIGURES}
     steps = ", ".join(f"{1e3 * v.step.measured:.1f}" for v in validations)
-    rows = [row(f"model, run {i + 1}", values) for i, values in enumerate(model)]
-    rows += [row("model, median", model_median, signed=False),
-             row("between runs, median", floor_median, signed=False),
-             row("split-half, median", median_magnitudes([split_half(v) for v in validations]), signed=False),
-             ("model / between runs", *(f"{value:.2f}" for value in ratio.values()))]
-    table = format_table(("(%; medians of magnitudes)", *FIGURES), rows)
     before = ", ".join(f"{100 * v.step.relative_error:+.1f}" for v in raw)
     return "\n".join([f"{config}, {traced} steps traced: measured steps {steps} ms; "
                       f"predicted {1e3 * validations[0].step.predicted:.1f} ms; "
                       f"step error before the drift correction {before} %",
-                      *("  " + line for line in table.split("\n"))])
+                      *("  " + line for line in comparison_table(validations).split("\n"))])
 
 
 def matrix_row(config: Config, validations: list[Validation], raw: list[Validation]) -> tuple:

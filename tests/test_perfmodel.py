@@ -988,6 +988,51 @@ def test_validate_without_a_machine_takes_the_calibration_the_trace_names(traced
     assert "--calibration" in unnamed.stderr and "--preset" in unnamed.stderr
 
 
+def slower_copy(trace, to, factor: float):
+    """A copy of the trace directory ``trace`` whose every step and kernel call took ``factor`` times as long."""
+    shutil.copytree(trace, to)
+    for name in ("events.csv", "steps.csv"):
+        with open(to / name, newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        for row in rows:
+            row["duration"] = repr(float(row["duration"]) * factor)
+        with open(to / name, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    return to
+
+
+def test_validate_sets_several_runs_beside_how_far_they_differ(traced_run, tmp_path):
+    trace = traced_run[0]
+    slower = slower_copy(trace, tmp_path / "slower", 1.1)
+    result = run("pydtnn_lite.validate", str(trace), str(slower), "--calibration", REFERENCE_CALIBRATION, "--json",
+                 "--out", str(tmp_path / "reports"))
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert [run_["trace"] for run_ in document["traces"]] == [str(trace), str(slower)]
+    assert all(os.path.isfile(path) for run_ in document["traces"] for path in run_["report"])
+    assert [os.path.dirname(run_["report"][0]) for run_ in document["traces"]] == [
+        str(tmp_path / "reports" / "run-1"), str(tmp_path / "reports" / "run-2")]
+    # Each run against the other: 10 % longer one way, 1/11 shorter the other; the median of the two.
+    floor = document["between_runs_median"]
+    for key in ("step_error", "wre_fp", "wre_bp", "wre_wu"):
+        assert floor[key] == pytest.approx((0.1 + 1 / 11) / 2, rel=1e-6), key
+    errors = [run_["step_error"] for run_ in document["traces"]]
+    assert document["runs"] == 2 and document["model_median"]["step_error"] == pytest.approx(
+        (abs(errors[0]) + abs(errors[1])) / 2)
+    table = run("pydtnn_lite.validate", str(trace), str(slower), "--calibration", REFERENCE_CALIBRATION,
+                "--out", str(tmp_path / "reports"))
+    assert table.returncode == 0 and "between runs, median" in table.stdout and table.stdout.startswith("run 1: ")
+    other = tmp_path / "other"
+    shutil.copytree(trace, other)
+    meta = json.loads((other / "meta.json").read_text())
+    (other / "meta.json").write_text(json.dumps({**meta, "global_batch": 32}))
+    refused = run("pydtnn_lite.validate", str(trace), str(other), "--calibration", REFERENCE_CALIBRATION)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "trained global_batch 32 where" in refused.stderr
+
+
 def test_scalability_study_writes_csv_and_plots_with_the_expected_trends(tmp_path):
     result = run("pydtnn_lite.scalability", "--models", "resnet18", "--datasets", "cifar10", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr

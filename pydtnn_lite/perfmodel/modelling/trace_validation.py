@@ -158,14 +158,19 @@ def check_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, m
         validation = validation_of(trace, loaded, machine)
     else:
         raw, validation = validations_of(trace, loaded, [raw_machine, machine])
-    title = (f"{meta['model']} on {meta['dataset']}, global batch {meta['global_batch']}, {int(meta['ranks'])} "
-             f"rank(s), {meta.get('device', '?')}: measured against predicted ({machine_name})")
+    title = f"{run_label(meta)}: measured against predicted ({machine_name})"
     paths = write_report(out or os.path.join(trace, "validation"), validation, title)
     spans: defaultdict[int, float] = defaultdict(float)
     for step in loaded[1]:
         spans[step.rank] += step.duration
     warnings = processor_warnings(machine, meta) + calibration_warnings(machine, validation.kernels)
     return CheckedTrace(trace, meta, machine_name, validation, title, paths, raw, drift, max(spans.values()), warnings)
+
+
+def run_label(meta: dict) -> str:
+    """What a traced run trained, from its ``meta``: "vgg11 on synthetic, global batch 64, 2 rank(s), cpu"."""
+    return (f"{meta['model']} on {meta['dataset']}, global batch {meta['global_batch']}, {int(meta['ranks'])} "
+            f"rank(s), {meta.get('device', '?')}")
 
 
 def processor_warnings(machine: Machine, meta: dict) -> list[str]:

@@ -1,0 +1,109 @@
+"""Several runs of one configuration: the model's figures beside how far the runs repeat each other.
+
+On a shared machine two runs of the same command differ by 5-30 % in a step, and more in
+a kernel, so a model's error means little without that spread beside it. Here each run
+is validated as usual, and its measurement also stands in for the prediction of every
+other run (each ordered pair): the figures that gives are the lowest error a prediction
+made in advance can expect on that machine that hour. Beside them, the split-half
+figures within each run (its even against its odd traced steps).
+"""
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Sequence
+
+from pydtnn_lite.costs import COMPUTE_STAGES, Stage
+from pydtnn_lite.errors import UserError
+from pydtnn_lite.perfmodel.modelling.validation import Validation, weighted_relative_error
+from pydtnn_lite.textable import format_table
+
+FIGURES = ("step error", "WRE FP", "WRE BP", "WRE WU", "COMM error")
+# What makes two traced runs the same configuration, from their meta.json.
+CONFIGURATION_KEYS = ("model", "dataset", "global_batch", "ranks", "dtype", "optimizer", "overlap", "bucket_mb",
+                      "device", "strategy")
+
+
+def figures(validation: Validation) -> dict[str, float]:
+    """The step error, the stage WREs (FP, BP, WU) and the COMM error of a validation, as fractions."""
+    stages = {s.name: s for s in validation.stages}
+    return {"step error": validation.step.relative_error, "WRE FP": stages[Stage.FP].wre,
+            "WRE BP": stages[Stage.BP].wre, "WRE WU": stages[Stage.WU].wre,
+            "COMM error": stages[Stage.COMM].relative_error}
+
+
+def between(measured: Validation, reference: Validation) -> dict[str, float]:
+    """The :func:`figures` of ``measured`` with ``reference``'s measurement in place of the prediction."""
+    stand_in = {k.key: k.measured for k in reference.kernels}
+    out = {"step error": (reference.step.measured - measured.step.measured) / measured.step.measured}
+    for stage in COMPUTE_STAGES:
+        kernels = [k for k in measured.kernels if k.stage == stage and k.key in stand_in]
+        out[f"WRE {stage}"] = weighted_relative_error([stand_in[k.key] for k in kernels], [k.measured for k in kernels])
+    comm = {s.name: s.measured for s in measured.stages}[Stage.COMM]
+    reference_comm = {s.name: s.measured for s in reference.stages}[Stage.COMM]
+    out["COMM error"] = (reference_comm - comm) / comm if comm > 0 else float("nan")
+    return out
+
+
+def split_half(validation: Validation) -> dict[str, float]:
+    """The :func:`figures` of a run's even traced steps against its odd ones."""
+    stages = {s.name: s for s in validation.stages}
+    return {"step error": validation.step.half_difference, "WRE FP": stages[Stage.FP].half_wre,
+            "WRE BP": stages[Stage.BP].half_wre, "WRE WU": stages[Stage.WU].half_wre,
+            "COMM error": stages[Stage.COMM].half_difference}
+
+
+def median_magnitudes(rows: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median magnitude over ``rows``."""
+    return {name: statistics.median(abs(row[name]) for row in rows) for name in FIGURES}
+
+
+def model_and_floor(validations: Sequence[Validation]) -> tuple[dict[str, float], dict[str, float]]:
+    """The figures over two or more runs of one configuration, each the median of magnitudes:
+    the model's, and between runs (every ordered pair, one run's measurement standing in for
+    the prediction of the other)."""
+    model = median_magnitudes([figures(v) for v in validations])
+    floor = median_magnitudes([between(a, b) for a, b in itertools.permutations(validations, 2)])
+    return model, floor
+
+
+def _row(label: str, values: dict[str, float], signed: bool = True) -> tuple[str, ...]:
+    """A label and its percentages; errors carry their sign where ``signed``, a WRE never does."""
+    return (label, *(f"{100 * values[name]:+.1f}" if signed and "error" in name else f"{100 * values[name]:.1f}"
+                     for name in FIGURES))
+
+
+def comparison_table(validations: Sequence[Validation]) -> str:
+    """The model's figures run by run and their medians, beside the between-run and split-half
+    medians and the ratio of the model's to the between-run ones (two or more runs)."""
+    model, floor = model_and_floor(validations)
+    ratio = {name: model[name] / floor[name] if floor[name] > 0 else float("nan") for name in FIGURES}
+    rows = [_row(f"model, run {i + 1}", figures(v)) for i, v in enumerate(validations)]
+    rows += [_row("model, median", model, signed=False),
+             _row("between runs, median", floor, signed=False),
+             _row("split-half, median", median_magnitudes([split_half(v) for v in validations]), signed=False),
+             ("model / between runs", *(f"{value:.2f}" for value in ratio.values()))]
+    return "\n".join([format_table(("(%; medians of magnitudes)", *FIGURES), rows),
+                      "the between-run figures set each run's measurement in place of the prediction of another: "
+                      "how far the machine repeats a run, the lowest error a prediction made in advance can expect "
+                      "here"])
+
+
+def comparison_summary(validations: Sequence[Validation]) -> dict:
+    """:func:`comparison_table` as one JSON object: fractions, keys with underscores."""
+    model, floor = model_and_floor(validations)
+    def keyed(values: dict[str, float]) -> dict[str, float]:
+        return {name.lower().replace(" ", "_"): value for name, value in values.items()}
+    return {"runs": len(validations), "model_median": keyed(model), "between_runs_median": keyed(floor),
+            "split_half_median": keyed(median_magnitudes([split_half(v) for v in validations]))}
+
+
+def check_same_configuration(traces: Sequence[str], metas: Sequence[dict]) -> None:
+    """Refuse runs that differ in what they trained (:data:`CONFIGURATION_KEYS`): between
+    them, the spread would be the configurations' difference, not the machine's."""
+    first = metas[0]
+    for trace, meta in zip(traces[1:], metas[1:], strict=True):
+        for key in CONFIGURATION_KEYS:
+            if meta.get(key) != first.get(key):
+                raise UserError(f"{trace} trained {key} {meta.get(key)!r} where {traces[0]} trained "
+                                f"{first.get(key)!r}: validate runs of one configuration together, or each alone")
