@@ -1,12 +1,15 @@
 """Runs of one configuration set beside each other (perfmodel/modelling/repeatability.py), on hand-computed cases."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.repeatability import (
     between,
     check_same_configuration,
+    comparison_summary,
     comparison_table,
     model_and_floor,
 )
@@ -51,3 +54,14 @@ def test_runs_of_different_configurations_are_refused_with_the_key_that_differs(
     check_same_configuration(["a", "b"], [same, dict(same)])
     with pytest.raises(UserError, match="b trained ranks 4 where a trained 2"):
         check_same_configuration(["a", "b"], [same, {**same, "ranks": 4}])
+
+
+def test_the_json_summary_has_no_nan_where_a_stage_has_no_kernels():
+    runs = [run((2.0, 2.0), 10.0, 1.0), run((2.0, 2.0), 12.0, 1.0)]
+    for validation in runs:  # no update: a stage without kernels has no WRE
+        validation.kernels = [k for k in validation.kernels if k.stage != "WU"]
+        validation.stages = [Comparison("WU", 0.0, 0.0) if s.name == "WU" else s for s in validation.stages]
+    summary = comparison_summary(runs)
+    assert summary["between_runs_median"]["wre_wu"] is None and summary["model_median"]["wre_wu"] is None
+    assert summary["between_runs_median"]["step_error"] == pytest.approx((0.2 + 2 / 12) / 2)
+    json.dumps(summary, allow_nan=False)

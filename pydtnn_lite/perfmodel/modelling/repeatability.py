@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from pydtnn_lite.costs import COMPUTE_STAGES, Stage
 from pydtnn_lite.errors import UserError
+from pydtnn_lite.perfmodel.modelling.report import json_number
 from pydtnn_lite.perfmodel.modelling.validation import Validation, weighted_relative_error
 from pydtnn_lite.textable import format_table
 
@@ -90,10 +91,12 @@ def comparison_table(validations: Sequence[Validation]) -> str:
 
 
 def comparison_summary(validations: Sequence[Validation]) -> dict:
-    """:func:`comparison_table` as one JSON object: fractions, keys with underscores."""
+    """:func:`comparison_table` as one JSON object: fractions (None where a figure does not
+    exist, as a WRE of a stage without kernels), keys with underscores."""
     model, floor = model_and_floor(validations)
-    def keyed(values: dict[str, float]) -> dict[str, float]:
-        return {name.lower().replace(" ", "_"): value for name, value in values.items()}
+
+    def keyed(values: dict[str, float]) -> dict[str, float | None]:
+        return {name.lower().replace(" ", "_"): json_number(value) for name, value in values.items()}
     return {"runs": len(validations), "model_median": keyed(model), "between_runs_median": keyed(floor),
             "split_half_median": keyed(median_magnitudes([split_half(v) for v in validations]))}
 

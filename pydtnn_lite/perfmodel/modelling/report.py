@@ -177,7 +177,8 @@ def summary_text(validation: Validation) -> str:
     table = format_table(("", "measured ms", "predicted ms", "error", "WRE", "half diff", "half WRE"), rows)
     return "\n".join([table, HALVES_NOTE])
 
-def _number(value: float) -> float | None:
+
+def json_number(value: float) -> float | None:
     """``value``, or None where it is NaN (JSON has no NaN)."""
     return None if math.isnan(value) else value
 
@@ -194,17 +195,17 @@ def validation_figures(validation: Validation, raw: Validation | None = None,
     of each kind of work. Without a probe, both errors are equal and the drift None.
     """
     step, stages = validation.step, validation.stages
-    corrected = _number(step.relative_error)
+    corrected = json_number(step.relative_error)
     before = raw.step if raw is not None else step
     return {"measured_step_seconds": step.measured, "predicted_step_seconds": step.predicted,
-            "raw_step_error": _number(before.relative_error),
+            "raw_step_error": json_number(before.relative_error),
             "drift_factor": step.predicted / before.predicted if drift is not None and before.predicted else None,
             "drift": asdict(drift) if drift is not None else None, "step_error": corrected,
-            "wre": {s.name: _number(s.wre) for s in stages if s.name in COMPUTE_STAGES},
+            "wre": {s.name: json_number(s.wre) for s in stages if s.name in COMPUTE_STAGES},
             "measured_stage_seconds": {s.name: s.measured for s in stages},
             "predicted_stage_seconds": {s.name: s.predicted for s in stages},
-            "stage_errors": {s.name: _number(s.relative_error) for s in stages},
-            "split_half": {"step_difference": _number(step.half_difference),
-                           "stage_differences": {s.name: _number(s.half_difference) for s in stages},
-                           "wre": {s.name: _number(s.half_wre) for s in stages if s.name in COMPUTE_STAGES}},
+            "stage_errors": {s.name: json_number(s.relative_error) for s in stages},
+            "split_half": {"step_difference": json_number(step.half_difference),
+                           "stage_differences": {s.name: json_number(s.half_difference) for s in stages},
+                           "wre": {s.name: json_number(s.half_wre) for s in stages if s.name in COMPUTE_STAGES}},
             "unmatched_calls": validation.unmatched}
