@@ -392,6 +392,8 @@ def train(job: Job, comm: Communicator) -> StepResult:
         callbacks.append(job.watch.after_step)
     if job.stop is not None:
         callbacks.append(job.stop.after_step)
+    first_step = FirstStep()
+    callbacks.append(first_step.after_step)
     last = StepResult(float("nan"), 0.0, 0)
     started = time.perf_counter()
     total_samples, training_seconds = 0, 0.0
@@ -424,9 +426,12 @@ def train(job: Job, comm: Communicator) -> StepResult:
         job.metrics.close()
     if config.save_weights and comm.rank == 0:
         network.save(config.save_weights)
+    after_first = first_step.rate_after(total_samples, training_seconds)
+    steady = "" if after_first is None else f", {after_first:.1f} img/s after the first step"
     say(comm, f"done: {total_samples} samples in {training_seconds:.2f} s of training = "
-              f"{total_samples / max(training_seconds, 1e-9):.1f} img/s on {comm.size} rank(s) ({elapsed:.2f} s with "
-              f"evaluation and checkpoints); final training loss {last.loss:.4f}, accuracy {last.accuracy:.2%}")
+              f"{total_samples / max(training_seconds, 1e-9):.1f} img/s on {comm.size} rank(s){steady} "
+              f"({elapsed:.2f} s with evaluation and checkpoints); final training loss {last.loss:.4f}, "
+              f"accuracy {last.accuracy:.2%}")
     return last
 
 
@@ -443,6 +448,28 @@ def checkpoint(job: Job, comm: Communicator, validation_accuracy: float | None =
                                   {"run_id": job.run_id, "flags": flag_values(config),
                                    "epoch_sums": job.trainer.epoch_sums, "validation_accuracy": validation_accuracy})
         retain(config.checkpoint_dir, written, step, config.keep_checkpoints, validation_accuracy)
+
+
+@dataclass
+class FirstStep:
+    """The samples and seconds of this run's first step, which the throughput "after the first
+    step" leaves out: a fresh install compiles its host kernels in it (about 12 s for VGG11 on
+    2 cores), and every run warms its caches and memory pools there."""
+
+    samples: int = 0
+    seconds: float = 0.0
+
+    def after_step(self, global_step: int, result: StepResult) -> None:
+        """The step callback: keep the first step's figures."""
+        if not self.samples:
+            self.samples, self.seconds = result.samples, result.seconds
+
+    def rate_after(self, samples: int, seconds: float) -> float | None:
+        """Images a second over ``samples`` trained in ``seconds`` less the first step; None
+        where the run trained no step after it."""
+        if samples <= self.samples or seconds <= self.seconds:
+            return None
+        return (samples - self.samples) / (seconds - self.seconds)
 
 
 def record_metrics(metrics: StepMetrics, trainer: Trainer, global_step: int, result: StepResult) -> None:

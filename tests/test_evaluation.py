@@ -1,10 +1,14 @@
 """Evaluation scaled with the run: a short epoch is evaluated on the same share of the test split, the start
-line says how much, and the closing throughput counts training alone."""
+line says how much, and the closing throughput counts training alone, and again without the run's first step."""
 from __future__ import annotations
 
 import re
 
+import pytest
+
+from pydtnn_lite.train import FirstStep
 from pydtnn_lite.training.evaluation import describe_evaluation, evaluation_steps
+from pydtnn_lite.training.trainer import StepResult
 
 from mpi import train_cli
 
@@ -31,8 +35,18 @@ def test_a_short_run_evaluates_its_share_and_reports_training_throughput(tmp_pat
     assert result.returncode == 0, result.stderr[-2000:]
     # digits: 1,437 training samples (90 steps of 16) and 360 test samples (23 batches).
     assert "evaluation on 3 of 23 test batches (48 of 360 samples) after each epoch" in result.stdout
-    done = re.search(r"done: 160 samples in ([\d.]+) s of training = ([\d.]+) img/s on 2 rank\(s\) \(([\d.]+) s with "
-                     r"evaluation and checkpoints\)", result.stdout)
+    done = re.search(r"done: 160 samples in ([\d.]+) s of training = ([\d.]+) img/s on 2 rank\(s\), ([\d.]+) img/s "
+                     r"after the first step \(([\d.]+) s with evaluation and checkpoints\)", result.stdout)
     assert done, result.stdout
-    training, _, whole = map(float, done.groups())
+    training, rate, after_first, whole = map(float, done.groups())
     assert training <= whole
+    assert after_first > 0 and rate > 0
+
+
+def test_the_throughput_after_the_first_step_leaves_out_its_samples_and_seconds():
+    first = FirstStep()
+    first.after_step(1, StepResult(2.3, 0.1, 16, 4.0))  # a fresh install compiling its kernels
+    first.after_step(2, StepResult(2.2, 0.1, 16, 0.5))
+    assert (first.samples, first.seconds) == (16, 4.0)
+    assert first.rate_after(160, 10.0) == pytest.approx(144 / 6.0)
+    assert first.rate_after(16, 4.0) is None  # the run trained only its first step
