@@ -9,7 +9,9 @@ the nccl-tests convention: algbw = bytes / time, busbw = algbw * 2(P-1)/P. Rank 
 
 1. sync: the trainer's GradientSynchronizer (blocking; 1 MiB first bucket, then 4 MiB)
    reducing the model's whole flat gradient, against a bare mpi4py Allreduce of the same
-   bytes in one call and over the same bucket slices (the framework's own overhead).
+   bytes in one call and over the same bucket slices (the framework's own overhead), and
+   the same slices' Iallreduce posted together, then waited for (what MPICH makes of
+   reductions started at once: the synchronizer reduces in turn those backward did not start).
 2. buckets: the blocking synchronizer with equal buckets of each --bucket-mb size, and one
    bucket holding the whole gradient.
 3. overlap: the Trainer's training step with overlap off and on, and, separately, backward
@@ -55,6 +57,11 @@ def bare_allreduce(buffer: np.ndarray) -> None:
     WORLD.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
 
 
+def posted_together(buffers: Sequence[np.ndarray]) -> None:
+    for request in [WORLD.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM) for buffer in buffers]:
+        request.Wait()
+
+
 def table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Rows as aligned columns under ``title``; floats with two decimals."""
     cells = [[f"{c:.2f}" if isinstance(c, float) else c for c in row] for row in rows]
@@ -74,17 +81,20 @@ def synchronisation(sync: GradientSynchronizer, repeats: int) -> str:
     """Part 1: the blocking synchronizer against bare mpi4py on the same bytes."""
     flat = sync.network.flat_grads  # zeros: repeated sums never overflow, and adding floats takes the same time
     slices = [flat[bucket.start:bucket.stop] for bucket in sync.buckets]
-    names = ["bare Allreduce, one call", "bare Allreduce, same buckets", "GradientSynchronizer"]
+    names = ["bare Allreduce, one call", "bare Allreduce, same buckets", "GradientSynchronizer",
+             "bare Iallreduce, same buckets posted together"]
     samples = measure([lambda: {names[0]: timed(lambda: bare_allreduce(flat))},
                        lambda: {names[1]: timed(lambda: [bare_allreduce(s) for s in slices])},
-                       lambda: {names[2]: timed(sync.finish)}], repeats)
+                       lambda: {names[2]: timed(sync.finish)},
+                       lambda: {names[3]: timed(lambda: posted_together(slices))}], repeats)
     if not samples:
         return ""
     times = medians(samples, names)
     return (table(f"1. sync: {flat.nbytes / MIB:.1f} MiB gradient, {sync.describe()}, median of {repeats}",
                   ["", "ms", "algbw GB/s", "busbw GB/s", "x one call"], sync_rows(times, flat.nbytes, names[0]))
             + f"synchronizer / bare Allreduce of the same buckets: "
-              f"{times[names[1]] / times[names[2]]:.2f}x throughput\n")
+              f"{times[names[1]] / times[names[2]]:.2f}x throughput\n"
+            + f"buckets posted together / reduced in turn: {times[names[1]] / times[names[3]]:.2f}x throughput\n")
 
 
 def bucket_sweep(sync: GradientSynchronizer, sizes_mb: Sequence[float], repeats: int) -> str:

@@ -89,6 +89,13 @@ FUSED_KERNELS: dict[str, tuple[str, ...]] = {
     "add_relu": ("add", "relu"),  # a residual block's sum and the ReLU after it
 }
 
+# The kernels a calibration without samples of their own predicts from the models of others
+# (``KernelCost.replaces``, see Calibration.kernel_seconds): the fused kernels from the
+# unfused ones, and the sum of a step's micro-batch gradients (``--accumulate``), which
+# calibrating never runs, from the add of two gradients as long: the same kind of pass over
+# memory (to start the sum it copies one, two thirds of the bytes).
+PREDICTED_FROM: dict[str, tuple[str, ...]] = {**FUSED_KERNELS, "accumulate_gradients": ("add",)}
+
 
 # Kernels that run on the rank's threads only from this many elements (their ``dims[0]``):
 # below, they copy on one thread, as the pool's hand-off costs more than a second thread
@@ -123,10 +130,10 @@ KERNEL_REVISIONS: dict[str, int] = {
 
 
 def fused_cost(kernel: str, flops: float, nbytes: float, dims: tuple, replaces: list[KernelCost]) -> KernelCost:
-    """The cost of a call of the fused ``kernel`` (a key of :data:`FUSED_KERNELS`) in the stage
-    of the calls it ``replaces``, which must be calls of the kernels its entry names, in that
-    order (a kernel's calls together, as many as the fused call replaces)."""
-    assert tuple(dict.fromkeys(part.kernel for part in replaces)) == FUSED_KERNELS[kernel], (kernel, replaces)
+    """The cost of a call of ``kernel`` (a key of :data:`PREDICTED_FROM`: a fused kernel, say)
+    in the stage of the calls it ``replaces``, which must be calls of the kernels its entry
+    names, in that order (a kernel's calls together, as many as the call replaces)."""
+    assert tuple(dict.fromkeys(part.kernel for part in replaces)) == PREDICTED_FROM[kernel], (kernel, replaces)
     return KernelCost(replaces[0].stage, kernel, flops, nbytes, dims, tuple(replaces))
 
 

@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--procs", type=flags.COUNT, default=None, help="ranks (default: the preset's nodes)")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--accumulate", type=flags.COUNT, default=1, metavar="K",
+                        help="micro-batches of --batch-size whose gradients each step sums before one reduction and "
+                             "one update, as train's --accumulate")
     parser.add_argument("--bucket-mb", type=flags.BUCKET_MIB, default=4.0, help="gradient bucket size, MiB")
     parser.add_argument("--prefetch", type=flags.integer(0, 1024), default=2, metavar="N",
                         help="batches read ahead on a background thread, as train's --prefetch (0: read in the step)")
@@ -95,7 +98,8 @@ def prediction_json(prediction: StepPrediction, model: str, dataset: str, machin
     batches read ahead, less than the DATA stage), every bucket and every kernel, and the
     ``warnings`` (what the calibration lacks for this job: its kernels, its threads)."""
     return {"model": model, "dataset": dataset, "global_batch": global_batch, "procs": prediction.procs,
-            "local_batch": prediction.batch, "machine": machine_name, "step_seconds": prediction.step_with_overlap,
+            "local_batch": prediction.batch, "accumulate": prediction.accumulate, "machine": machine_name,
+            "step_seconds": prediction.step_with_overlap,
             "step_seconds_with_overlap": prediction.step_with_overlap,
             "step_seconds_without_overlap": prediction.step_without_overlap,
             "stage_seconds": prediction.stage_seconds, "wait_seconds": prediction.wait_seconds,
@@ -131,6 +135,9 @@ def prediction_text(prediction: StepPrediction, title: str, global_batch: int, w
 def heterogeneous_prediction(args: argparse.Namespace) -> dict:
     """Equal and balanced shares, and each rank's step, of a job whose ranks have the
     calibrations ``--rank-calibrations``, as one JSON object."""
+    if args.accumulate > 1:
+        raise UserError("--accumulate is not predicted with --rank-calibrations: predict each rank's step alone "
+                        "with --calibration FILE --accumulate K")
     machines = [calibrated_machine(path, args.algorithm, args.allreduce_model) for path in args.rank_calibrations]
     allreduce = next((m.allreduce for m in machines if m.allreduce is not None), None)
     machines = [replace(m, allreduce=m.allreduce or allreduce) for m in machines]
@@ -188,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         network, optimizer = build_workload(args.model, args.dataset, args.dtype, args.optimizer)
         local_batch = max(partition(args.batch_size, [1.0] * procs))
         prediction = predict_step(network, optimizer, local_batch, procs, machine, args.bucket_mb,
-                                  dataset=args.dataset, prefetch=args.prefetch > 0)
+                                  dataset=args.dataset, prefetch=args.prefetch > 0, accumulate=args.accumulate)
     except UserError as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 2
@@ -197,9 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_output(json.dumps(prediction_json(prediction, args.model, args.dataset, machine_name,
                                                 args.batch_size, warnings), indent=1))
     else:
+        micro_batches = f" x {args.accumulate} micro-batches a step" if args.accumulate > 1 else ""
         print_output(prediction_text(prediction, f"{args.model} on {args.dataset}, global batch {args.batch_size} "
-                                                 f"over {procs} ranks ({local_batch} per rank), {machine_name}",
-                                     args.batch_size, warnings))
+                                                 f"over {procs} ranks ({local_batch} per rank){micro_batches}, "
+                                                 f"{machine_name}", args.batch_size * args.accumulate, warnings))
     return 0
 
 

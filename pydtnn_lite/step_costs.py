@@ -2,7 +2,8 @@
 
 It depends only on the model's shapes, so the tracer, the calibration's sampling and
 the performance model's prediction all read the same list, and none of them needs the
-trainer to build it.
+trainer to build it. A step that accumulates gradients (``--accumulate K``) runs forward
+and backward K times, on micro-batches, and keeps their gradients' running sum.
 """
 from __future__ import annotations
 
@@ -10,24 +11,51 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pydtnn_lite.costs import H2D_COPY, KernelCost, Stage
+from pydtnn_lite.costs import H2D_COPY, NO_LAYER, KernelCost, Stage, fused_cost
 from pydtnn_lite.layers import SoftmaxCrossEntropy
+from pydtnn_lite.layers.base import gradient_sum_cost
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Optimizer
 
 HOST_ITEMSIZE = 4  # data sets load float32 images, whatever the device's dtype
+ACCUMULATE_GRADIENTS = "accumulate_gradients"  # the kernel that sums a step's micro-batch gradients
 
 
-def step_costs(network: Network, optimizer: Optimizer, batch: int) -> list[tuple[int, KernelCost]]:
+def step_costs(network: Network, optimizer: Optimizer, batch: int, accumulate: int = 1) -> list[tuple[int, KernelCost]]:
     """(layer index, cost) of every kernel a rank runs in a training step on ``batch`` samples,
-    in the order the step runs them within each (layer, stage).
+    or on ``accumulate`` micro-batches of ``batch`` samples each, in the order the step runs
+    them within each (layer, stage).
 
     The loss is layer ``network.loss_index``; the optimizer's WU kernels come last.
     """
+    return [(layer, cost) for _, layer, cost in micro_batch_entries(network, optimizer, batch, accumulate)]
+
+
+def micro_batch_entries(network: Network, optimizer: Optimizer, batch: int, accumulate: int = 1
+                        ) -> list[tuple[int, int, KernelCost]]:
+    """:func:`step_costs` with the micro-batch each call runs for: (micro-batch, layer index,
+    cost); the update's are micro-batch 0's."""
+    return ([(index, layer, cost) for index in range(accumulate)
+             for layer, cost in micro_batch_costs(network, batch, accumulate, index)]
+            + [(0, layer, cost) for layer, cost in optimizer.costs()])
+
+
+def micro_batch_costs(network: Network, batch: int, accumulate: int = 1, index: int = 0
+                      ) -> list[tuple[int, KernelCost]]:
+    """(layer index, cost) of micro-batch ``index`` of ``accumulate`` in a step: forward
+    and backward of every layer and the loss on ``batch`` samples, and where the step
+    accumulates, the sum of the gradients after backward (no layer's, in BP): the first
+    micro-batch's copied to start it, each later one's added."""
     itemsize = np.dtype(network.backend.dtype).itemsize
     loss = [(network.loss_index, cost)
             for cost in SoftmaxCrossEntropy.costs(batch, network.num_classes, itemsize)]
-    return network.costs(batch) + loss + optimizer.costs()
+    costs = network.costs(batch) + loss
+    if accumulate > 1:
+        elements, first = network.param_count, index == 0
+        costs.append((NO_LAYER, fused_cost(ACCUMULATE_GRADIENTS, 0.0 if first else float(elements),
+                                           (2 if first else 3) * elements * itemsize, (elements,),
+                                           [gradient_sum_cost(elements, itemsize)])))
+    return costs
 
 
 def h2d_copy_cost(batch: int, input_shape: Sequence[int]) -> KernelCost:

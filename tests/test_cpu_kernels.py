@@ -321,6 +321,18 @@ def test_sgd_update_matches_numpy(dtype, momentum, weight_decay, nesterov):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_the_sum_of_micro_batch_gradients_matches_numpy(dtype):
+    gradients = [normal(1000, dtype, seed) for seed in range(3)]
+    total, expected = np.full(1000, np.nan, dtype), np.full(1000, np.nan, dtype)
+    for index, gradient in enumerate(gradients):
+        cpu.accumulate_gradients(total, gradient, index == 0)
+        update.accumulate_gradients(expected, gradient, index == 0)
+    # Sums of the same terms in the same order: equal to the last bit.
+    np.testing.assert_array_equal(total, expected)
+    np.testing.assert_allclose(total, gradients[0] + gradients[1] + gradients[2], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("weight_decay", [0.0, 1e-2])
 def test_adam_update_matches_numpy(dtype, weight_decay):
     param, grad, first = (normal(1000, dtype, seed) for seed in range(3))
@@ -385,6 +397,7 @@ def test_one_thread_runs_every_loop_in_place_with_the_same_results(monkeypatch):
             test_pooling_kernels_match_numpy(np.float32, *case)
         test_sgd_update_matches_numpy(np.float32, 0.9, 1e-4, True)
         test_adam_update_matches_numpy(np.float32, 1e-2)
+        test_the_sum_of_micro_batch_gradients_matches_numpy(np.float32)
         test_winograd_transforms_match_numpy(np.float32, (3, 7, 6, 5), 1)
         test_winograd_filter_transforms_match_numpy(np.float32, 48, 100)
         assert [loop.__name__ for loop in loops if not loop.serial.signatures] == []

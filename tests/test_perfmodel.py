@@ -364,6 +364,54 @@ def test_prediction_adds_up_and_overlap_hides_communication_behind_backward():
     assert host_mpi.step_with_overlap == pytest.approx(host_mpi.step_without_overlap)
 
 
+@pytest.mark.parametrize("overlaps", [True, False])
+def test_a_step_that_accumulates_computes_each_micro_batch_and_reduces_after_the_last(overlaps):
+    network, optimizer = build_workload("vgg11", "cifar10")
+    machine = ConstantMachine(1e-3, 0.5, overlaps_communication=overlaps, wait=0.1)
+    one = predict_step(network, optimizer, 8, 2, machine)
+    three = predict_step(network, optimizer, 8, 2, machine, accumulate=3)
+
+    def calls(prediction, stage):
+        return Counter((k.layer, k.kernel) for k in prediction.kernels if k.stage == stage)
+    summing = [k for k in three.kernels if k.kernel == "accumulate_gradients"]
+    assert calls(three, "FP") == {key: 3 * n for key, n in calls(one, "FP").items()}
+    assert calls(three, "BP") - Counter({(-1, "accumulate_gradients"): 3}) == {
+        key: 3 * n for key, n in calls(one, "BP").items()}
+    assert calls(three, "WU") == calls(one, "WU") and three.accumulate == 3
+    # The first micro-batch's gradients are copied (read, written), the later ones added (read twice, written).
+    gradient = network.param_count * 4
+    assert [(k.occurrence, k.micro_batch, k.bytes) for k in summing] == [
+        (0, 0, 2 * gradient), (1, 1, 3 * gradient), (2, 2, 3 * gradient)]
+    # Nothing overlaps: every bucket and the loss reduced after backward, then the wait for the
+    # slowest rank after all the compute since the last update (no batch norm in VGG11).
+    compute = 1e-3 * sum(k.stage in ("FP", "BP", "WU") for k in three.kernels)
+    reductions = 0.5 * (len(three.bucket_bytes) + 1)
+    assert three.step_with_overlap == three.step_without_overlap == pytest.approx(1.1 * compute + reductions)
+
+
+def test_each_micro_batch_waits_for_the_slowest_rank_at_its_own_batch_norm_reductions():
+    network, optimizer = _two_batch_norms()
+    machine = ConstantMachine(1e-3, 0.5, overlaps_communication=False, wait=0.1)
+    one = predict_step(network, optimizer, 4, 2, machine)
+    two = predict_step(network, optimizer, 4, 2, machine, accumulate=2)
+    reductions = [k for k in two.kernels if k.kernel == ALLREDUCE and k.stage != "COMM"]
+    assert len(reductions) == 2 * sum(k.kernel == ALLREDUCE and k.stage != "COMM" for k in one.kernels)
+    assert {k.micro_batch for k in reductions} == {0, 1}
+    # Two batch-norm reductions in FP and two in BP per micro-batch, and the end of the step.
+    assert two.synchronisations == 2 * (one.synchronisations - 1) + 1
+    # Every piece of work lies between two synchronisations: the waits add up to a tenth of it.
+    compute = 1e-3 * sum(k.stage in ("FP", "BP", "WU") and k.kernel != ALLREDUCE for k in two.kernels)
+    assert two.wait_seconds == pytest.approx(0.1 * compute)
+    # The first micro-batch's first reduction follows the previous step's update, the first
+    # convolution and the batch norm's sums; the second's follows the first's input gradient of
+    # that batch norm, backward of the convolution and the sum of the gradients, then the same
+    # convolution and sums.
+    first, second = (next(k for k in reductions if k.stage == "FP" and k.micro_batch == i) for i in (0, 1))
+    update = sum(k.stage == "WU" for k in one.kernels)
+    conv_backward = sum(k.stage == "BP" and k.layer == 0 for k in one.kernels)
+    assert second.seconds - first.seconds == pytest.approx(0.1 * 1e-3 * (1 + conv_backward + 1 - update))
+
+
 def test_where_the_link_is_the_bottleneck_the_wait_for_the_slowest_rank_hides_behind_it():
     """Conv - Conv - pool - Flatten - Dense, its first bucket the Dense layer's gradient
     alone, the second the rest. A bucket ends only once the slowest rank has posted it,
@@ -748,6 +796,14 @@ def test_predict_cli_prints_a_table_and_json():
     assert set(document["stage_seconds"]) == {"DATA", "FP", "BP", "WU", "COMM"}
     assert all(math.isfinite(k["seconds"]) and k["seconds"] >= 0 for k in document["kernels"])
     assert {k["stage"] for k in document["kernels"]} == {"DATA", "FP", "BP", "WU", "COMM"}
+    # Two micro-batches of 16 images a rank: twice the forward, one update, nothing overlapped.
+    accumulating = json.loads(run("pydtnn_lite.predict", "--model", "resnet18", "--preset", "altec", "--json",
+                                  "--accumulate", "2").stdout)
+    assert accumulating["accumulate"] == 2 and accumulating["local_batch"] == 16
+    assert accumulating["stage_seconds"]["FP"] == pytest.approx(2 * document["stage_seconds"]["FP"], rel=0.02)
+    assert accumulating["stage_seconds"]["WU"] == pytest.approx(document["stage_seconds"]["WU"])
+    assert accumulating["step_seconds_with_overlap"] == accumulating["step_seconds_without_overlap"]
+    assert "x 2 micro-batches a step" in run("pydtnn_lite.predict", "--model", "lenet", "--accumulate", "2").stdout
 
 
 def test_predicting_loads_no_trainer_tracer_or_mpi():

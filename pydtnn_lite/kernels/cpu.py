@@ -759,3 +759,21 @@ def adam_update(param: np.ndarray, grad: np.ndarray, first: np.ndarray, second: 
     step_size = update.adam_step_size(lr, beta1, beta2, step)
     _adam(param, grad, first, second, dtype(step_size), dtype(beta1), dtype(beta2), dtype(1.0 - beta1),
           dtype(1.0 - beta2), dtype(eps), dtype(weight_decay))
+
+
+@ParallelLoop
+def _copy_into(source, out):  # pragma: no cover (compiled)
+    for i in prange(out.size):
+        out[i] = source[i]
+
+
+@ParallelLoop
+def _add_into(source, out):  # pragma: no cover (compiled)
+    for i in prange(out.size):
+        out[i] += source[i]
+
+
+def accumulate_gradients(total: np.ndarray, gradients: np.ndarray, first: bool) -> None:
+    """:func:`~pydtnn_lite.kernels.update.accumulate_gradients` on every thread of the rank,
+    as the other memory-bound kernels run (NumPy copies and adds on one)."""
+    (_copy_into if first else _add_into)(gradients, total)

@@ -30,6 +30,15 @@ def adam_update(param: Any, grad: Any, first: Any, second: Any, lr: float, beta1
     param -= adam_step_size(lr, beta1, beta2, step) * first / ((second ** 0.5) + eps)
 
 
+def accumulate_gradients(total: Any, gradients: Any, first: bool) -> None:
+    """Add ``gradients`` to the running sum ``total`` in place, or with ``first`` start it
+    with a copy of them: the sum of a step's micro-batch gradients (``--accumulate``)."""
+    if first:
+        total[...] = gradients
+    else:
+        total += gradients
+
+
 def adam_step_size(lr: float, beta1: float, beta2: float, step: int) -> float:
     """The learning rate with both of Adam's bias corrections folded in."""
     return lr * (1.0 - beta2 ** step) ** 0.5 / (1.0 - beta1 ** step)

@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from pydtnn_lite import kernels
 from pydtnn_lite.comm import Communicator, GradientSynchronizer, SerialCommunicator, make_gradient_synchronizer
+from pydtnn_lite.costs import NO_LAYER
 from pydtnn_lite.data import Augmentation, Dataset, EpochSampler, local_rows
 from pydtnn_lite.data.prefetch import Prefetcher
 from pydtnn_lite.layers import SoftmaxCrossEntropy, StepContext
@@ -126,6 +128,7 @@ class Trainer:
         self.backend = network.backend
         self.observer: TrainingObserver = NO_OBSERVER
         self.divergence = DivergenceGuard(data.num_classes)
+        self._gradient_sum: Any = None  # the running sum of a step's micro-batch gradients (accumulate > 1)
         # Loss and correct predictions summed over the samples of the current epoch so far, and those samples:
         # a checkpoint keeps them, so a resumed epoch reports the mean over all of its steps.
         self.epoch_sums = [0.0, 0.0, 0.0]
@@ -171,8 +174,7 @@ class Trainer:
         # first (backward overwrites them), then reduce them all at once.
         on_layer_done = self.synchronizer.layer_done if len(micro_batches) == 1 else None
         loss_sum = correct = 0.0
-        summed: Any = None
-        for images, labels, offset in micro_batches:
+        for index, (images, labels, offset) in enumerate(micro_batches):
             ctx = StepContext(training=True, global_batch=batch.global_size, sample_offset=offset,
                               step=self.global_step, seed=self.seed, sum_across_ranks=self._sum_across_ranks)
             logits = self.network.forward(images, ctx)
@@ -182,12 +184,8 @@ class Trainer:
                 grad_logits = self.loss.backward()
             self.network.backward(grad_logits, on_layer_done=on_layer_done)
             loss_sum, correct = loss_sum + float(part_loss), correct + float(part_correct)
-            if on_layer_done is None and summed is None:
-                summed = self.network.flat_grads.copy()
-            elif on_layer_done is None:
-                summed += self.network.flat_grads
-        if summed is not None:
-            self.network.flat_grads[...] = summed
+            if on_layer_done is None:
+                self._accumulate(index, last=index == len(micro_batches) - 1)
         self.synchronizer.finish()
         # Every rank holds the same reduced gradient; summing each rank's sum spreads a NaN or inf to all.
         total_loss, total_correct, gradient_sum = self.comm.allreduce_host(
@@ -199,6 +197,19 @@ class Trainer:
         self.global_step += 1
         return StepResult(total_loss / batch.global_size, total_correct / batch.global_size, batch.global_size,
                           time.perf_counter() - started)
+
+    def _accumulate(self, index: int, last: bool) -> None:
+        """Sum micro-batch ``index``'s gradients, which the next backward overwrites, into a
+        buffer kept from step to step; the last micro-batch's take the sum, where the
+        reduction reads them."""
+        gradients = self.network.flat_grads
+        if self._gradient_sum is None:
+            self._gradient_sum = self.backend.xp.empty_like(gradients)
+        with self.network.scope(NO_LAYER, "BP"):
+            if last:
+                kernels.accumulate_gradients(gradients, self._gradient_sum, False)
+            else:
+                kernels.accumulate_gradients(self._gradient_sum, gradients, index == 0)
 
     def load_step(self, epoch: int, step: int) -> Batch:
         """This rank's rows of step ``step`` of ``epoch``, augmented and on the device.

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pydtnn_lite.costs import ALLREDUCE, FUSED_KERNELS, KERNEL_REVISIONS, TRANSFER_CPU, KernelCost, Stage
+from pydtnn_lite.costs import ALLREDUCE, KERNEL_REVISIONS, PREDICTED_FROM, TRANSFER_CPU, KernelCost, Stage
 from pydtnn_lite.perfmodel.modelling.bucket_progress import BucketProgress
 from pydtnn_lite.perfmodel.modelling.cache_residency import CacheResidency
 from pydtnn_lite.perfmodel.modelling.drift import COMPUTE_BOUND, STREAMING, MachineState, ProbedWork
@@ -136,12 +136,13 @@ class Calibration:
     def unmodelled(self, kernels: Iterable[str]) -> list[str]:
         """Those of ``kernels`` the calibration holds no model of (a file older than them),
         sorted: they are predicted at the roofline. A fused kernel without a model of its own
-        counts as the unfused kernels it replaces, from whose models it is predicted; the
+        counts as the unfused kernels it replaces, from whose models it is predicted (and so
+        does any kernel of :data:`~pydtnn_lite.costs.PREDICTED_FROM`); the
         reductions and the network's CPU time come from the Allreduce and network timings."""
         missing: set[str] = set()
         for kernel in kernels:
             if kernel not in self.kernel_models and kernel not in (ALLREDUCE, TRANSFER_CPU):
-                missing.update(part for part in FUSED_KERNELS.get(kernel, (kernel,)) if part not in self.kernel_models)
+                missing.update(part for part in PREDICTED_FROM.get(kernel, (kernel,)) if part not in self.kernel_models)
         return sorted(missing)
 
     def revision(self, kernel: str) -> int:
@@ -277,7 +278,8 @@ class Calibration:
         return Roofline(self.peak_flops, self.memory_bandwidth).seconds(cost.flops, cost.bytes)
 
     def _unfused_seconds(self, cost: KernelCost) -> float:
-        """A fused call that the calibration never sampled (one older than the fused kernel):
+        """A fused call that the calibration never sampled (one older than the fused kernel),
+        or another kernel it predicts from others (:data:`~pydtnn_lite.costs.PREDICTED_FROM`):
         the predicted seconds of the unfused calls it replaces, each by its own model (or
         roofline), scaled by the fused call's bytes over theirs. These kernels are
         memory-bound, and what fusing saves is the passes over memory."""

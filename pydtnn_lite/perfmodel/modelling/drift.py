@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
-from pydtnn_lite.costs import FUSED_KERNELS, GEMM
+from pydtnn_lite.costs import GEMM, PREDICTED_FROM
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample, sample_columns, samples_from_columns
 
 DRIFT_WARNING = 0.10  # a probe rate that moved more than this makes validate warn
@@ -240,10 +240,11 @@ class Drift:
         the rest as the kernel probe's products, else with memory."""
         if communication:
             return self.communication
-        if kernel in FUSED_KERNELS and kernel not in self.kernels:
-            # A calibration older than the fused kernel predicts it from its parts (and so
-            # the probe has no ratio of its own for it): they move as their parts do.
-            parts = FUSED_KERNELS[kernel]
+        if kernel in PREDICTED_FROM and kernel not in self.kernels:
+            # A calibration older than a fused kernel, or any without the sum of micro-batch
+            # gradients, predicts it from other kernels (and so the probe has no ratio of its
+            # own for it): it moves as they do.
+            parts = PREDICTED_FROM[kernel]
             return sum(self.kernels.get(part, self.memory) for part in parts) / len(parts)
         if kernel not in COMPUTE_BOUND:
             return self.kernels.get(kernel, self.memory)

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from pydtnn_lite.costs import ALLREDUCE, COMPUTE_STAGES, DATA_LOAD, FUSED_KERNELS, GEMM, KernelCost, Stage
+from pydtnn_lite.costs import ALLREDUCE, COMPUTE_STAGES, DATA_LOAD, GEMM, PREDICTED_FROM, KernelCost, Stage
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Optimizer
@@ -403,7 +403,7 @@ def _modelled_ratios(calibration: Calibration, probed: ProbedWork) -> dict[str, 
     fused kernel the calibration never sampled is predicted from the unfused calls it
     replaces, which a probed call's cost does not name, and is left out."""
     calls = {kernel: samples for kernel, samples in probed.calls.items()
-             if kernel not in FUSED_KERNELS or kernel in calibration.kernel_models}
+             if kernel not in PREDICTED_FROM or kernel in calibration.kernel_models}
     before = {kernel: _calibrated_seconds(calibration, kernel, samples) for kernel, samples in calls.items()}
     noise = {kernel: _model_noise(calibration, kernel, len(samples)) for kernel, samples in calls.items()}
     ratios = kernel_ratios(calls, before, noise)

@@ -8,6 +8,9 @@ with overlap each starts when its last layer's backward is done, beside the comp
 A bucket's reduction and an update whose data the step leaves in the last-level cache
 take the calibration's resident time (``cache_residency.py``).
 
+A step that accumulates gradients (``--accumulate``) runs FP and BP once per micro-batch,
+each followed by the sum of its gradients, and reduces the buckets after the last one.
+
 Every blocking reduction also makes the ranks wait for the slowest of them
 (``synchronization.py``): a batch-norm reduction after the work since the previous one,
 and the end of the step after the work since the last batch-norm reduction of backward
@@ -29,6 +32,7 @@ its gradient's transfer in these waits.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -58,7 +62,7 @@ from pydtnn_lite.optim import Optimizer
 from pydtnn_lite.perfmodel.modelling.allreduce import AllreduceModel
 from pydtnn_lite.perfmodel.modelling.channel import NO_TRANSFER_COST, Channel, TransferCost
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline
-from pydtnn_lite.step_costs import h2d_copy_cost, step_costs
+from pydtnn_lite.step_costs import ACCUMULATE_GRADIENTS, h2d_copy_cost, micro_batch_entries
 
 LOSS_VALUES_BYTES = 16  # the step's loss and correct count, two float64
 STAGES = (Stage.DATA, *COMPUTE_STAGES, Stage.COMM)  # what a prediction sums (DATA: only when the data set is known)
@@ -196,6 +200,7 @@ class PredictedKernel:
     seconds: float
     flops: float
     bytes: float
+    micro_batch: int = 0  # which of a step's micro-batches it runs for (``--accumulate``); 0 for the update
 
     @property
     def key(self) -> CallKey:
@@ -212,7 +217,7 @@ class StepPrediction:
     bucket_bytes: list[float]
     bucket_seconds: list[float]
     procs: int
-    batch: int
+    batch: int  # a rank's samples of each micro-batch (of the step, without --accumulate)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     step_without_overlap: float = 0.0
     step_with_overlap: float = 0.0
@@ -223,6 +228,7 @@ class StepPrediction:
     # or with batches read ahead, what the reading takes from the step's cores and any wait for it.
     data_in_step_with_overlap: float = 0.0
     data_in_step_without_overlap: float = 0.0
+    accumulate: int = 1  # micro-batches a step
 
     def step_seconds(self, overlap: bool) -> float:
         return self.step_with_overlap if overlap else self.step_without_overlap
@@ -240,41 +246,46 @@ class StepPrediction:
 
 def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int, machine: Machine,
                  bucket_mb: float = 4.0, first_bucket_mb: float | None = None,
-                 dataset: str | None = None, prefetch: bool = False) -> StepPrediction:
+                 dataset: str | None = None, prefetch: bool = False, accumulate: int = 1) -> StepPrediction:
     """Predict one training step of a rank that holds ``batch`` samples, with ``procs`` ranks
     and the gradient buckets a GradientSynchronizer of ``bucket_mb`` and ``first_bucket_mb`` plans.
     With ``dataset`` the step starts with loading the batch from it and copying it to the device;
     with ``prefetch`` the batch was read on a background thread while the previous step ran,
     and the step waits only for what that thread takes from its cores and, when reading is
-    the slower, for the rest of the reading."""
+    the slower, for the rest of the reading. With ``accumulate`` the step runs forward and
+    backward on that many micro-batches of ``batch`` samples, sums their gradients, and
+    reduces the sum after the last backward, as the trainer does (nothing to overlap)."""
     itemsize = np.dtype(network.backend.dtype).itemsize
     # One rank has nothing to reduce: no batch-norm reduction is predicted (a 1-rank trace's calls stay unmatched).
-    costs = [(layer, cost) for layer, cost in step_costs(network, optimizer, batch)
-             if procs > 1 or cost.kernel != ALLREDUCE]
+    entries = [entry for entry in micro_batch_entries(network, optimizer, batch, accumulate)
+               if procs > 1 or entry[2].kernel != ALLREDUCE]
+    costs = [(layer, cost) for _, layer, cost in entries]
     calls = sum(cost.kernel != ALLREDUCE for _, cost in costs)
+    samples = batch * accumulate
     data_kernels = []
     if dataset is not None:
-        copy = h2d_copy_cost(batch, network.input_shape)
+        copy = h2d_copy_cost(samples, network.input_shape)
         data_kernels = [PredictedKernel(NO_LAYER, "", Stage.DATA, DATA_LOAD, 0,
-                                        machine.data_load_seconds(dataset, batch), 0.0, copy.bytes / 2),
+                                        machine.data_load_seconds(dataset, samples), 0.0, copy.bytes / 2),
                         PredictedKernel(NO_LAYER, "", Stage.DATA, H2D_COPY, 0, machine.kernel_seconds(H2D_COPY, copy),
                                         copy.flops, copy.bytes)]
     gradient_bytes = float(network.param_count * itemsize) if procs > 1 else 0.0
     step_bytes = sum(cost.bytes for _, cost in costs if cost.kernel != ALLREDUCE) + gradient_bytes
     call_seconds = _call_seconds(machine, [cost for _, cost in costs], procs)
-    overhead = machine.overhead_seconds(calls, network.name, batch, dataset)
+    # The time outside the kernels is the interpreter's between calls: a micro-batch's step's, once each.
+    overhead = accumulate * machine.overhead_seconds(calls // accumulate, network.name, batch, dataset)
     step_seconds = sum(seconds for (_, cost), seconds in zip(costs, call_seconds, strict=True)
                        if cost.kernel != ALLREDUCE) + overhead
     counter = CallCounter()
     kernels = []
-    for (layer, cost), seconds in zip(costs, call_seconds, strict=True):
+    for (micro_batch, layer, cost), seconds in zip(entries, call_seconds, strict=True):
         if cost.kernel == optimizer.kernel:  # the data was last used by the previous step's update
             seconds *= machine.cache_factor(cost.kernel, cost.dims[0] * itemsize, step_bytes, step_seconds)
         key = counter.key(layer, cost.stage, cost.kernel)
         name = (network.layers[layer].name if 0 <= layer < len(network.layers)
                 else "loss" if layer == network.loss_index else "")
         kernels.append(PredictedKernel(layer, name, cost.stage, cost.kernel, key.occurrence, seconds, cost.flops,
-                                       cost.bytes))
+                                       cost.bytes, micro_batch))
     read_ahead = sum(k.seconds for k in data_kernels if k.kernel == DATA_LOAD) if prefetch else 0.0
     if read_ahead:
         kernels = _beside_the_reader(kernels, machine.background_seconds(read_ahead))
@@ -282,13 +293,16 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     first_bucket_bytes = None if first_bucket_mb is None else first_bucket_mb * MIB
     buckets = plan_buckets(network, bucket_mb * MIB, first_bucket_bytes) if procs > 1 else []
     bucket_bytes = [float(b.size * itemsize) for b in buckets]
+    reuse = (_bucket_reuse(network, costs, call_seconds, buckets, itemsize) if accumulate == 1
+             else _reuse_after_accumulation(costs, call_seconds, bucket_bytes))
     in_cache = [machine.cache_factor(ALLREDUCE, n, moved, since_use)
-                for n, (moved, since_use) in zip(bucket_bytes, _bucket_reuse(network, costs, call_seconds, buckets,
-                                                                             itemsize), strict=True)]
+                for n, (moved, since_use) in zip(bucket_bytes, reuse, strict=True)]
     bucket_seconds = [machine.allreduce_seconds(n, procs) * factor for n, factor in zip(bucket_bytes, in_cache,
                                                                                         strict=True)]
     in_own_calls = bucket_seconds
-    if machine.overlaps_communication:
+    if accumulate > 1:  # every bucket is reduced after the last backward, in its own calls
+        exposed = sum(bucket_seconds)
+    elif machine.overlaps_communication:
         kernels, exposed = _backward_channel(network, kernels, bucket_bytes, buckets, bucket_seconds, machine, procs,
                                              slowest, overhead / calls if calls else 0.0)
     else:
@@ -306,7 +320,7 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
         kernels += [PredictedKernel(NO_LAYER, "", Stage.COMM, ALLREDUCE, i, s, 0.0, n)
                     for i, (n, s) in enumerate(reductions)]
         kernels.append(PredictedKernel(NO_LAYER, "", Stage.COMM, SYNC_WAIT, 0, end_wait, 0.0, 0.0))
-    prediction = StepPrediction(kernels, bucket_bytes, bucket_seconds, procs, batch,
+    prediction = StepPrediction(kernels, bucket_bytes, bucket_seconds, procs, batch, accumulate=accumulate,
                                 wait_seconds=sum(waits.values()) + end_wait,
                                 synchronisations=len(waits) + (procs > 1), overhead_seconds=overhead)
     stage: defaultdict[str, float] = defaultdict(float)
@@ -346,10 +360,17 @@ def _call_seconds(machine: Machine, costs: Sequence[KernelCost], procs: int) -> 
 
 def _run_order(kernels: list[PredictedKernel], stages: Sequence[str]) -> list[PredictedKernel]:
     """The compute kernels of ``stages`` in that order (reductions left out), each stage's in
-    the order a rank runs them: FP layer by layer, BP from the loss back to the first layer."""
+    the order a rank runs them: FP layer by layer, BP from the loss back to the first layer
+    (then the sum of the micro-batches' gradients, which is no layer's); with micro-batches,
+    FP and BP of each in turn, and the update before them all where ``stages`` lists it
+    first (the previous step's), after them otherwise."""
     position = {stage: i for i, stage in enumerate(stages)}
-    compute = [k for k in kernels if k.stage in position and k.kernel != ALLREDUCE]
-    return sorted(compute, key=lambda k: (position[k.stage], -k.layer if k.stage == Stage.BP else k.layer))
+    update_first = bool(stages) and stages[0] == Stage.WU
+
+    def order(k: PredictedKernel) -> tuple[float, int, int]:
+        micro_batch = k.micro_batch if k.stage != Stage.WU else -math.inf if update_first else math.inf
+        return micro_batch, position[k.stage], -k.layer if k.stage == Stage.BP else k.layer
+    return sorted((k for k in kernels if k.stage in position and k.kernel != ALLREDUCE), key=order)
 
 
 def _beside_the_reader(kernels: list[PredictedKernel], seconds: float) -> list[PredictedKernel]:
@@ -380,9 +401,9 @@ class SlowestRank:
 
 
 def _with_sync_waits(kernels: list[PredictedKernel], machine: Machine, procs: int
-                     ) -> tuple[list[PredictedKernel], dict[tuple[int, str], float], float, SlowestRank]:
+                     ) -> tuple[list[PredictedKernel], dict[tuple[int, int, str], float], float, SlowestRank]:
     """``kernels`` with each batch-norm reduction's wait for the slowest rank added to its
-    time, those waits by the reduction's (layer, stage), the wait at the end of the step
+    time, those waits by the reduction's :func:`_reduction_key`, the wait at the end of the step
     (none on one rank), and the slowest rank's backward that this last wait implies.
 
     The work between two synchronisations is walked in the order a rank runs it: the
@@ -392,17 +413,17 @@ def _with_sync_waits(kernels: list[PredictedKernel], machine: Machine, procs: in
     """
     if procs <= 1:
         return kernels, {}, 0.0, SlowestRank()
-    reduced = {(k.layer, k.stage) for k in kernels if k.kernel == ALLREDUCE}
+    reduced = {_reduction_key(k) for k in kernels if k.kernel == ALLREDUCE}
     order = _run_order(kernels, (Stage.WU, Stage.FP, Stage.BP))
-    waits: dict[tuple[int, str], float] = {}
+    waits: dict[tuple[int, int, str], float] = {}
     segment: list[PredictedKernel] = []
     for kernel in order:
         segment.append(kernel)
-        key = (kernel.layer, kernel.stage)
+        key = _reduction_key(kernel)
         if key in reduced and key not in waits:
             waits[key] = machine.sync_wait_seconds(sum(k.seconds for k in segment), procs)
             segment = []
-    waited = [replace(k, seconds=k.seconds + waits[(k.layer, k.stage)]) if k.kernel == ALLREDUCE else k
+    waited = [replace(k, seconds=k.seconds + waits[_reduction_key(k)]) if k.kernel == ALLREDUCE else k
               for k in kernels]
     work = sum(k.seconds for k in segment)
     end_wait = machine.sync_wait_seconds(work, procs)
@@ -410,6 +431,12 @@ def _with_sync_waits(kernels: list[PredictedKernel], machine: Machine, procs: in
     slowest = SlowestRank(slower * sum(k.seconds for k in segment if k.stage != Stage.BP),
                           {k.key: k.seconds * (1.0 + slower) for k in segment if k.stage == Stage.BP})
     return waited, waits, end_wait, slowest
+
+
+def _reduction_key(kernel: PredictedKernel) -> tuple[int, int, str]:
+    """Which blocking reduction ``kernel`` is, or shares a synchronisation with: its
+    micro-batch's, its layer's, in its stage (a batch-norm layer reduces once in each)."""
+    return kernel.micro_batch, kernel.layer, kernel.stage
 
 
 def _backward_order(network: Network, kernels: list[PredictedKernel]) -> list[PredictedKernel]:
@@ -420,7 +447,7 @@ def _backward_order(network: Network, kernels: list[PredictedKernel]) -> list[Pr
 
 
 def _finished_in_blocking_reductions(network: Network, kernels: list[PredictedKernel], buckets: Sequence[Bucket],
-                                     handed: list[float], waits: dict[tuple[int, str], float]
+                                     handed: list[float], waits: dict[tuple[int, int, str], float]
                                      ) -> tuple[list[PredictedKernel], list[float]]:
     """On one node, where a bucket's reduction moves only inside MPI calls: ``kernels``
     with each blocking reduction of backward (a batch-norm layer's statistics) doing
@@ -441,7 +468,7 @@ def _finished_in_blocking_reductions(network: Network, kernels: list[PredictedKe
         if kernel.kernel == ALLREDUCE and posted > handed_over:
             taken[handed_over:posted] = handed[handed_over:posted]
             work = sum(handed[handed_over:posted])
-            extra[kernel.key] = max(0.0, work - waits.get((kernel.layer, kernel.stage), 0.0))
+            extra[kernel.key] = max(0.0, work - waits.get(_reduction_key(kernel), 0.0))
             handed_over = posted
     return [replace(k, seconds=k.seconds + extra[k.key]) if k.key in extra else k for k in kernels], taken
 
@@ -551,6 +578,16 @@ def _bucket_reuse(network: Network, costs: Sequence[tuple[int, KernelCost]], cal
         reuse.append((sum(moved[layer] for layer in layers) + bucket.size * itemsize,
                       sum(seconds[layer] for layer in layers)))
     return reuse
+
+
+def _reuse_after_accumulation(costs: Sequence[tuple[int, KernelCost]], call_seconds: Sequence[float],
+                              bucket_bytes: Sequence[float]) -> list[tuple[float, float]]:
+    """:func:`_bucket_reuse` where the micro-batches' gradients were summed: the last sum
+    wrote every bucket right before the reductions, which then run one after the other, so
+    each bucket's data has seen that sum's bytes and the buckets reduced before it."""
+    last = max(position for position, (_, cost) in enumerate(costs) if cost.kernel == ACCUMULATE_GRADIENTS)
+    summed, seconds = costs[last][1].bytes, call_seconds[last]
+    return [(summed + sum(bucket_bytes[:i + 1]), seconds) for i in range(len(bucket_bytes))]
 
 
 def _unhidden_bucket_seconds(machine: Machine, bucket_bytes: list[float], in_cache: list[float], procs: int) -> float:

@@ -21,8 +21,9 @@ from pydtnn_lite.textable import format_table
 
 FIGURES = ("step error", "WRE FP", "WRE BP", "WRE WU", "COMM error")
 # What makes two traced runs the same configuration, from their meta.json.
-CONFIGURATION_KEYS = ("model", "dataset", "global_batch", "ranks", "dtype", "optimizer", "overlap", "bucket_mb",
-                      "device", "strategy")
+CONFIGURATION_KEYS = ("model", "dataset", "global_batch", "accumulate", "ranks", "dtype", "optimizer", "overlap",
+                      "bucket_mb", "device", "strategy")
+OLDER_TRACES = {"accumulate": 1}  # what traces written before a key existed ran
 
 
 def figures(validation: Validation) -> dict[str, float]:
@@ -107,6 +108,7 @@ def check_same_configuration(traces: Sequence[str], metas: Sequence[dict]) -> No
     first = metas[0]
     for trace, meta in zip(traces[1:], metas[1:], strict=True):
         for key in CONFIGURATION_KEYS:
-            if meta.get(key) != first.get(key):
-                raise UserError(f"{trace} trained {key} {meta.get(key)!r} where {traces[0]} trained "
-                                f"{first.get(key)!r}: validate runs of one configuration together, or each alone")
+            this, that = (m.get(key, OLDER_TRACES.get(key)) for m in (meta, first))
+            if this != that:
+                raise UserError(f"{trace} trained {key} {this!r} where {traces[0]} trained "
+                                f"{that!r}: validate runs of one configuration together, or each alone")
