@@ -110,14 +110,17 @@ def kernel_timed_step(name: str, trainer: Trainer, batch: Any,
 
 def make_trainer(model: str, dataset: str, global_batch: int, comm: Communicator, bucket_mb: float = 4.0,
                  overlap: bool = True, device: str = "cpu", optimizer: str = "sgd",
-                 arrange: Callable[[Network], Network] = lambda network: network) -> Trainer:
-    """A trainer as the command line builds it (SGD or Adam, weights seeded 0), on ``comm``'s ranks;
-    ``arrange`` may rearrange the unbuilt network first."""
+                 arrange: Callable[[Network], Network] = lambda network: network,
+                 clip_grad_norm: float | None = None) -> Trainer:
+    """A trainer as the command line builds it (SGD or Adam, weights seeded 0, the gradient
+    clipped to ``clip_grad_norm``), on ``comm``'s ranks; ``arrange`` may rearrange the
+    unbuilt network first."""
     keep_freed_memory()
     data = open_dataset(dataset)
     network = arrange(create_model(model, data.input_shape, data.num_classes)).build(make_backend(device), seed=0)
     update = Adam(network) if optimizer == "adam" else SGD(network)
-    return build_trainer(network, data, TrainerSettings(global_batch), comm=comm, optimizer=update,
+    return build_trainer(network, data, TrainerSettings(global_batch, clip_grad_norm=clip_grad_norm), comm=comm,
+                         optimizer=update,
                          schedule=LearningRateSchedule(0.001), bucket_mb=bucket_mb, overlap=overlap)
 
 

@@ -1,11 +1,12 @@
 """Training step time with the compiled kernels against the array-library versions they replace.
 
     python benchmarks/host_kernels.py [--model resnet18] [--batch-size 64] [--threads 2] [--steps 10]
-        [--optimizer sgd|adam] [--device cpu|gpu] [--kernels PREFIX...]
+        [--optimizer sgd|adam] [--clip-grad-norm MAX] [--device cpu|gpu] [--kernels PREFIX...]
 
 One trainer, one fixed batch; the steps alternate between the kernel entries as shipped
 (on the host: Numba for im2col, col2im, the Winograd tile transforms, batch norm (fused
-with ReLU or not), ReLU, add, pooling and the SGD and Adam updates; on a GPU: CUDA for
+with ReLU or not), ReLU, add, pooling, the SGD and Adam updates, the sum of micro-batch
+gradients and the gradient's norm and scaling (``--clip-grad-norm``); on a GPU: CUDA for
 im2col, col2im, pooling and batch norm) and the same entries pointed at the functions
 written with the array library's operators (NumPy's, or CuPy's on a GPU), so a shared
 machine's load hits both alike. ``--kernels batchnorm`` replaces only the entries whose
@@ -35,6 +36,8 @@ NUMPY_VERSIONS = {
     "batchnorm_relu_grad_input": normalization.batchnorm_relu_grad_input, "maxpool": pooling.maxpool,
     "maxpool_grad": pooling.maxpool_grad, "avgpool": pooling.avgpool, "avgpool_grad": pooling.avgpool_grad,
     "sgd_update": update.sgd_update, "adam_update": update.adam_update,
+    "accumulate_gradients": update.accumulate_gradients, "gradient_norm": update.gradient_norm,
+    "scale_gradient": update.scale_gradient,
     "winograd_filter": winograd.filter_tiles, "winograd_filter_grad": winograd.filter_tiles_grad,
     "winograd_input": winograd.input_tiles, "winograd_output": winograd.output_tiles,
     "winograd_output_grad": winograd.output_tiles_grad, "winograd_input_grad": winograd.input_tiles_grad,
@@ -46,6 +49,8 @@ def main() -> None:
     parser.set_defaults(model="resnet18")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX",
+                        help="clip the gradient to this norm each step, as train's flag")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     parser.add_argument("--kernels", nargs="+", default=[""], metavar="PREFIX",
                         help="replace only the entries whose names start with one of these (default: all)")
@@ -56,7 +61,7 @@ def main() -> None:
                      f"choose from {', '.join(NUMPY_VERSIONS)}")
     set_blas_threads(args.threads)
     trainer = make_trainer(args.model, args.dataset, args.batch_size, SerialCommunicator(), device=args.device,
-                           optimizer=args.optimizer)
+                           optimizer=args.optimizer, clip_grad_norm=args.clip_grad_norm)
     batch = trainer.load_step(0, 0)
 
     def variant(name: str, pick: Callable[[str, Callable], Callable]) -> Callable[[], dict[str, float]]:

@@ -91,10 +91,12 @@ FUSED_KERNELS: dict[str, tuple[str, ...]] = {
 
 # The kernels a calibration without samples of their own predicts from the models of others
 # (``KernelCost.replaces``, see Calibration.kernel_seconds): the fused kernels from the
-# unfused ones, and the sum of a step's micro-batch gradients (``--accumulate``), which
-# calibrating never runs, from the add of two gradients as long: the same kind of pass over
-# memory (to start the sum it copies one, two thirds of the bytes).
-PREDICTED_FROM: dict[str, tuple[str, ...]] = {**FUSED_KERNELS, "accumulate_gradients": ("add",)}
+# unfused ones, and the passes over the whole gradient that calibrating never runs, from
+# the add of two gradients as long, scaled by their bytes: the sum of a step's micro-batch
+# gradients (``--accumulate``; to start it, a copy) and the clipping's norm and scaling
+# (``--clip-grad-norm``).
+PREDICTED_FROM: dict[str, tuple[str, ...]] = {
+    **FUSED_KERNELS, "accumulate_gradients": ("add",), "gradient_norm": ("add",), "scale_gradient": ("add",)}
 
 
 # Kernels that run on the rank's threads only from this many elements (their ``dims[0]``):

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--accumulate", type=flags.COUNT, default=1, metavar="K",
                         help="micro-batches of --batch-size whose gradients each step sums before one reduction and "
                              "one update, as train's --accumulate")
+    parser.add_argument("--clip-grad-norm", type=flags.real(0.0, 1e12, above=True), default=None, metavar="MAX",
+                        help="the step clips the gradient by its global norm, as train's (the time does not "
+                             "depend on MAX)")
     parser.add_argument("--bucket-mb", type=flags.BUCKET_MIB, default=4.0, help="gradient bucket size, MiB")
     parser.add_argument("--prefetch", type=flags.integer(0, 1024), default=2, metavar="N",
                         help="batches read ahead on a background thread, as train's --prefetch (0: read in the step)")
@@ -195,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         network, optimizer = build_workload(args.model, args.dataset, args.dtype, args.optimizer)
         local_batch = max(partition(args.batch_size, [1.0] * procs))
         prediction = predict_step(network, optimizer, local_batch, procs, machine, args.bucket_mb,
-                                  dataset=args.dataset, prefetch=args.prefetch > 0, accumulate=args.accumulate)
+                                  dataset=args.dataset, prefetch=args.prefetch > 0, accumulate=args.accumulate,
+                                  clip=args.clip_grad_norm is not None)
     except UserError as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 2

@@ -19,25 +19,42 @@ from pydtnn_lite.optim import Optimizer
 
 HOST_ITEMSIZE = 4  # data sets load float32 images, whatever the device's dtype
 ACCUMULATE_GRADIENTS = "accumulate_gradients"  # the kernel that sums a step's micro-batch gradients
+GRADIENT_NORM, SCALE_GRADIENT = "gradient_norm", "scale_gradient"  # the kernels that clip the gradient
 
 
-def step_costs(network: Network, optimizer: Optimizer, batch: int, accumulate: int = 1) -> list[tuple[int, KernelCost]]:
+def step_costs(network: Network, optimizer: Optimizer, batch: int, accumulate: int = 1,
+               clip: bool = False) -> list[tuple[int, KernelCost]]:
     """(layer index, cost) of every kernel a rank runs in a training step on ``batch`` samples,
     or on ``accumulate`` micro-batches of ``batch`` samples each, in the order the step runs
-    them within each (layer, stage).
+    them within each (layer, stage); with ``clip``, the step clips the gradient by its norm
+    (``--clip-grad-norm``).
 
-    The loss is layer ``network.loss_index``; the optimizer's WU kernels come last.
+    The loss is layer ``network.loss_index``; the WU kernels come last: the clipping's, then
+    the optimizer's.
     """
-    return [(layer, cost) for _, layer, cost in micro_batch_entries(network, optimizer, batch, accumulate)]
+    return [(layer, cost) for _, layer, cost in micro_batch_entries(network, optimizer, batch, accumulate, clip)]
 
 
-def micro_batch_entries(network: Network, optimizer: Optimizer, batch: int, accumulate: int = 1
-                        ) -> list[tuple[int, int, KernelCost]]:
+def micro_batch_entries(network: Network, optimizer: Optimizer, batch: int, accumulate: int = 1,
+                        clip: bool = False) -> list[tuple[int, int, KernelCost]]:
     """:func:`step_costs` with the micro-batch each call runs for: (micro-batch, layer index,
     cost); the update's are micro-batch 0's."""
+    update = (clipping_costs(network) if clip else []) + optimizer.costs()
     return ([(index, layer, cost) for index in range(accumulate)
              for layer, cost in micro_batch_costs(network, batch, accumulate, index)]
-            + [(0, layer, cost) for layer, cost in optimizer.costs()])
+            + [(0, layer, cost) for layer, cost in update])
+
+
+def clipping_costs(network: Network) -> list[tuple[int, KernelCost]]:
+    """(layer index, cost) of clipping the reduced gradient by its norm (no layer's, in WU):
+    one read for the norm, then a read and a write to scale it (by 1 where it is no longer
+    than the limit)."""
+    itemsize = np.dtype(network.backend.dtype).itemsize
+    elements = network.param_count
+    add = (gradient_sum_cost(elements, itemsize),)  # what a calibration predicts them from (costs.PREDICTED_FROM)
+    return [(NO_LAYER, KernelCost(Stage.WU, GRADIENT_NORM, 2.0 * elements, elements * itemsize, (elements,), add)),
+            (NO_LAYER, KernelCost(Stage.WU, SCALE_GRADIENT, float(elements), 2 * elements * itemsize, (elements,),
+                                  add))]
 
 
 def micro_batch_costs(network: Network, batch: int, accumulate: int = 1, index: int = 0

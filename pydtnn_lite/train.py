@@ -504,6 +504,7 @@ def write_trace(job: Job, comm: Communicator, tracer: Tracer, trace: str, watch:
     state = watch.state()
     meta = {"run_id": job.run_id, "model": config.model, "dataset": config.dataset,
             "global_batch": config.global_batch, "accumulate": config.accumulate,
+            "clip_grad_norm": config.clip_grad_norm,
             "shares": partition(config.global_batch, trainer.share_weights), "ranks": comm.size,
             "communicator": comm.describe(), "device": job.network.backend.device, "dtype": config.dtype,
             "blas_threads": job.blas_threads, "optimizer": config.optimizer, "bucket_mb": config.bucket_mb,

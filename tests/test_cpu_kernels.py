@@ -333,6 +333,19 @@ def test_the_sum_of_micro_batch_gradients_matches_numpy(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_the_gradient_s_norm_and_its_scaling_match_numpy(dtype):
+    gradient = normal(100_003, dtype, 4)
+    exact = float(np.sqrt(np.sum(gradient.astype(np.float64) ** 2)))
+    # Summed in float64: as close to the exact norm as float64 rounding allows, in any dtype.
+    assert cpu.gradient_norm(gradient) == pytest.approx(exact, rel=1e-12)
+    assert update.gradient_norm(gradient) == pytest.approx(exact, rel=TOLERANCE[dtype])
+    expected = gradient.copy()
+    update.scale_gradient(expected, 0.3)
+    cpu.scale_gradient(gradient, 0.3)
+    np.testing.assert_array_equal(gradient, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("weight_decay", [0.0, 1e-2])
 def test_adam_update_matches_numpy(dtype, weight_decay):
     param, grad, first = (normal(1000, dtype, seed) for seed in range(3))
@@ -398,6 +411,7 @@ def test_one_thread_runs_every_loop_in_place_with_the_same_results(monkeypatch):
         test_sgd_update_matches_numpy(np.float32, 0.9, 1e-4, True)
         test_adam_update_matches_numpy(np.float32, 1e-2)
         test_the_sum_of_micro_batch_gradients_matches_numpy(np.float32)
+        test_the_gradient_s_norm_and_its_scaling_match_numpy(np.float32)
         test_winograd_transforms_match_numpy(np.float32, (3, 7, 6, 5), 1)
         test_winograd_filter_transforms_match_numpy(np.float32, 48, 100)
         assert [loop.__name__ for loop in loops if not loop.serial.signatures] == []

@@ -804,6 +804,13 @@ def test_predict_cli_prints_a_table_and_json():
     assert accumulating["stage_seconds"]["WU"] == pytest.approx(document["stage_seconds"]["WU"])
     assert accumulating["step_seconds_with_overlap"] == accumulating["step_seconds_without_overlap"]
     assert "x 2 micro-batches a step" in run("pydtnn_lite.predict", "--model", "lenet", "--accumulate", "2").stdout
+    clipping = json.loads(run("pydtnn_lite.predict", "--model", "resnet18", "--preset", "altec", "--json",
+                              "--clip-grad-norm", "1").stdout)
+    added = [k for k in clipping["kernels"] if k not in document["kernels"]]
+    assert [(k["layer"], k["stage"], k["kernel"]) for k in added] == [
+        (-1, "WU", "gradient_norm"), (-1, "WU", "scale_gradient")]
+    assert clipping["stage_seconds"]["WU"] == pytest.approx(
+        document["stage_seconds"]["WU"] + sum(k["seconds"] for k in added))
 
 
 def test_predicting_loads_no_trainer_tracer_or_mpi():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -10,9 +11,14 @@ from pydtnn_lite.backend import make_backend
 from pydtnn_lite.data import open_dataset
 from pydtnn_lite.models import create_model
 from pydtnn_lite.optim import SGD, LearningRateSchedule, clip_by_global_norm
+from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
+from pydtnn_lite.perfmodel.modelling.trace_validation import validation_of
+from pydtnn_lite.tracing import load_trace
 from pydtnn_lite.training import TrainerSettings, build_trainer
 
-from mpi import assert_one_line_error, train_cli
+from mpi import REPO, assert_one_line_error, train_cli
+
+REFERENCE_CALIBRATION = os.path.join(REPO, "calibration", "dev-2core.json")
 
 
 def test_cosine_decay_warms_up_then_follows_half_a_cosine_to_the_floor():
@@ -32,6 +38,28 @@ def test_clipping_scales_a_long_gradient_to_the_limit_and_leaves_a_short_one():
     np.testing.assert_allclose(gradient, [0.6, 0.8])
     assert clip_by_global_norm(gradient, 2.0) == pytest.approx(1.0)
     np.testing.assert_allclose(gradient, [0.6, 0.8])
+
+
+def test_a_traced_clipped_step_shows_the_norm_and_the_scaling_and_its_prediction_has_them(tmp_path):
+    trace = tmp_path / "trace"
+    result = train_cli(2, "--model", "lenet", "--dataset", "digits", "--batch-size", "16", "--steps-per-epoch", "3",
+                       "--eval-steps", "0", "--clip-grad-norm", "1e6", "--run-dir", str(tmp_path),
+                       "--trace", str(trace))
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded = load_trace(str(trace))
+    records, steps, meta = loaded
+    assert meta["clip_grad_norm"] == 1e6
+    data = open_dataset("digits")
+    network = create_model("lenet", data.input_shape, data.num_classes).build(make_backend("cpu", "float32"), seed=0)
+    gradient = network.param_count * 4
+    # Never longer than 1e6, each step's gradient is still read for its norm, then scaled (by 1).
+    clipping = sorted((r.rank, r.step, r.kernel, r.bytes) for r in records
+                      if r.kernel in ("gradient_norm", "scale_gradient") and r.stage == "WU" and r.layer == -1)
+    assert clipping == sorted((s.rank, s.step, kernel, nbytes) for s in steps
+                              for kernel, nbytes in (("gradient_norm", gradient), ("scale_gradient", 2 * gradient)))
+    validation = validation_of(str(trace), loaded, calibrated_machine(REFERENCE_CALIBRATION))
+    assert {k.kernel for k in validation.kernels if k.layer == -1 and k.stage == "WU"} == {
+        "gradient_norm", "scale_gradient"}
 
 
 def test_a_clipped_step_moves_the_weights_by_lr_times_the_limit():

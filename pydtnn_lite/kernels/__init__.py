@@ -9,7 +9,7 @@ functions, so an untraced step pays nothing.
 On the host, the memory-bound kernels (im2col, col2im, batch norm, ReLU, batch norm
 fused with ReLU, the ReLU gradient of a sum of gradients, the residual add with the ReLU
 after it fused in or not, the concatenation, pooling, the SGD and Adam updates, the sum of
-micro-batch gradients) are the
+micro-batch gradients, the gradient's norm and scaling) are the
 Numba loops of :mod:`~pydtnn_lite.kernels.cpu` (the Winograd transforms: of
 :mod:`~pydtnn_lite.kernels.winograd_cpu`), which use every thread of the process; the NumPy
 versions they replace stay the reference. On a GPU, :mod:`~pydtnn_lite.kernels.gpu` runs
@@ -87,6 +87,8 @@ winograd_input_grad = _by_array_type(winograd_cpu.input_tiles_grad, winograd.inp
 sgd_update = _by_array_type(cpu.sgd_update, update.sgd_update)
 adam_update = _by_array_type(cpu.adam_update, update.adam_update)
 accumulate_gradients = _by_array_type(cpu.accumulate_gradients, update.accumulate_gradients)
+gradient_norm = _by_array_type(cpu.gradient_norm, update.gradient_norm)
+scale_gradient = _by_array_type(cpu.scale_gradient, update.scale_gradient)
 
 __all__ = [
     "gemm", "bias_add", "bias_grad", "im2col", "col2im", "relu", "relu_grad", "relu_grad_sum",
@@ -96,7 +98,7 @@ __all__ = [
     "batchnorm_grad_input", "batchnorm_relu_normalize", "batchnorm_relu_grad_sums", "batchnorm_relu_grad_input",
     "batchnorm_inference", "maxpool", "maxpool_grad", "avgpool", "avgpool_grad",
     "winograd_filter", "winograd_filter_grad", "winograd_input", "winograd_output", "winograd_output_grad",
-    "winograd_input_grad", "sgd_update", "adam_update", "accumulate_gradients",
+    "winograd_input_grad", "sgd_update", "adam_update", "accumulate_gradients", "gradient_norm", "scale_gradient",
 ]
 
 

@@ -46,15 +46,16 @@ class ParallelLoop:
     Numba's pool hands a loop to its worker threads even when it has one, and the caller
     sleeps until the loop ends: two wake-ups per kernel. Where ranks outnumber the cores
     each wake-up waits for the scheduler to run the woken thread: with 8 ranks on 2 cores a
-    ReLU of 2 MB took 8 ms a call, where sharing a core four ways explains 0.8 ms."""
+    ReLU of 2 MB took 8 ms a call, where sharing a core four ways explains 0.8 ms.
+    ``fastmath`` is Numba's, for both (``{"reassoc"}`` lets a sum vectorise)."""
 
-    def __init__(self, function: Any) -> None:
-        self.parallel = njit(parallel=True, cache=True)(function)
+    def __init__(self, function: Any, fastmath: set[str] | bool = False) -> None:
+        self.parallel = njit(parallel=True, cache=True, fastmath=fastmath)(function)
         serial = types.FunctionType(function.__code__, function.__globals__, function.__name__ + "_serial",
                                     function.__defaults__, function.__closure__)
         # Its own name, so that the two compilations have their own files in Numba's cache.
         serial.__qualname__ = function.__qualname__ + "_serial"
-        self.serial = njit(cache=True)(serial)
+        self.serial = njit(cache=True, fastmath=fastmath)(serial)
         functools.update_wrapper(self, function)
 
     def __call__(self, *args: Any) -> Any:
@@ -771,6 +772,37 @@ def _copy_into(source, out):  # pragma: no cover (compiled)
 def _add_into(source, out):  # pragma: no cover (compiled)
     for i in prange(out.size):
         out[i] += source[i]
+
+
+def _sum_of_squares_loop(values):  # pragma: no cover (compiled)
+    total = 0.0
+    for i in prange(values.size):
+        value = np.float64(values[i])
+        total += value * value
+    return total
+
+
+# Reassociated, the float64 sum vectorises: 9.2 M float32 in 0.95 ms on two threads, 3.3 ms
+# in order, 8.7 ms by NumPy's squares and sum (2026-12-06); NaN and inf still propagate.
+_sum_of_squares = ParallelLoop(_sum_of_squares_loop, fastmath={"reassoc"})
+
+
+def gradient_norm(gradient: np.ndarray) -> float:
+    """:func:`~pydtnn_lite.kernels.update.gradient_norm` in one read of the gradient, summed in
+    float64 on every thread (NumPy writes the squares out, then reads them)."""
+    return float(_sum_of_squares(gradient)) ** 0.5
+
+
+@ParallelLoop
+def _scale(values, factor):  # pragma: no cover (compiled)
+    for i in prange(values.size):
+        values[i] *= factor
+
+
+def scale_gradient(gradient: np.ndarray, factor: float) -> None:
+    """:func:`~pydtnn_lite.kernels.update.scale_gradient` on every thread, the factor rounded
+    to the gradient's dtype as NumPy rounds it."""
+    _scale(gradient, gradient.dtype.type(factor))
 
 
 def accumulate_gradients(total: np.ndarray, gradients: np.ndarray, first: bool) -> None:

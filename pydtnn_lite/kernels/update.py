@@ -39,6 +39,16 @@ def accumulate_gradients(total: Any, gradients: Any, first: bool) -> None:
         total += gradients
 
 
+def gradient_norm(gradient: Any) -> float:
+    """The L2 norm of the flat ``gradient``."""
+    return float((gradient * gradient).sum()) ** 0.5
+
+
+def scale_gradient(gradient: Any, factor: float) -> None:
+    """``gradient *= factor``, in place."""
+    gradient *= factor
+
+
 def adam_step_size(lr: float, beta1: float, beta2: float, step: int) -> float:
     """The learning rate with both of Adam's bias corrections folded in."""
     return lr * (1.0 - beta2 ** step) ** 0.5 / (1.0 - beta1 ** step)

@@ -133,7 +133,7 @@ class Tracer(TrainingObserver):
         self._depth = 0  # > 0 inside a timed call: calls nested in it are not timed again
         self._pending: list[_Call] = []
         self._undo: list[Callable[[], None]] = []
-        self._costs: dict[tuple[int, int], dict[CallKey, KernelCost]] = {}
+        self._costs: dict[tuple[int, int, bool], dict[CallKey, KernelCost]] = {}
 
     # ------------------------------------------------------------ attach / detach
     def attach(self) -> Tracer:
@@ -257,13 +257,14 @@ class Tracer(TrainingObserver):
                 seconds[i] = (times[2 * position], times[2 * position + 1])
         counter = CallCounter()
         layers = self.network.layers
-        accumulate = self.trainer.settings.accumulate if self._phase == TRAIN else 1
+        settings, training = self.trainer.settings, self._phase == TRAIN
+        accumulate, clip = (settings.accumulate, settings.clip_grad_norm is not None) if training else (1, False)
         for index, call in enumerate(self._pending):
             start, end = seconds[index]
             if call.kernel == DATA_LOAD:  # a new batch: an evaluation runs the same kernels once per batch
                 counter = CallCounter()
             key = counter.key(call.layer, call.stage, call.kernel)
-            cost = self._costs_of(call.batch, accumulate).get(key) if call.thread == COMPUTE else None
+            cost = self._costs_of(call.batch, accumulate, clip).get(key) if call.thread == COMPUTE else None
             if cost is not None:
                 flops, nbytes = cost.flops, cost.bytes
             elif call.thread == COMMUNICATION:  # a request's bytes count once, where it starts
@@ -281,10 +282,10 @@ class Tracer(TrainingObserver):
                 nbytes))
         self._pending = []
 
-    def _costs_of(self, batch: int, accumulate: int = 1) -> dict[CallKey, KernelCost]:
-        """Analytic costs of a step on ``batch`` samples (in ``accumulate`` micro-batches), by
-        the call they pair with."""
-        if (batch, accumulate) not in self._costs:
-            self._costs[batch, accumulate] = keyed_costs(step_costs(self.network, self.trainer.optimizer,
-                                                                    batch // accumulate, accumulate))
-        return self._costs[batch, accumulate]
+    def _costs_of(self, batch: int, accumulate: int = 1, clip: bool = False) -> dict[CallKey, KernelCost]:
+        """Analytic costs of a step on ``batch`` samples (in ``accumulate`` micro-batches; with
+        ``clip``, clipping the gradient), by the call they pair with."""
+        if (batch, accumulate, clip) not in self._costs:
+            self._costs[batch, accumulate, clip] = keyed_costs(step_costs(self.network, self.trainer.optimizer,
+                                                                          batch // accumulate, accumulate, clip))
+        return self._costs[batch, accumulate, clip]

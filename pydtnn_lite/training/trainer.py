@@ -192,7 +192,8 @@ class Trainer:
             [loss_sum, correct, self.backend.total(self.network.flat_grads)])
         self.divergence.check(self.global_step, total_loss / batch.global_size, gradient_sum)
         if self.settings.clip_grad_norm is not None:
-            self.gradient_norm = clip_by_global_norm(self.network.flat_grads, self.settings.clip_grad_norm)
+            with scope(NO_LAYER, "WU"):
+                self.gradient_norm = clip_by_global_norm(self.network.flat_grads, self.settings.clip_grad_norm)
         self.optimizer.step(self.schedule(self.global_step, self.steps_per_epoch))
         self.global_step += 1
         return StepResult(total_loss / batch.global_size, total_correct / batch.global_size, batch.global_size,

@@ -246,7 +246,8 @@ class StepPrediction:
 
 def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int, machine: Machine,
                  bucket_mb: float = 4.0, first_bucket_mb: float | None = None,
-                 dataset: str | None = None, prefetch: bool = False, accumulate: int = 1) -> StepPrediction:
+                 dataset: str | None = None, prefetch: bool = False, accumulate: int = 1,
+                 clip: bool = False) -> StepPrediction:
     """Predict one training step of a rank that holds ``batch`` samples, with ``procs`` ranks
     and the gradient buckets a GradientSynchronizer of ``bucket_mb`` and ``first_bucket_mb`` plans.
     With ``dataset`` the step starts with loading the batch from it and copying it to the device;
@@ -254,10 +255,11 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     and the step waits only for what that thread takes from its cores and, when reading is
     the slower, for the rest of the reading. With ``accumulate`` the step runs forward and
     backward on that many micro-batches of ``batch`` samples, sums their gradients, and
-    reduces the sum after the last backward, as the trainer does (nothing to overlap)."""
+    reduces the sum after the last backward, as the trainer does (nothing to overlap). With
+    ``clip`` the update starts by clipping the reduced gradient by its norm."""
     itemsize = np.dtype(network.backend.dtype).itemsize
     # One rank has nothing to reduce: no batch-norm reduction is predicted (a 1-rank trace's calls stay unmatched).
-    entries = [entry for entry in micro_batch_entries(network, optimizer, batch, accumulate)
+    entries = [entry for entry in micro_batch_entries(network, optimizer, batch, accumulate, clip)
                if procs > 1 or entry[2].kernel != ALLREDUCE]
     costs = [(layer, cost) for _, layer, cost in entries]
     calls = sum(cost.kernel != ALLREDUCE for _, cost in costs)

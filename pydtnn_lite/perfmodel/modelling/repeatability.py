@@ -21,9 +21,9 @@ from pydtnn_lite.textable import format_table
 
 FIGURES = ("step error", "WRE FP", "WRE BP", "WRE WU", "COMM error")
 # What makes two traced runs the same configuration, from their meta.json.
-CONFIGURATION_KEYS = ("model", "dataset", "global_batch", "accumulate", "ranks", "dtype", "optimizer", "overlap",
-                      "bucket_mb", "device", "strategy")
-OLDER_TRACES = {"accumulate": 1}  # what traces written before a key existed ran
+CONFIGURATION_KEYS = ("model", "dataset", "global_batch", "accumulate", "clip_grad_norm", "ranks", "dtype",
+                      "optimizer", "overlap", "bucket_mb", "device", "strategy")
+OLDER_TRACES = {"accumulate": 1}  # what traces written before a key existed ran (a missing key reads None)
 
 
 def figures(validation: Validation) -> dict[str, float]:

@@ -93,12 +93,13 @@ def validations_of(trace: str, loaded: tuple[list, list, dict], machines: Sequen
                                         meta.get("optimizer", "sgd"))
     procs, bucket_mb = int(meta["ranks"]), float(meta.get("bucket_mb", 4.0))
     accumulate = int(meta.get("accumulate", 1))  # a step's samples are its micro-batches' together
+    clip = meta.get("clip_grad_norm") is not None
     dataset, overlap = meta["dataset"], bool(meta.get("overlap", True)) and accumulate == 1
     prefetch = int(meta.get("prefetch", 0)) > 0  # traces written before reading ahead existed read in the step
 
     def predictor(machine: Machine) -> Callable[[int], StepPrediction]:
         return lambda batch: predict_step(network, optimizer, batch // accumulate, procs, machine, bucket_mb,
-                                          dataset=dataset, prefetch=prefetch, accumulate=accumulate)
+                                          dataset=dataset, prefetch=prefetch, accumulate=accumulate, clip=clip)
     placement = job_placement(meta)
     time_shared = placement is not None and placement.oversubscribed
     return [validate(records, steps, overlap, predictor(machine), time_shared) for machine in machines]
