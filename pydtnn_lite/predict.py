@@ -8,6 +8,7 @@ ALTEC and AMPERE), a preset with figures replaced by flags, or a calibration fil
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Sequence
@@ -52,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the step clips the gradient by its global norm, as train's (the time does not "
                              "depend on MAX)")
     parser.add_argument("--bucket-mb", type=flags.BUCKET_MIB, default=4.0, help="gradient bucket size, MiB")
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="the kernels of a step that reduces the gradient after backward, as train's flag "
+                             "(default: those of the overlapped step)")
     parser.add_argument("--prefetch", type=flags.integer(0, 1024), default=2, metavar="N",
                         help="batches read ahead on a background thread, as train's --prefetch (0: read in the step)")
     parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
@@ -197,9 +201,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserError("--probe, --ranks-per-node, --cores-per-node and --blas-threads need --calibration FILE")
         network, optimizer = build_workload(args.model, args.dataset, args.dtype, args.optimizer)
         local_batch = max(partition(args.batch_size, [1.0] * procs))
-        prediction = predict_step(network, optimizer, local_batch, procs, machine, args.bucket_mb,
-                                  dataset=args.dataset, prefetch=args.prefetch > 0, accumulate=args.accumulate,
-                                  clip=args.clip_grad_norm is not None)
+        step = functools.partial(predict_step, network, optimizer, local_batch, procs, machine, args.bucket_mb,
+                                 dataset=args.dataset, prefetch=args.prefetch > 0, accumulate=args.accumulate,
+                                 clip=args.clip_grad_norm is not None)
+        prediction = step(overlap=not args.no_overlap)
+        # The step without overlap, from a prediction of its own: backward then starts no bucket.
+        blocking = prediction if args.no_overlap else step(overlap=False)
+        prediction = replace(prediction, step_without_overlap=blocking.step_without_overlap,
+                             data_in_step_without_overlap=blocking.data_in_step_without_overlap)
     except UserError as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 2

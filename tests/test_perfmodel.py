@@ -386,7 +386,8 @@ def test_a_step_that_accumulates_computes_each_micro_batch_and_reduces_after_the
     # slowest rank after all the compute since the last update (no batch norm in VGG11).
     compute = 1e-3 * sum(k.stage in ("FP", "BP", "WU") for k in three.kernels)
     reductions = 0.5 * (len(three.bucket_bytes) + 1)
-    assert three.step_with_overlap == three.step_without_overlap == pytest.approx(1.1 * compute + reductions)
+    assert three.step_with_overlap == pytest.approx(three.step_without_overlap)
+    assert three.step_without_overlap == pytest.approx(1.1 * compute + reductions)
 
 
 def test_each_micro_batch_waits_for_the_slowest_rank_at_its_own_batch_norm_reductions():
@@ -526,6 +527,17 @@ def test_on_one_node_a_batch_norm_reduction_of_backward_finishes_the_buckets_pos
     assert 0 < waited < 0.75 * reduce
     assert bn_reductions(waiting_quarter)[second_bn] == pytest.approx(reduce + max(waited, 0.75 * reduce))
     assert waiting.step_with_overlap - waiting_quarter.step_with_overlap == pytest.approx(waited)
+
+    # Without overlap backward posts no bucket: the reductions do none of them, each bucket is
+    # whole in its own calls after backward, and the step is the same either way.
+    machine = ConstantMachine(kernel, reduce, overlaps_communication=False, left=0.25)
+    blocking = predict_step(network, optimizer, 8, 2, machine, bucket_mb=1.0, first_bucket_mb=first_bucket_mb,
+                            overlap=False)
+    assert bn_reductions(blocking) == {1: pytest.approx(reduce), second_bn: pytest.approx(reduce)}
+    assert [k.seconds for k in blocking.kernels if k.kernel == "allreduce" and k.stage == "COMM"] == [
+        pytest.approx(reduce)] * 3
+    assert blocking.step_with_overlap == pytest.approx(blocking.step_without_overlap)
+    assert blocking.step_without_overlap == pytest.approx(whole.step_without_overlap)
 
 
 def test_over_mpi_a_reduction_phase_begins_only_at_a_test_once_the_one_before_it_has_arrived():
@@ -802,8 +814,12 @@ def test_predict_cli_prints_a_table_and_json():
     assert accumulating["accumulate"] == 2 and accumulating["local_batch"] == 16
     assert accumulating["stage_seconds"]["FP"] == pytest.approx(2 * document["stage_seconds"]["FP"], rel=0.02)
     assert accumulating["stage_seconds"]["WU"] == pytest.approx(document["stage_seconds"]["WU"])
-    assert accumulating["step_seconds_with_overlap"] == accumulating["step_seconds_without_overlap"]
+    assert accumulating["step_seconds_with_overlap"] == pytest.approx(accumulating["step_seconds_without_overlap"])
     assert "x 2 micro-batches a step" in run("pydtnn_lite.predict", "--model", "lenet", "--accumulate", "2").stdout
+    blocking = json.loads(run("pydtnn_lite.predict", "--model", "resnet18", "--preset", "altec", "--json",
+                              "--no-overlap").stdout)
+    assert blocking["step_seconds"] == pytest.approx(blocking["step_seconds_without_overlap"])
+    assert blocking["step_seconds_without_overlap"] == pytest.approx(document["step_seconds_without_overlap"])
     clipping = json.loads(run("pydtnn_lite.predict", "--model", "resnet18", "--preset", "altec", "--json",
                               "--clip-grad-norm", "1").stdout)
     added = [k for k in clipping["kernels"] if k not in document["kernels"]]

@@ -247,7 +247,7 @@ class StepPrediction:
 def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int, machine: Machine,
                  bucket_mb: float = 4.0, first_bucket_mb: float | None = None,
                  dataset: str | None = None, prefetch: bool = False, accumulate: int = 1,
-                 clip: bool = False) -> StepPrediction:
+                 clip: bool = False, overlap: bool = True) -> StepPrediction:
     """Predict one training step of a rank that holds ``batch`` samples, with ``procs`` ranks
     and the gradient buckets a GradientSynchronizer of ``bucket_mb`` and ``first_bucket_mb`` plans.
     With ``dataset`` the step starts with loading the batch from it and copying it to the device;
@@ -256,7 +256,14 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     the slower, for the rest of the reading. With ``accumulate`` the step runs forward and
     backward on that many micro-batches of ``batch`` samples, sums their gradients, and
     reduces the sum after the last backward, as the trainer does (nothing to overlap). With
-    ``clip`` the update starts by clipping the reduced gradient by its norm."""
+    ``clip`` the update starts by clipping the reduced gradient by its norm. Without
+    ``overlap`` (the trainer's ``--no-overlap``) backward starts no bucket either: every
+    bucket is reduced after it, and the step with overlap is the step without.
+
+    With ``overlap`` the kernels are those of the overlapped step, and the step without
+    overlap a sum of theirs that leaves the overlap's entries out: where the batch norms'
+    reductions advance the buckets, predict without ``overlap`` for the kernels and the
+    step of a run without it."""
     itemsize = np.dtype(network.backend.dtype).itemsize
     # One rank has nothing to reduce: no batch-norm reduction is predicted (a 1-rank trace's calls stay unmatched).
     entries = [entry for entry in micro_batch_entries(network, optimizer, batch, accumulate, clip)
@@ -302,7 +309,7 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     bucket_seconds = [machine.allreduce_seconds(n, procs) * factor for n, factor in zip(bucket_bytes, in_cache,
                                                                                         strict=True)]
     in_own_calls = bucket_seconds
-    if accumulate > 1:  # every bucket is reduced after the last backward, in its own calls
+    if accumulate > 1 or not overlap:  # every bucket is reduced after the last backward, in its own calls
         exposed = sum(bucket_seconds)
     elif machine.overlaps_communication:
         kernels, exposed = _backward_channel(network, kernels, bucket_bytes, buckets, bucket_seconds, machine, procs,

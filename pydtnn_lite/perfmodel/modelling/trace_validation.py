@@ -99,7 +99,8 @@ def validations_of(trace: str, loaded: tuple[list, list, dict], machines: Sequen
 
     def predictor(machine: Machine) -> Callable[[int], StepPrediction]:
         return lambda batch: predict_step(network, optimizer, batch // accumulate, procs, machine, bucket_mb,
-                                          dataset=dataset, prefetch=prefetch, accumulate=accumulate, clip=clip)
+                                          dataset=dataset, prefetch=prefetch, accumulate=accumulate, clip=clip,
+                                          overlap=overlap)
     placement = job_placement(meta)
     time_shared = placement is not None and placement.oversubscribed
     return [validate(records, steps, overlap, predictor(machine), time_shared) for machine in machines]
