@@ -212,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 2
-    warnings = calibration_warnings(machine, prediction.kernels)
+    warnings = calibration_warnings(machine, prediction.kernels, args.dtype)
     if args.json:
         print_output(json.dumps(prediction_json(prediction, args.model, args.dataset, machine_name,
                                                 args.batch_size, warnings), indent=1))

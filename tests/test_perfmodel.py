@@ -747,6 +747,15 @@ def test_predict_warns_of_kernels_its_calibration_never_sampled(tmp_path):
             in result.stdout)
 
 
+def test_predict_warns_where_the_calibration_timed_another_dtype():
+    for dtype, warned in (("float64", True), ("float32", False)):
+        result = run("pydtnn_lite.predict", "--model", "lenet", "--procs", "2", "--dtype", dtype,
+                     "--calibration", REFERENCE_CALIBRATION)
+        assert result.returncode == 0, result.stderr
+        line = "warning: the calibration timed float32 kernels, the step's are float64"
+        assert (line in result.stdout) == warned and ("calibrate with --dtype float64" in result.stdout) == warned
+
+
 def test_validate_warns_of_a_run_on_another_processor_than_the_calibration_s():
     machine = calibrated_machine(REFERENCE_CALIBRATION)
     calibrated_on = machine.calibration.machine["cpu_model"]

@@ -164,13 +164,17 @@ class AdjustedMachine:
         return (kernel_scale(kernel, self.placement, calibration.placement, calibration.thread_scaling, dims)
                 * self.drift.scale(kernel, flops=flops, seconds=seconds))
 
-    def warnings(self, kernels: Iterable[str]) -> list[str]:
-        """What the calibration lacks to predict a step of ``kernels`` (their names) on this
-        placement, one line each (none usually)."""
+    def warnings(self, kernels: Iterable[str], dtype: str = "float32") -> list[str]:
+        """What the calibration lacks to predict a step of ``kernels`` (their names) in
+        ``dtype`` on this placement, one line each (none usually)."""
         calibration = self.base.calibration
         names = set(kernels)  # read twice below: a generator would be spent by the first
         gap = thread_scaling_gap(self.placement, calibration.placement, calibration.thread_scaling)
         lines = [gap] if gap else []
+        timed = calibration.machine.get("dtype", "float32")
+        if dtype != timed:
+            lines.append(f"the calibration timed {timed} kernels, the step's are {dtype}: they are predicted at "
+                         f"{timed}'s speed; calibrate with --dtype {dtype}")
         unmodelled = calibration.unmodelled(names)
         if unmodelled:
             lines.append(f"the calibration holds no samples of {', '.join(unmodelled)} (a file older than these "
@@ -364,12 +368,12 @@ class KernelCall(Protocol):
     def stage(self) -> str: ...
 
 
-def calibration_warnings(machine: Machine, calls: Iterable[KernelCall]) -> list[str]:
+def calibration_warnings(machine: Machine, calls: Iterable[KernelCall], dtype: str = "float32") -> list[str]:
     """:meth:`AdjustedMachine.warnings` for the compute kernels of ``calls`` (a prediction's
-    or a validation's); none for a machine that is not a placed calibration."""
+    or a validation's) in ``dtype``; none for a machine that is not a placed calibration."""
     if not isinstance(machine, AdjustedMachine):
         return []
-    return machine.warnings(call.kernel for call in calls if call.stage in COMPUTE_STAGES)
+    return machine.warnings((call.kernel for call in calls if call.stage in COMPUTE_STAGES), dtype)
 
 
 def _probe_comparable(calibration: Calibration, probed: ProbedWork) -> bool:

@@ -166,7 +166,8 @@ def check_trace(trace: str, loaded: tuple[list, list, dict], machine: Machine, m
     spans: defaultdict[int, float] = defaultdict(float)
     for step in loaded[1]:
         spans[step.rank] += step.duration
-    warnings = processor_warnings(machine, meta) + calibration_warnings(machine, validation.kernels)
+    warnings = processor_warnings(machine, meta) + calibration_warnings(machine, validation.kernels,
+                                                                          meta.get("dtype", "float32"))
     return CheckedTrace(trace, meta, machine_name, validation, title, paths, raw, drift, max(spans.values()), warnings)
 
 
