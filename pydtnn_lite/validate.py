@@ -28,7 +28,7 @@ from pydtnn_lite.perfmodel.modelling.repeatability import (
 from pydtnn_lite.perfmodel.modelling.trace_validation import CheckedTrace, check_trace, run_label, trace_calibration
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from pydtnn_lite.tracing import KernelRecord, load_trace
-from pydtnn_lite.tracing.records import EVENTS_FILE, META_FILE
+from pydtnn_lite.tracing.records import EVENTS_FILE, META_FILE, trace_meta
 
 PROGRAM = "pydtnn_lite.validate"
 
@@ -64,10 +64,10 @@ def check_same_model(trace: str, records: list[KernelRecord], meta: dict) -> Non
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command_line(build_parser(), argv)
     try:
-        loaded = [load_trace(trace) for trace in args.trace]
-        check_same_configuration(args.trace, [meta for _, _, meta in loaded])
-        checked = [check_one(args, trace, run, folder) for trace, run, folder in
-                   zip(args.trace, loaded, report_folders(args.out, len(args.trace)), strict=True)]
+        check_same_configuration(args.trace, [trace_meta(trace) for trace in args.trace])
+        # One trace's records at a time: a run's events of many steps and ranks fill memory.
+        checked = [check_one(args, trace, load_trace(trace), folder) for trace, folder in
+                   zip(args.trace, report_folders(args.out, len(args.trace)), strict=True)]
     except (OSError, ValueError, KeyError, UserError) as error:
         detail = f"the trace's meta.json lacks {error}" if isinstance(error, KeyError) else str(error)
         print(f"{PROGRAM}: error: {detail}", file=sys.stderr)

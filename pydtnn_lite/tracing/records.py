@@ -138,18 +138,24 @@ def read_meta(directory: str) -> dict:
     return meta
 
 
+def trace_meta(directory: str) -> dict:
+    """The run description of a trace directory, without reading its records:
+    FileNotFoundError where it is not one, ValueError where its meta.json is damaged."""
+    missing = [name for name in (EVENTS_FILE, STEPS_FILE, META_FILE)
+               if not os.path.isfile(os.path.join(directory, name))]
+    if missing:
+        raise FileNotFoundError(f"{directory} is not a trace directory (no {', '.join(missing)}): "
+                                "write one with python -m pydtnn_lite.train --trace DIR")
+    return read_meta(directory)
+
+
 def load_trace(directory: str) -> tuple[list[KernelRecord], list[StepRecord], dict]:
     """The kernel records, step records and run description of a trace directory.
 
     ValueError naming the file (and line) when one is damaged, or when the trace holds no
     traced training step or no kernel of one.
     """
-    missing = [name for name in (EVENTS_FILE, STEPS_FILE, META_FILE)
-               if not os.path.isfile(os.path.join(directory, name))]
-    if missing:
-        raise FileNotFoundError(f"{directory} is not a trace directory (no {', '.join(missing)}): "
-                                "write one with python -m pydtnn_lite.train --trace DIR")
-    meta = read_meta(directory)
+    meta = trace_meta(directory)
     steps = read_records(os.path.join(directory, STEPS_FILE), StepRecord)
     kernels = read_records(os.path.join(directory, EVENTS_FILE), KernelRecord)
     if not steps:
