@@ -131,12 +131,14 @@ KERNEL_REVISIONS: dict[str, int] = {
 }
 
 
-def fused_cost(kernel: str, flops: float, nbytes: float, dims: tuple, replaces: list[KernelCost]) -> KernelCost:
+def fused_cost(kernel: str, flops: float, nbytes: float, dims: tuple, replaces: list[KernelCost],
+               stage: Stage | None = None) -> KernelCost:
     """The cost of a call of ``kernel`` (a key of :data:`PREDICTED_FROM`: a fused kernel, say)
-    in the stage of the calls it ``replaces``, which must be calls of the kernels its entry
-    names, in that order (a kernel's calls together, as many as the call replaces)."""
+    in ``stage``, by default that of the calls it ``replaces``, which must be calls of the
+    kernels its entry names, in that order (a kernel's calls together, as many as the call
+    replaces)."""
     assert tuple(dict.fromkeys(part.kernel for part in replaces)) == PREDICTED_FROM[kernel], (kernel, replaces)
-    return KernelCost(replaces[0].stage, kernel, flops, nbytes, dims, tuple(replaces))
+    return KernelCost(stage or replaces[0].stage, kernel, flops, nbytes, dims, tuple(replaces))
 
 
 class CallKey(NamedTuple):

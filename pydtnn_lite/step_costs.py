@@ -49,12 +49,18 @@ def clipping_costs(network: Network) -> list[tuple[int, KernelCost]]:
     """(layer index, cost) of clipping the reduced gradient by its norm (no layer's, in WU):
     one read for the norm, then a read and a write to scale it (by 1 where it is no longer
     than the limit)."""
+    return [(NO_LAYER, gradient_pass_cost(network, GRADIENT_NORM, Stage.WU, flops=2, arrays=1)),
+            (NO_LAYER, gradient_pass_cost(network, SCALE_GRADIENT, Stage.WU, flops=1, arrays=2))]
+
+
+def gradient_pass_cost(network: Network, kernel: str, stage: Stage, flops: int, arrays: int) -> KernelCost:
+    """The cost of ``kernel``, a pass over the whole gradient of ``flops`` an element that reads
+    or writes ``arrays`` arrays as long: a calibration predicts it from its add of two such
+    gradients (``costs.PREDICTED_FROM``), which it never runs itself."""
     itemsize = np.dtype(network.backend.dtype).itemsize
     elements = network.param_count
-    add = (gradient_sum_cost(elements, itemsize),)  # what a calibration predicts them from (costs.PREDICTED_FROM)
-    return [(NO_LAYER, KernelCost(Stage.WU, GRADIENT_NORM, 2.0 * elements, elements * itemsize, (elements,), add)),
-            (NO_LAYER, KernelCost(Stage.WU, SCALE_GRADIENT, float(elements), 2 * elements * itemsize, (elements,),
-                                  add))]
+    return fused_cost(kernel, float(flops * elements), arrays * elements * itemsize, (elements,),
+                      [gradient_sum_cost(elements, itemsize)], stage)
 
 
 def micro_batch_costs(network: Network, batch: int, accumulate: int = 1, index: int = 0
@@ -67,11 +73,10 @@ def micro_batch_costs(network: Network, batch: int, accumulate: int = 1, index: 
     loss = [(network.loss_index, cost)
             for cost in SoftmaxCrossEntropy.costs(batch, network.num_classes, itemsize)]
     costs = network.costs(batch) + loss
-    if accumulate > 1:
-        elements, first = network.param_count, index == 0
-        costs.append((NO_LAYER, fused_cost(ACCUMULATE_GRADIENTS, 0.0 if first else float(elements),
-                                           (2 if first else 3) * elements * itemsize, (elements,),
-                                           [gradient_sum_cost(elements, itemsize)])))
+    if accumulate > 1:  # a copy to start the sum, an add after that
+        first = index == 0
+        costs.append((NO_LAYER, gradient_pass_cost(network, ACCUMULATE_GRADIENTS, Stage.BP, flops=0 if first else 1,
+                                                   arrays=2 if first else 3)))
     return costs
 
 
