@@ -38,6 +38,7 @@ from pydtnn_lite.perfmodel.measuring.calibrate import (
     remeasure_allreduce,
 )
 from pydtnn_lite.perfmodel.measuring.data_loading import read_ahead_share
+from pydtnn_lite.perfmodel.measuring.gradient_passes import QUICK_LENGTHS
 from pydtnn_lite.perfmodel.measuring.probes import QUICK, job_probes
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.merging import merge_calibrations
@@ -112,7 +113,8 @@ def settings_from(args: argparse.Namespace) -> CalibrationSettings:
     if args.quick:
         return CalibrationSettings(tuple(args.batch_sizes), repeats, 0.0, QUICK, QUICK_SIZES, QUICK_RESIDENCY_SIZES,
                                    1, args.seed, False, jobs, read_ahead_rounds=2, read_ahead_steps=10, kernel_probes=2,
-                                   job_rounds=args.model_rounds or 1, fit=not args.fit_later)
+                                   job_rounds=args.model_rounds or 1, fit=not args.fit_later,
+                                   gradient_lengths=QUICK_LENGTHS)
     # GPU ranks do not share cores: their job's Allreduce is the one to time (on a 16-core GPU
     # machine the child jobs of 2 to 64 ranks outlasted four minutes of its time).
     return CalibrationSettings(batch_sizes=tuple(args.batch_sizes), repeats=repeats, seed=args.seed,

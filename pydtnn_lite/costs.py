@@ -91,10 +91,10 @@ FUSED_KERNELS: dict[str, tuple[str, ...]] = {
 
 # The kernels a calibration without samples of their own predicts from the models of others
 # (``KernelCost.replaces``, see Calibration.kernel_seconds): the fused kernels from the
-# unfused ones, and the passes over the whole gradient that calibrating never runs, from
-# the add of two gradients as long, scaled by their bytes: the sum of a step's micro-batch
-# gradients (``--accumulate``; to start it, a copy) and the clipping's norm and scaling
-# (``--clip-grad-norm``).
+# unfused ones, and the passes over the whole gradient (calibrations from 2026-12-07 time
+# them) from the add of two gradients as long, scaled by their bytes: the sum of a step's
+# micro-batch gradients (``--accumulate``; to start it, a copy) and the clipping's norm and
+# scaling (``--clip-grad-norm``).
 PREDICTED_FROM: dict[str, tuple[str, ...]] = {
     **FUSED_KERNELS, "accumulate_gradients": ("add",), "gradient_norm": ("add",), "scale_gradient": ("add",)}
 

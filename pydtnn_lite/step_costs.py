@@ -39,26 +39,35 @@ def micro_batch_entries(network: Network, optimizer: Optimizer, batch: int, accu
                         clip: bool = False) -> list[tuple[int, int, KernelCost]]:
     """:func:`step_costs` with the micro-batch each call runs for: (micro-batch, layer index,
     cost); the update's are micro-batch 0's."""
-    update = (clipping_costs(network) if clip else []) + optimizer.costs()
+    itemsize = np.dtype(network.backend.dtype).itemsize
+    clipping = clipping_costs(network.param_count, itemsize) if clip else []
+    update = [(NO_LAYER, cost) for cost in clipping] + optimizer.costs()
     return ([(index, layer, cost) for index in range(accumulate)
              for layer, cost in micro_batch_costs(network, batch, accumulate, index)]
             + [(0, layer, cost) for layer, cost in update])
 
 
-def clipping_costs(network: Network) -> list[tuple[int, KernelCost]]:
-    """(layer index, cost) of clipping the reduced gradient by its norm (no layer's, in WU):
-    one read for the norm, then a read and a write to scale it (by 1 where it is no longer
-    than the limit)."""
-    return [(NO_LAYER, gradient_pass_cost(network, GRADIENT_NORM, Stage.WU, flops=2, arrays=1)),
-            (NO_LAYER, gradient_pass_cost(network, SCALE_GRADIENT, Stage.WU, flops=1, arrays=2))]
+def clipping_costs(elements: int, itemsize: int) -> list[KernelCost]:
+    """The costs of clipping a reduced gradient of ``elements`` by its norm (in WU): one read
+    for the norm, then a read and a write to scale it (by 1 where it is no longer than the
+    limit)."""
+    return [gradient_pass_cost(GRADIENT_NORM, elements, itemsize, Stage.WU, flops=2, arrays=1),
+            gradient_pass_cost(SCALE_GRADIENT, elements, itemsize, Stage.WU, flops=1, arrays=2)]
 
 
-def gradient_pass_cost(network: Network, kernel: str, stage: Stage, flops: int, arrays: int) -> KernelCost:
-    """The cost of ``kernel``, a pass over the whole gradient of ``flops`` an element that reads
-    or writes ``arrays`` arrays as long: a calibration predicts it from its add of two such
-    gradients (``costs.PREDICTED_FROM``), which it never runs itself."""
-    itemsize = np.dtype(network.backend.dtype).itemsize
-    elements = network.param_count
+def accumulation_cost(elements: int, itemsize: int, first: bool) -> KernelCost:
+    """The cost of adding a micro-batch's gradient of ``elements`` to the step's running sum
+    (in BP), or with ``first`` of starting the sum with a copy of it."""
+    return gradient_pass_cost(ACCUMULATE_GRADIENTS, elements, itemsize, Stage.BP, flops=0 if first else 1,
+                              arrays=2 if first else 3)
+
+
+def gradient_pass_cost(kernel: str, elements: int, itemsize: int, stage: Stage, flops: int,
+                       arrays: int) -> KernelCost:
+    """The cost of ``kernel``, a pass over a whole gradient of ``elements`` of ``flops`` an
+    element that reads or writes ``arrays`` arrays as long. Calibrations time these passes
+    (:mod:`~pydtnn_lite.perfmodel.measuring.gradient_passes`); one that did not predicts them
+    from its add of two such gradients (``costs.PREDICTED_FROM``)."""
     return fused_cost(kernel, float(flops * elements), arrays * elements * itemsize, (elements,),
                       [gradient_sum_cost(elements, itemsize)], stage)
 
@@ -75,8 +84,7 @@ def micro_batch_costs(network: Network, batch: int, accumulate: int = 1, index: 
     costs = network.costs(batch) + loss
     if accumulate > 1:  # a copy to start the sum, an add after that
         first = index == 0
-        costs.append((NO_LAYER, gradient_pass_cost(network, ACCUMULATE_GRADIENTS, Stage.BP, flops=0 if first else 1,
-                                                   arrays=2 if first else 3)))
+        costs.append((NO_LAYER, accumulation_cost(network.param_count, itemsize, first)))
     return costs
 
 

@@ -22,6 +22,7 @@ from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
 from pydtnn_lite.perfmodel.measuring.cache_residency import IDLE_WAITS
 from pydtnn_lite.perfmodel.measuring.cache_residency import QUICK_SIZES as QUICK_RESIDENCY_SIZES
 from pydtnn_lite.perfmodel.measuring.calibrate import CalibrationSettings, _mean_waits, calibrate, in_rounds
+from pydtnn_lite.perfmodel.measuring.gradient_passes import QUICK_LENGTHS, gradient_pass_samples
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
 from pydtnn_lite.perfmodel.measuring.machine_state import ALLREDUCE_BYTES
 from pydtnn_lite.perfmodel.measuring.probes import FULL, QUICK, Probe, calibration_grid
@@ -46,7 +47,8 @@ from pydtnn_lite.step_costs import step_costs
 from mpi import run
 
 TINY = CalibrationSettings(batch_sizes=(4, 8), repeats=1, min_seconds=0.0, grid=QUICK, roof_repeats=1,
-                           read_ahead_rounds=2, read_ahead_steps=10, kernel_probes=2)
+                           read_ahead_rounds=2, read_ahead_steps=10, kernel_probes=2, gradient_lengths=QUICK_LENGTHS)
+GRADIENT_PASSES = ("accumulate_gradients", "gradient_norm", "scale_gradient")
 
 
 def gemm_like(count: int, seed: int) -> list[KernelSample]:
@@ -313,12 +315,29 @@ def test_every_kernel_of_a_zoo_model_step_has_a_model_and_a_positive_time(tiny, 
     calibration = Calibration.load(tiny[1])
     network = create_model(name, (32, 32, 3), 10).build(make_backend())
     for optimizer in (SGD(network), Adam(network)):
-        for _, cost in step_costs(network, optimizer, 16):
+        # Accumulating and clipping: the passes over the whole gradient, longer than any timed.
+        for _, cost in step_costs(network, optimizer, 16, accumulate=2, clip=True):
             if cost.kernel == ALLREDUCE:
                 continue  # predicted from the Allreduce samples
             assert cost.kernel in calibration.kernel_models, cost.kernel
             seconds = calibration.kernel_seconds(cost.kernel, cost)
             assert math.isfinite(seconds) and seconds > 0, (cost, seconds)
+
+
+def test_the_passes_over_the_whole_gradient_are_predicted_from_their_own_samples(tiny):
+    calibration = Calibration.load(tiny[1])
+    assert {len(calibration.kernel_samples[kernel]) for kernel in GRADIENT_PASSES} == {2, 4}  # copy and add apart
+    network = create_model("lenet", (28, 28, 1), 10).build(make_backend())
+    passes = gradient_pass_samples(SerialCommunicator(), make_backend(), lambda: None, (network.param_count,), 3)
+    calibration.kernel_samples.update(passes)
+    calibration._sampled.clear()
+    step = [cost for _, cost in step_costs(network, SGD(network), 8, accumulate=2, clip=True)
+            if cost.kernel in GRADIENT_PASSES]
+    assert sorted(cost.bytes for cost in step) == sorted(sample.bytes for kernel in GRADIENT_PASSES
+                                                         for sample in passes[kernel])
+    for cost in step:  # each call of the step is its own sample: the same dims and bytes
+        sampled = next(sample.seconds for sample in passes[cost.kernel] if sample.bytes == cost.bytes)
+        assert calibration.kernel_seconds(cost.kernel, cost) == sampled > 0
 
 
 def test_a_call_sampled_at_its_exact_sizes_is_predicted_as_its_samples_median(tiny):

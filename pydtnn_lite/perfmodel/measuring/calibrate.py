@@ -39,6 +39,8 @@ from pydtnn_lite.perfmodel.measuring.data_loading import (
     time_data_loading,
     time_read_ahead,
 )
+from pydtnn_lite.perfmodel.measuring.gradient_passes import LENGTHS as GRADIENT_LENGTHS
+from pydtnn_lite.perfmodel.measuring.gradient_passes import gradient_pass_samples
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor, describe_machine, gemm_peak, memory_bandwidth
 from pydtnn_lite.perfmodel.measuring.kernel_probe import probe_kernels
 from pydtnn_lite.perfmodel.measuring.machine_state import (
@@ -134,6 +136,7 @@ class CalibrationSettings:
     kernel_probes: int = 4  # runs of the kernel probe along the kernel phase, the first as it starts, the last after
     job_rounds: int = 3  # rounds of the ``jobs``' networks, spread along the kernel phase (see :func:`in_rounds`)
     fit: bool = True  # fit the kernel models here; else write the samples for ``calibrate --refit`` elsewhere
+    gradient_lengths: tuple = GRADIENT_LENGTHS  # elements of the gradients the passes over a whole one are timed on
 
 
 def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSettings, blas_threads: int,
@@ -204,6 +207,9 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                           f"{len(samples)} kernels")
     if settings.job_rounds > 1 and jobs:
         log(_rounds_apart(jobs, comm.allgather_object(my_job_seconds), settings.job_rounds))
+    passes = gradient_pass_samples(comm, backend, evict, settings.gradient_lengths)
+    samples.update(passes)
+    phase_done("gradient passes", f"{', '.join(passes)} on {len(settings.gradient_lengths)} gradient lengths")
     if scaling is not None:
         shapes = measure_gemm_shapes(comm, [s.dims for s in samples.get(GEMM, [])], scaling.threads, blas_threads)
         scaling = dataclasses.replace(scaling, gemm_shapes=shapes)
@@ -246,7 +252,8 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                      "long_products": settings.grid.long_products, "probes": len(grid)}
     recorded = {"batch_sizes": list(settings.batch_sizes), "repeats": settings.repeats,
                 "min_seconds": settings.min_seconds, "grid": grid_settings,
-                "allreduce_sizes": list(settings.allreduce_sizes), "seed": settings.seed,
+                "allreduce_sizes": list(settings.allreduce_sizes), "gradient_lengths": list(settings.gradient_lengths),
+                "seed": settings.seed,
                 "jobs": [f"{model}:{batch}:{dataset}" for model, batch, dataset in settings.jobs],
                 "job_rounds": settings.job_rounds, "ranks_meet": RANKS_MEET,
                 "seconds": dict(timings, total=round(time.perf_counter() - started, 2)),

@@ -241,9 +241,8 @@ class Drift:
         if communication:
             return self.communication
         if kernel in PREDICTED_FROM and kernel not in self.kernels:
-            # A calibration older than a fused kernel, or any without the sum of micro-batch
-            # gradients, predicts it from other kernels (and so the probe has no ratio of its
-            # own for it): it moves as they do.
+            # The kernel probe runs no fused kernel and no pass over the whole gradient, and a
+            # calibration may predict one from other kernels: it moves as those do.
             parts = PREDICTED_FROM[kernel]
             return sum(self.kernels.get(part, self.memory) for part in parts) / len(parts)
         if kernel not in COMPUTE_BOUND:
