@@ -93,10 +93,11 @@ FUSED_KERNELS: dict[str, tuple[str, ...]] = {
 # (``KernelCost.replaces``, see Calibration.kernel_seconds): the fused kernels from the
 # unfused ones, and the passes over the whole gradient (calibrations from 2026-12-07 time
 # them) from the add of two gradients as long, scaled by their bytes: the sum of a step's
-# micro-batch gradients (``--accumulate``; to start it, a copy) and the clipping's norm and
-# scaling (``--clip-grad-norm``).
+# micro-batch gradients (``--accumulate``: a copy to start it, then adds) and the clipping's
+# norm and scaling (``--clip-grad-norm``).
 PREDICTED_FROM: dict[str, tuple[str, ...]] = {
-    **FUSED_KERNELS, "accumulate_gradients": ("add",), "gradient_norm": ("add",), "scale_gradient": ("add",)}
+    **FUSED_KERNELS, "start_gradient_sum": ("add",), "accumulate_gradients": ("add",), "gradient_norm": ("add",),
+    "scale_gradient": ("add",)}
 
 
 # Kernels that run on the rank's threads only from this many elements (their ``dims[0]``):

@@ -18,7 +18,8 @@ from pydtnn_lite.network import Network
 from pydtnn_lite.optim import Optimizer
 
 HOST_ITEMSIZE = 4  # data sets load float32 images, whatever the device's dtype
-ACCUMULATE_GRADIENTS = "accumulate_gradients"  # the kernel that sums a step's micro-batch gradients
+# The kernels that sum a step's micro-batch gradients: a copy of the first's, then adds.
+START_GRADIENT_SUM, ACCUMULATE_GRADIENTS = "start_gradient_sum", "accumulate_gradients"
 GRADIENT_NORM, SCALE_GRADIENT = "gradient_norm", "scale_gradient"  # the kernels that clip the gradient
 
 
@@ -58,8 +59,9 @@ def clipping_costs(elements: int, itemsize: int) -> list[KernelCost]:
 def accumulation_cost(elements: int, itemsize: int, first: bool) -> KernelCost:
     """The cost of adding a micro-batch's gradient of ``elements`` to the step's running sum
     (in BP), or with ``first`` of starting the sum with a copy of it."""
-    return gradient_pass_cost(ACCUMULATE_GRADIENTS, elements, itemsize, Stage.BP, flops=0 if first else 1,
-                              arrays=2 if first else 3)
+    if first:
+        return gradient_pass_cost(START_GRADIENT_SUM, elements, itemsize, Stage.BP, flops=0, arrays=2)
+    return gradient_pass_cost(ACCUMULATE_GRADIENTS, elements, itemsize, Stage.BP, flops=1, arrays=3)
 
 
 def gradient_pass_cost(kernel: str, elements: int, itemsize: int, stage: Stage, flops: int,

@@ -90,10 +90,12 @@ def test_a_traced_step_of_micro_batches_pairs_every_call_with_its_cost_and_its_p
     # The first micro-batch's gradients copied, the later two added: 2 and 3 passes over them a step.
     data = open_dataset("digits")
     network = create_model("lenet", data.input_shape, data.num_classes).build(make_backend("cpu", "float32"), seed=0)
-    summed = [(r.step, r.bytes) for r in computed if r.kernel == "accumulate_gradients" and r.rank == 0]
+    summed = [(r.step, r.kernel, r.bytes) for r in computed
+              if r.kernel in ("start_gradient_sum", "accumulate_gradients") and r.rank == 0]
     gradient = network.param_count * 4
-    assert sorted(summed) == sorted((s.step, b) for s in steps if s.rank == 0 for b in (2 * gradient,
-                                                                                          3 * gradient, 3 * gradient))
+    assert sorted(summed) == sorted((s.step, kernel, b) for s in steps if s.rank == 0 for kernel, b in (
+        ("start_gradient_sum", 2 * gradient), ("accumulate_gradients", 3 * gradient),
+        ("accumulate_gradients", 3 * gradient)))
     # Three forwards and backwards and one update a step: every call has its own prediction.
     calls = Counter((r.rank, r.step) for r in computed)
     validation = validation_of(str(trace), loaded, calibrated_machine(REFERENCE_CALIBRATION))
@@ -107,8 +109,8 @@ def test_a_calibration_predicts_the_sum_from_its_add_of_two_gradients_as_long():
     machine = calibrated_machine(REFERENCE_CALIBRATION)
     network, _ = build_workload("vgg11", "cifar10")
     add = machine.kernel_seconds("add", gradient_sum_cost(network.param_count, 4))
-    for index, share in ((0, 2 / 3), (1, 1.0)):  # a copy moves two thirds of an add's bytes
-        cost = next(cost for _, cost in micro_batch_costs(network, 8, 2, index)
-                    if cost.kernel == "accumulate_gradients")
+    for index, kernel, share in ((0, "start_gradient_sum", 2 / 3), (1, "accumulate_gradients", 1.0)):
+        # A copy moves two thirds of an add's bytes.
+        cost = next(cost for _, cost in micro_batch_costs(network, 8, 2, index) if cost.kernel == kernel)
         assert machine.kernel_seconds(cost.kernel, cost) == pytest.approx(share * add)
-    assert machine.calibration.unmodelled(["accumulate_gradients"]) == []
+    assert machine.calibration.unmodelled(["start_gradient_sum", "accumulate_gradients"]) == []

@@ -325,8 +325,12 @@ def test_the_sum_of_micro_batch_gradients_matches_numpy(dtype):
     gradients = [normal(1000, dtype, seed) for seed in range(3)]
     total, expected = np.full(1000, np.nan, dtype), np.full(1000, np.nan, dtype)
     for index, gradient in enumerate(gradients):
-        cpu.accumulate_gradients(total, gradient, index == 0)
-        update.accumulate_gradients(expected, gradient, index == 0)
+        if index == 0:
+            cpu.start_gradient_sum(total, gradient)
+            update.start_gradient_sum(expected, gradient)
+        else:
+            cpu.accumulate_gradients(total, gradient)
+            update.accumulate_gradients(expected, gradient)
     # Sums of the same terms in the same order: equal to the last bit.
     np.testing.assert_array_equal(total, expected)
     np.testing.assert_allclose(total, gradients[0] + gradients[1] + gradients[2], rtol=TOLERANCE[dtype])

@@ -373,15 +373,16 @@ def test_a_step_that_accumulates_computes_each_micro_batch_and_reduces_after_the
 
     def calls(prediction, stage):
         return Counter((k.layer, k.kernel) for k in prediction.kernels if k.stage == stage)
-    summing = [k for k in three.kernels if k.kernel == "accumulate_gradients"]
+    summing = [k for k in three.kernels if k.kernel in ("start_gradient_sum", "accumulate_gradients")]
     assert calls(three, "FP") == {key: 3 * n for key, n in calls(one, "FP").items()}
-    assert calls(three, "BP") - Counter({(-1, "accumulate_gradients"): 3}) == {
+    assert calls(three, "BP") - Counter({(-1, "start_gradient_sum"): 1, (-1, "accumulate_gradients"): 2}) == {
         key: 3 * n for key, n in calls(one, "BP").items()}
     assert calls(three, "WU") == calls(one, "WU") and three.accumulate == 3
     # The first micro-batch's gradients are copied (read, written), the later ones added (read twice, written).
     gradient = network.param_count * 4
-    assert [(k.occurrence, k.micro_batch, k.bytes) for k in summing] == [
-        (0, 0, 2 * gradient), (1, 1, 3 * gradient), (2, 2, 3 * gradient)]
+    assert [(k.kernel, k.occurrence, k.micro_batch, k.bytes) for k in summing] == [
+        ("start_gradient_sum", 0, 0, 2 * gradient), ("accumulate_gradients", 0, 1, 3 * gradient),
+        ("accumulate_gradients", 1, 2, 3 * gradient)]
     # Nothing overlaps: every bucket and the loss reduced after backward, then the wait for the
     # slowest rank after all the compute since the last update (no batch norm in VGG11).
     compute = 1e-3 * sum(k.stage in ("FP", "BP", "WU") for k in three.kernels)

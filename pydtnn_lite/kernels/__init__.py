@@ -86,6 +86,7 @@ winograd_output_grad = _by_array_type(winograd_cpu.output_tiles_grad, winograd.o
 winograd_input_grad = _by_array_type(winograd_cpu.input_tiles_grad, winograd.input_tiles_grad)
 sgd_update = _by_array_type(cpu.sgd_update, update.sgd_update)
 adam_update = _by_array_type(cpu.adam_update, update.adam_update)
+start_gradient_sum = _by_array_type(cpu.start_gradient_sum, update.start_gradient_sum)
 accumulate_gradients = _by_array_type(cpu.accumulate_gradients, update.accumulate_gradients)
 gradient_norm = _by_array_type(cpu.gradient_norm, update.gradient_norm)
 scale_gradient = _by_array_type(cpu.scale_gradient, update.scale_gradient)
@@ -98,7 +99,8 @@ __all__ = [
     "batchnorm_grad_input", "batchnorm_relu_normalize", "batchnorm_relu_grad_sums", "batchnorm_relu_grad_input",
     "batchnorm_inference", "maxpool", "maxpool_grad", "avgpool", "avgpool_grad",
     "winograd_filter", "winograd_filter_grad", "winograd_input", "winograd_output", "winograd_output_grad",
-    "winograd_input_grad", "sgd_update", "adam_update", "accumulate_gradients", "gradient_norm", "scale_gradient",
+    "winograd_input_grad", "sgd_update", "adam_update", "start_gradient_sum", "accumulate_gradients",
+    "gradient_norm", "scale_gradient",
 ]
 
 

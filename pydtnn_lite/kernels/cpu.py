@@ -805,7 +805,12 @@ def scale_gradient(gradient: np.ndarray, factor: float) -> None:
     _scale(gradient, gradient.dtype.type(factor))
 
 
-def accumulate_gradients(total: np.ndarray, gradients: np.ndarray, first: bool) -> None:
-    """:func:`~pydtnn_lite.kernels.update.accumulate_gradients` on every thread of the rank,
-    as the other memory-bound kernels run (NumPy copies and adds on one)."""
-    (_copy_into if first else _add_into)(gradients, total)
+def start_gradient_sum(total: np.ndarray, gradients: np.ndarray) -> None:
+    """:func:`~pydtnn_lite.kernels.update.start_gradient_sum` on every thread of the rank,
+    as the other memory-bound kernels run (NumPy copies on one)."""
+    _copy_into(gradients, total)
+
+
+def accumulate_gradients(total: np.ndarray, gradients: np.ndarray) -> None:
+    """:func:`~pydtnn_lite.kernels.update.accumulate_gradients` on every thread of the rank."""
+    _add_into(gradients, total)

@@ -30,13 +30,15 @@ def adam_update(param: Any, grad: Any, first: Any, second: Any, lr: float, beta1
     param -= adam_step_size(lr, beta1, beta2, step) * first / ((second ** 0.5) + eps)
 
 
-def accumulate_gradients(total: Any, gradients: Any, first: bool) -> None:
-    """Add ``gradients`` to the running sum ``total`` in place, or with ``first`` start it
-    with a copy of them: the sum of a step's micro-batch gradients (``--accumulate``)."""
-    if first:
-        total[...] = gradients
-    else:
-        total += gradients
+def start_gradient_sum(total: Any, gradients: Any) -> None:
+    """Start ``total``, the running sum of a step's micro-batch gradients (``--accumulate``),
+    with a copy of the first micro-batch's ``gradients``."""
+    total[...] = gradients
+
+
+def accumulate_gradients(total: Any, gradients: Any) -> None:
+    """Add a later micro-batch's ``gradients`` to the running sum ``total``, in place."""
+    total += gradients
 
 
 def gradient_norm(gradient: Any) -> float:

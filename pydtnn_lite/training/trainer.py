@@ -208,9 +208,11 @@ class Trainer:
             self._gradient_sum = self.backend.xp.empty_like(gradients)
         with self.network.scope(NO_LAYER, "BP"):
             if last:
-                kernels.accumulate_gradients(gradients, self._gradient_sum, False)
+                kernels.accumulate_gradients(gradients, self._gradient_sum)
+            elif index == 0:
+                kernels.start_gradient_sum(self._gradient_sum, gradients)
             else:
-                kernels.accumulate_gradients(self._gradient_sum, gradients, index == 0)
+                kernels.accumulate_gradients(self._gradient_sum, gradients)
 
     def load_step(self, epoch: int, step: int) -> Batch:
         """This rank's rows of step ``step`` of ``epoch``, augmented and on the device.

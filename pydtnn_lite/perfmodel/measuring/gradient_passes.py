@@ -7,7 +7,8 @@ pass over the flat gradient, whose time follows its length alone. Predicted from
 add of two gradients as long, scaled by bytes, they were off by 0.6-2.5x (the Xeon with
 300 MiB of L3, 2026-12-06: VGG11's norm 4.0-4.3 ms a step where the add gave 2.5, its
 scaling 2.0-2.2 where it gave 4.9-5.1): the norm sums in float64, the scaling finds its
-gradient in the cache, just read by the norm.
+gradient in the cache, just read by the norm, and the copy that starts the sum reads the
+evicted sum before it writes it, so it takes longer than an add.
 
 Every rank times each kernel at once, as a job's ranks run it, over a ladder of lengths
 (a longer gradient is predicted as that many passes over the longest), in the state a
@@ -37,8 +38,8 @@ REPEATS = 5  # timed calls of each kernel a length; a sample is their median
 
 def gradient_pass_samples(comm: Communicator, backend: Backend, evict: Callable[[], None],
                           lengths: Sequence[int] = LENGTHS, repeats: int = REPEATS) -> dict[str, list[KernelSample]]:
-    """Samples of the gradient passes (``accumulate_gradients``, ``gradient_norm``,
-    ``scale_gradient``) at each of ``lengths`` elements, each the median of ``repeats``
+    """Samples of the gradient passes (``start_gradient_sum``, ``accumulate_gradients``,
+    ``gradient_norm``, ``scale_gradient``) at each of ``lengths`` elements, each the median of ``repeats``
     calls, the median over the ranks (collective; ``evict()`` pushes the caches' content
     out, e.g. a :class:`~pydtnn_lite.perfmodel.measuring.host.CacheEvictor`)."""
     mine: dict[str, list[KernelSample]] = {}
@@ -68,9 +69,9 @@ def _timed_passes(length: int, comm: Communicator, backend: Backend, evict: Call
         norms.append(_timed(lambda: kernels.gradient_norm(gradient), comm, backend, before=written))
         scalings.append(_timed(lambda: kernels.scale_gradient(gradient, 1.0), comm, backend))
     return [(accumulation_cost(length, itemsize, first=True),
-             seconds_of(lambda: kernels.accumulate_gradients(total, gradient, True))),
+             seconds_of(lambda: kernels.start_gradient_sum(total, gradient))),
             (accumulation_cost(length, itemsize, first=False),
-             seconds_of(lambda: kernels.accumulate_gradients(total, gradient, False))),
+             seconds_of(lambda: kernels.accumulate_gradients(total, gradient))),
             (norm_cost, norms), (scale_cost, scalings)]
 
 

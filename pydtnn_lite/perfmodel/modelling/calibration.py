@@ -230,12 +230,12 @@ class Calibration:
         A call the calibration sampled at exactly these sizes (a job's own network sampled
         whole, ``calibrate --models``) gets the median of its samples: a measurement of the
         call itself is closer than any fit over the grid (the GEMM model holds out 6-7 %).
-        Not so the updates (:data:`STREAMING`) with fewer than :data:`MIN_UPDATE_SAMPLES`
-        samples of their count: their time follows the element count alone, which the grid
-        samples from 6 to 4 M all along the kernel phase, where a job's few samples of one
-        count come from one minute of a memory system that wanders (on 2026-11-26 VGG's
-        2.36 M-element updates: 2.39-4.09 ms in the jobs of the 08:23 calibration, 2.46 ms
-        from its fit, 2.50-2.67 ms in a run at 08:43).
+        Not so the updates and the other passes over the whole gradient (:data:`STREAMING`)
+        with fewer than :data:`MIN_UPDATE_SAMPLES` samples of their count: their time follows
+        the element count alone, which the grid samples from 6 to 4 M all along the kernel
+        phase, where a job's few samples of one count come from one minute of a memory
+        system that wanders (on 2026-11-26 VGG's 2.36 M-element updates: 2.39-4.09 ms in the
+        jobs of the 08:23 calibration, 2.46 ms from its fit, 2.50-2.67 ms in a run at 08:43).
         A call beyond the largest batch sampled (the leading dim of every kernel but GEMM
         grows with the batch) is predicted as that many calls at the largest one: its work
         grows in proportion, where a fitted model's curve past its samples may not."""

@@ -63,8 +63,11 @@ COMPUTE_BOUND = frozenset({GEMM})
 # A model's updates stream its parameters and optimizer state, megabytes the step has pushed
 # out of the caches, as the copy probe does; against the models, a probe network's few layers
 # time them worse (2026-11-24: VGG11's updates moved x0.55, the copy x0.55, the kernel
-# probe's x0.84), so there they keep the copy ratio (like for like they count).
-STREAMING = frozenset({"sgd_update", "adam_update"})
+# probe's x0.84), so there they keep the copy ratio (like for like they count). So do the
+# other passes over the whole gradient, which the kernel probe never runs: moved as its small
+# adds, VGG11's and ResNet18's came out up to 24 % long (2026-12-06 23:26; up to 13 % so).
+STREAMING = frozenset({"sgd_update", "adam_update", "start_gradient_sum", "accumulate_gradients", "gradient_norm",
+                       "scale_gradient"})
 Pieces = Sequence[tuple[Hashable, float]]  # pieces of work, each (what it was, e.g. a call's sizes; seconds)
 
 
@@ -240,9 +243,9 @@ class Drift:
         the rest as the kernel probe's products, else with memory."""
         if communication:
             return self.communication
-        if kernel in PREDICTED_FROM and kernel not in self.kernels:
-            # The kernel probe runs no fused kernel and no pass over the whole gradient, and a
-            # calibration may predict one from other kernels: it moves as those do.
+        if kernel in PREDICTED_FROM and kernel not in self.kernels and kernel not in STREAMING:
+            # The kernel probe runs no fused kernel, and a calibration may predict one from
+            # other kernels: it moves as those do.
             parts = PREDICTED_FROM[kernel]
             return sum(self.kernels.get(part, self.memory) for part in parts) / len(parts)
         if kernel not in COMPUTE_BOUND:
