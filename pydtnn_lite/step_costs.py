@@ -85,8 +85,7 @@ def micro_batch_costs(network: Network, batch: int, accumulate: int = 1, index: 
             for cost in SoftmaxCrossEntropy.costs(batch, network.num_classes, itemsize)]
     costs = network.costs(batch) + loss
     if accumulate > 1:  # a copy to start the sum, an add after that
-        first = index == 0
-        costs.append((NO_LAYER, accumulation_cost(network.param_count, itemsize, first)))
+        costs.append((NO_LAYER, accumulation_cost(network.param_count, itemsize, first=index == 0)))
     return costs
 
 

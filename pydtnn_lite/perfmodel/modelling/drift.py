@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
-from pydtnn_lite.costs import GEMM, PREDICTED_FROM
+from pydtnn_lite.costs import FUSED_KERNELS, GEMM
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample, sample_columns, samples_from_columns
 
 DRIFT_WARNING = 0.10  # a probe rate that moved more than this makes validate warn
@@ -243,10 +243,11 @@ class Drift:
         the rest as the kernel probe's products, else with memory."""
         if communication:
             return self.communication
-        if kernel in PREDICTED_FROM and kernel not in self.kernels and kernel not in STREAMING:
-            # The kernel probe runs no fused kernel, and a calibration may predict one from
-            # other kernels: it moves as those do.
-            parts = PREDICTED_FROM[kernel]
+        if kernel in FUSED_KERNELS and kernel not in self.kernels:
+            # The kernel probe runs no fused kernel, and a calibration older than one predicts
+            # it from its parts: it moves as they do. The other passes a calibration may
+            # predict from the add stream the gradient and move with memory (STREAMING).
+            parts = FUSED_KERNELS[kernel]
             return sum(self.kernels.get(part, self.memory) for part in parts) / len(parts)
         if kernel not in COMPUTE_BOUND:
             return self.kernels.get(kernel, self.memory)
