@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -34,12 +35,18 @@ from pydtnn_lite.perfmodel.modelling.allreduce import (
 from pydtnn_lite.perfmodel.modelling.calibration import Calibration
 from pydtnn_lite.perfmodel.modelling.channel import TransferCost
 from pydtnn_lite.perfmodel.modelling.clusters import PRESETS
-from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, calibrated_machine
+from pydtnn_lite.perfmodel.modelling.machines import (
+    CalibratedMachine,
+    adjusted_machine,
+    calibrated_machine,
+    cluster_machine,
+)
 from pydtnn_lite.perfmodel.modelling.outside_kernels import AffineCost
 from pydtnn_lite.perfmodel.modelling.prediction import PredictedKernel, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.modelling.processors import Processor, blas_kernels
 from pydtnn_lite.perfmodel.modelling.report import MAX_BARS, StageBars, stage_bars
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline, gemm_intensity
+from pydtnn_lite.perfmodel.modelling.scalability import BASELINE_BATCH, study
 from pydtnn_lite.perfmodel.modelling.synchronization import expected_maximum, fit_sync_wait
 from pydtnn_lite.perfmodel.modelling.trace_validation import processor_warnings
 from pydtnn_lite.perfmodel.modelling.validation import Comparison, KernelComparison, Validation, typical, validate
@@ -1139,6 +1146,20 @@ def test_scalability_study_writes_csv_and_plots_with_the_expected_trends(tmp_pat
     assert memory == sorted(memory, reverse=True)
     batch = [float(r["computation"]) for r in series["batch"]]
     assert batch == sorted(batch)
+
+
+def test_scalability_splits_each_point_as_a_step_without_overlap_takes_it():
+    # ResNet-50 on ALTEC: its batch norms' reductions advance the buckets, so an overlapped
+    # prediction's kernels hold part of the reduction; the split must come from a step without overlap.
+    cluster = PRESETS["altec"]
+    points = [p for p in study(["resnet50"], ["imagenet"], cluster) if p.parameter == "nodes" and p.value == 2]
+    network, optimizer = build_workload("resnet50", "imagenet")
+    machine = cluster_machine(replace(cluster, nodes=2))
+    blocking = predict_step(network, optimizer, BASELINE_BATCH, 2, machine, overlap=False)
+    overlapped = predict_step(network, optimizer, BASELINE_BATCH, 2, machine)
+    assert overlapped.step_without_overlap > 1.1 * blocking.step_without_overlap  # the case this test is about
+    assert points[0].step_without_overlap == pytest.approx(blocking.step_without_overlap, rel=1e-12)
+    assert points[0].step_with_overlap == pytest.approx(overlapped.step_with_overlap, rel=1e-12)
 
 
 def test_balanced_shares_follow_the_predicted_speed_of_each_rank():

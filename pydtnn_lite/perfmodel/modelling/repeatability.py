@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pydtnn_lite.costs import COMPUTE_STAGES, Stage
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.report import json_number
-from pydtnn_lite.perfmodel.modelling.validation import Validation, weighted_relative_error
+from pydtnn_lite.perfmodel.modelling.validation import Comparison, Validation, weighted_relative_error
 from pydtnn_lite.textable import format_table
 
 FIGURES = ("step error", "WRE FP", "WRE BP", "WRE WU", "COMM error")
@@ -28,10 +28,17 @@ OLDER_TRACES = {"accumulate": 1}  # what traces written before a key existed ran
 
 def figures(validation: Validation) -> dict[str, float]:
     """The step error, the stage WREs (FP, BP, WU) and the COMM error of a validation, as fractions."""
+    return _stage_figures(validation, lambda total: total.relative_error, lambda stage: stage.wre)
+
+
+def _stage_figures(validation: Validation, total_figure: Callable[[Comparison], float],
+                   kernels_figure: Callable[[Comparison], float]) -> dict[str, float]:
+    """The :data:`FIGURES` of a validation: ``total_figure`` of its step and COMM,
+    ``kernels_figure`` of each compute stage."""
     stages = {s.name: s for s in validation.stages}
-    return {"step error": validation.step.relative_error, "WRE FP": stages[Stage.FP].wre,
-            "WRE BP": stages[Stage.BP].wre, "WRE WU": stages[Stage.WU].wre,
-            "COMM error": stages[Stage.COMM].relative_error}
+    return {"step error": total_figure(validation.step),
+            **{f"WRE {stage}": kernels_figure(stages[stage]) for stage in COMPUTE_STAGES},
+            "COMM error": total_figure(stages[Stage.COMM])}
 
 
 def between(measured: Validation, reference: Validation) -> dict[str, float]:
@@ -49,10 +56,7 @@ def between(measured: Validation, reference: Validation) -> dict[str, float]:
 
 def split_half(validation: Validation) -> dict[str, float]:
     """The :func:`figures` of a run's even traced steps against its odd ones."""
-    stages = {s.name: s for s in validation.stages}
-    return {"step error": validation.step.half_difference, "WRE FP": stages[Stage.FP].half_wre,
-            "WRE BP": stages[Stage.BP].half_wre, "WRE WU": stages[Stage.WU].half_wre,
-            "COMM error": stages[Stage.COMM].half_difference}
+    return _stage_figures(validation, lambda total: total.half_difference, lambda stage: stage.half_wre)
 
 
 def median_magnitudes(rows: Sequence[dict[str, float]]) -> dict[str, float]:
