@@ -24,6 +24,7 @@ from pydtnn_lite import kernels
 from pydtnn_lite.costs import ALLREDUCE
 from pydtnn_lite.optim import SGD, Adam
 from pydtnn_lite.perfmodel.measuring.sampling import median_of_slowest, rounded
+from pydtnn_lite.perfmodel.measuring.timing import seconds_together
 from pydtnn_lite.perfmodel.modelling.cache_residency import CacheResidency
 
 if TYPE_CHECKING:
@@ -81,12 +82,8 @@ def _rank_seconds(comm: MPICommunicator, count: int, evict: Callable[[], None], 
     for _ in range(rounds):
         for mode in prepare:
             for kernel, run in runs.items():
-                for _ in range(calls):
-                    prepare[mode]()
-                    comm.barrier()
-                    started = time.perf_counter()
-                    run()
-                    seconds.setdefault((kernel, mode), []).append(time.perf_counter() - started)
+                seconds.setdefault((kernel, mode), []).extend(
+                    seconds_together(comm, run, before=prepare[mode]) for _ in range(calls))
     return seconds
 
 

@@ -1,13 +1,14 @@
 """How long the embedded data sets take to load a batch, on every rank at once as in training."""
 from __future__ import annotations
 
+import functools
 import statistics
-import time
 
 import numpy as np
 
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.data import open_dataset
+from pydtnn_lite.perfmodel.measuring.timing import seconds_together
 from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from pydtnn_lite.training import TrainerSettings, build_trainer
 
@@ -28,10 +29,7 @@ def time_data_loading(comm: Communicator, timed: dict[str, tuple[int, ...]] = TI
             seconds = []
             for repeat in range(repeats + 1):  # the first call warms the allocator
                 indices = (np.arange(size) + repeat * size) % len(data)
-                comm.barrier()
-                started = time.perf_counter()
-                data.load(indices)
-                seconds.append(time.perf_counter() - started)
+                seconds.append(seconds_together(comm, functools.partial(data.load, indices)))
             mine.setdefault(name, []).append(statistics.median(seconds[1:]))
     everyone = comm.allgather_object(mine)
     return {name: [(float(size), float(np.median([rank[name][i] for rank in everyone])))

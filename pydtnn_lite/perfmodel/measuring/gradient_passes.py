@@ -18,7 +18,6 @@ running sum last touched a micro-batch of other work ago (evicted).
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -28,6 +27,7 @@ from pydtnn_lite.backend import Backend
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.costs import KernelCost
 from pydtnn_lite.perfmodel.measuring.sampling import median_over_ranks, rounded
+from pydtnn_lite.perfmodel.measuring.timing import seconds_together
 from pydtnn_lite.perfmodel.modelling.regression import KernelSample
 from pydtnn_lite.step_costs import accumulation_cost, clipping_costs
 
@@ -60,28 +60,20 @@ def _timed_passes(length: int, comm: Communicator, backend: Backend, evict: Call
         evict()
         gradient.fill(1.0)  # what backward or the Allreduce leaves of it in the cache
 
+    def timed(run: Callable[[], object], before: Callable[[], None] = lambda: None) -> float:
+        return seconds_together(comm, run, before=before, synchronize=backend.synchronize)
+
     def seconds_of(run: Callable[[], object]) -> list[float]:
-        return [_timed(run, comm, backend, before=written) for _ in range(repeats)]
+        return [timed(run, before=written) for _ in range(repeats)]
 
     norm_cost, scale_cost = clipping_costs(length, itemsize)
     norms, scalings = [], []
     for _ in range(repeats):  # the scaling right after the norm, as clipping runs them
-        norms.append(_timed(lambda: kernels.gradient_norm(gradient), comm, backend, before=written))
-        scalings.append(_timed(lambda: kernels.scale_gradient(gradient, 1.0), comm, backend))
+        norms.append(timed(lambda: kernels.gradient_norm(gradient), before=written))
+        scalings.append(timed(lambda: kernels.scale_gradient(gradient, 1.0)))
     return [(accumulation_cost(length, itemsize, first=True),
              seconds_of(lambda: kernels.start_gradient_sum(total, gradient))),
             (accumulation_cost(length, itemsize, first=False),
              seconds_of(lambda: kernels.accumulate_gradients(total, gradient))),
             (norm_cost, norms), (scale_cost, scalings)]
 
-
-def _timed(run: Callable[[], object], comm: Communicator, backend: Backend,
-           before: Callable[[], None] = lambda: None) -> float:
-    """Seconds of one call of ``run`` on every rank at once, after ``before()``."""
-    before()
-    backend.synchronize()
-    comm.barrier()
-    started = time.perf_counter()
-    run()
-    backend.synchronize()
-    return time.perf_counter() - started

@@ -28,6 +28,7 @@ from pydtnn_lite.backend import make_backend
 from pydtnn_lite.comm import Communicator
 from pydtnn_lite.comm.mpi import MPICommunicator
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
+from pydtnn_lite.perfmodel.measuring.timing import seconds_together
 from pydtnn_lite.perfmodel.modelling.drift import CoreRates, MachineState, ProbedWork
 from pydtnn_lite.runtime import usable_cores
 
@@ -138,11 +139,7 @@ def allreduce_seconds(comm: Communicator, nbytes: int = ALLREDUCE_BYTES,
     reduce(buffer)
     seconds = np.empty(repeats)
     for call in range(repeats):
-        evict()
-        comm.barrier()
-        started = time.perf_counter()
-        reduce(buffer)
-        seconds[call] = time.perf_counter() - started
+        seconds[call] = seconds_together(comm, lambda: reduce(buffer), before=evict)
     slowest = np.max(comm.allgather_object(seconds.tolist()), axis=0)
     return median_and_spread(slowest.tolist())
 
