@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pydtnn_lite.backend import Backend
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.models.alexnet import alexnet
 from pydtnn_lite.models.blocks import is_imagenet_sized
@@ -42,4 +43,16 @@ def create_model(name: str, input_shape: tuple, num_classes: int) -> Network:
     return builder(tuple(input_shape), num_classes)
 
 
-__all__ = ["MODELS", "UnknownModelError", "create_model", "model_names", "is_imagenet_sized"]
+def build_model(name: str, input_shape: tuple, num_classes: int, backend: Backend, seed: int = 0,
+                images: str = "the") -> Network:
+    """Model ``name`` built on ``backend`` for inputs of ``input_shape``; a :class:`UserError`
+    where the name is unknown, or where the network does not fit the images (``images``
+    names them in the message: a window larger than a map it reaches)."""
+    network = create_model(name, input_shape, num_classes)
+    try:
+        return network.build(backend, seed)
+    except ValueError as error:
+        raise UserError(f"{name} does not fit {images} {tuple(input_shape)} images: {error}") from None
+
+
+__all__ = ["MODELS", "UnknownModelError", "build_model", "create_model", "model_names", "is_imagenet_sized"]

@@ -32,7 +32,7 @@ from pydtnn_lite.data import Dataset, check_test_matches_train, dataset_names, o
 from pydtnn_lite.errors import TrainingError, UserError
 from pydtnn_lite.interruption import end_interrupted, interrupt_outside_compilers
 from pydtnn_lite.logs import LOGGER, setup_logging
-from pydtnn_lite.models import create_model, model_names
+from pydtnn_lite.models import build_model, model_names
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, Optimizer
 from pydtnn_lite.paths import check_writable, check_writable_file
@@ -331,12 +331,7 @@ def build_job(config: RunConfig, comm: Communicator, backend: Backend, mixed_dev
 
 def build_network(model: str, data: Dataset, backend: Backend, seed: int = 0) -> Network:
     """``model`` built for ``data``'s images; UserError when it does not fit them."""
-    try:
-        return create_model(model, data.input_shape, data.num_classes).build(backend, seed)
-    except UserError:
-        raise
-    except ValueError as error:
-        raise UserError(f"{model} does not fit {data.name}'s {data.input_shape} images: {error}") from None
+    return build_model(model, data.input_shape, data.num_classes, backend, seed, images=f"{data.name}'s")
 
 
 def collectively(comm: Communicator, action: Callable[[], T]) -> T:

@@ -858,7 +858,8 @@ def test_predicting_loads_no_trainer_tracer_or_mpi():
 
 @pytest.mark.parametrize("flags,message", [
     (("--batch-size", "4", "--procs", "8"), "at least --procs 8"),
-    (("--model", "vgg99"), "unknown model 'vgg99'"),
+    (("--model", "vgg99"), "error: unknown model 'vgg99': choose one of"),
+    (("--model", "vgg11", "--dataset", "digits"), "error: vgg11 does not fit digits's (8, 8, 1) images"),
     (("--peak-flops", "-1"), "argument --peak-flops: must be a finite number above 0"),
 ])
 def test_predict_cli_bad_input(flags, message):

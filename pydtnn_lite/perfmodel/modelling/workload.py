@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pydtnn_lite.backend import make_backend
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.models import create_model
+from pydtnn_lite.models import build_model
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, Optimizer
 
@@ -21,9 +21,6 @@ def build_workload(model: str, dataset: str, dtype: str = "float32",
     if dataset not in DATASET_SHAPES:
         raise UserError(f"unknown data set {dataset!r}: choose one of {', '.join(DATASET_SHAPES)}")
     shape, classes = DATASET_SHAPES[dataset]
-    try:
-        network = create_model(model, shape, classes).build(make_backend("cpu", dtype))
-    except ValueError as error:
-        raise UserError(f"{model} does not fit {dataset}'s {shape} images: {error}") from None
+    network = build_model(model, shape, classes, make_backend("cpu", dtype), images=f"{dataset}'s")
     # Costs depend only on the optimizer's kind; SGD without momentum allocates no state.
     return network, (Adam(network) if optimizer == "adam" else SGD(network, momentum=0.0))
