@@ -39,3 +39,20 @@ def test_two_ranks_with_a_core_each_spin_briefly():
     seen, description = show_waits(pin_to_one_core=False)
     assert seen == str([(False, SPIN_SECONDS)] * 2)
     assert "cores here" not in description
+
+
+LIMITED_BLAS = ("import numpy as np; from threadpoolctl import threadpool_info; "
+                "from pydtnn_lite.runtime import set_blas_threads; set_blas_threads(1); "
+                "from pydtnn_lite.kernels import cpu; cpu.relu(np.ones((4, 4), dtype=np.float32)); "
+                "print(sorted({library['num_threads'] for library in threadpool_info() "
+                "if library['user_api'] == 'blas'}))")
+
+
+@pytest.mark.skipif(usable_cores() < 2, reason="one core: every BLAS runs one thread anyway")
+def test_a_rank_limited_to_one_blas_thread_keeps_every_blas_library_to_it():
+    # NumPy's OpenBLAS, and SciPy's, which Numba binds when it first loads a kernel: ranks
+    # sharing a node must not keep a pool of a thread per core in either.
+    result = subprocess.run([sys.executable, "-c", LIMITED_BLAS], capture_output=True, text=True, timeout=120,
+                            cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[1]"
