@@ -91,13 +91,13 @@ def set_blas_threads(threads: None) -> None: ...
 def set_blas_threads(threads: int | None) -> int | None:
     """Limit the BLAS and the host kernels of this process to ``threads`` (ranks sharing a node
     must not oversubscribe; None: no limit) and return ``threads``."""
+    # Numba binds SciPy's own OpenBLAS the first time it loads a kernel: bound before the
+    # limit, that library is limited with NumPy's, where later it kept a thread per core.
     import numba.np.arraymath  # noqa: F401
     from threadpoolctl import threadpool_limits
 
     from pydtnn_lite.kernels import cpu
 
-    # Numba binds SciPy's own OpenBLAS the first time it loads a kernel; loaded now, that
-    # library is limited with NumPy's, where later it kept a thread per core.
     threadpool_limits(limits=threads, user_api="blas")
     cpu.set_threads(threads)
     return threads

@@ -17,6 +17,7 @@ running sum last touched a micro-batch of other work ago (evicted).
 """
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable, Sequence
 
@@ -60,8 +61,7 @@ def _timed_passes(length: int, comm: Communicator, backend: Backend, evict: Call
         evict()
         gradient.fill(1.0)  # what backward or the Allreduce leaves of it in the cache
 
-    def timed(run: Callable[[], object], before: Callable[[], None] = lambda: None) -> float:
-        return seconds_together(comm, run, before=before, synchronize=backend.synchronize)
+    timed = functools.partial(seconds_together, comm, synchronize=backend.synchronize)
 
     def seconds_of(run: Callable[[], object]) -> list[float]:
         return [timed(run, before=written) for _ in range(repeats)]
