@@ -18,15 +18,17 @@ from pydtnn_lite.costs import ALLREDUCE, H2D_COPY, KERNEL_REVISIONS, KernelCost,
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.models import create_model
 from pydtnn_lite.optim import SGD, Adam
+from pydtnn_lite.perfmodel.measuring import sampling
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
 from pydtnn_lite.perfmodel.measuring.cache_residency import IDLE_WAITS
 from pydtnn_lite.perfmodel.measuring.cache_residency import QUICK_SIZES as QUICK_RESIDENCY_SIZES
 from pydtnn_lite.perfmodel.measuring.calibrate import CalibrationSettings, _mean_waits, calibrate, in_rounds
 from pydtnn_lite.perfmodel.measuring.gradient_passes import QUICK_LENGTHS, gradient_pass_samples
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
+from pydtnn_lite.perfmodel.measuring.kernel_probe import SAMPLE_EVERY
 from pydtnn_lite.perfmodel.measuring.machine_state import ALLREDUCE_BYTES
 from pydtnn_lite.perfmodel.measuring.probes import FULL, QUICK, Probe, calibration_grid
-from pydtnn_lite.perfmodel.measuring.sampling import measure_probe
+from pydtnn_lite.perfmodel.measuring.sampling import MAX_PERIOD, measure_probe
 from pydtnn_lite.perfmodel.modelling.calibration import MIN_UPDATE_SAMPLES, Calibration
 from pydtnn_lite.perfmodel.modelling.machines import adjusted_machine, allreduce_models, calibrated_machine
 from pydtnn_lite.perfmodel.modelling.merging import merge_calibrations
@@ -190,7 +192,7 @@ def test_every_kernel_call_of_a_probe_step_becomes_one_sample(probe):
     backend = make_backend()
     evictions = []
     measured = measure_probe(probe, backend, SerialCommunicator(), repeats=2, evict=lambda: evictions.append(1))
-    assert len(evictions) == 3  # before the update of the warm-up step and of each traced step
+    assert len(evictions) == 2  # before the update of each sampled step, none in the warm-up
     samples = measured.samples
     network, optimizer = probe.trainable(backend)
     # Reductions are communication, which the calibration times apart (allreduce_timing.py).
@@ -231,17 +233,34 @@ class CountedBarriers(SerialCommunicator):
         self.barriers += 1
 
 
-def test_the_ranks_of_a_probe_meet_at_each_batch_norm_reduction_as_a_jobs_ranks_do():
+@pytest.mark.parametrize("settle, period", [(0.0, 2), (60.0, MAX_PERIOD)], ids=["a step", "the longest period"])
+def test_the_ranks_of_a_probe_meet_at_each_batch_norm_reduction_as_a_jobs_ranks_do(monkeypatch, settle, period):
     """After a job's batch-norm reduction its ranks run the next memory-bound pass at the
-    same moment: the sampling's ranks meet there too, so they time it side by side."""
+    same moment: the sampling's ranks meet there too, so they time it side by side. A
+    sampled step follows steps without an eviction for ``SETTLE_SECONDS`` (at least one),
+    and no rank computes while another evicts."""
+    monkeypatch.setattr(sampling, "SETTLE_SECONDS", settle)
     probe = Probe("conv", 4, (8, 3, 4, 3, 2, 1))  # batch norms in FP and BP
     reductions = batch_norm_reductions(probe)
     assert reductions >= 2
-    ranks = CountedBarriers()
-    measured = measure_probe(probe, make_backend(), ranks, repeats=2, evict=lambda: None)
-    assert ranks.barriers == 3 * (reductions + 1)  # the warm-up step and two traced steps
+    ranks, evictions = CountedBarriers(), []
+    measured = measure_probe(probe, make_backend(), ranks, repeats=2, evict=lambda: evictions.append(ranks.barriers))
+    steps = 2 + period * 2  # two warm-up steps, then each of the two samples after period - 1 steps
+    meetings_a_step = reductions + 1
+    assert ranks.barriers == steps * meetings_a_step + 2  # and a meeting after each eviction
+    assert evictions == [(2 + period) * meetings_a_step, (2 + 2 * period) * meetings_a_step + 1]
     # The statistics stay the probe's own: the reductions sum nothing into them.
-    assert all(len(step) == reductions + 1 for step in measured.waits)
+    assert len(measured.waits) == 2 and all(len(step) == reductions + 1 for step in measured.waits)
+
+
+def test_the_kernel_probe_samples_every_step_right_after_an_eviction_as_every_calibration_ran_it():
+    """A drift is the kernel probe's time now over the calibration's runs of it: files of
+    either sampling rule hold runs of the probe sampled each step after an eviction."""
+    probe, evictions = Probe("dense", 4, (16, 8, 10)), []
+    measured = measure_probe(probe, make_backend(), SerialCommunicator(), repeats=3,
+                             evict=lambda: evictions.append(1), period=SAMPLE_EVERY)
+    assert SAMPLE_EVERY == 1 and len(evictions) == 1 + 3  # the warm-up step and each sampled step
+    assert len(measured.waits) == 3
 
 
 def test_a_meetings_wait_is_the_mean_over_steps_and_ranks_beyond_the_last_ranks_own():
@@ -260,7 +279,7 @@ def test_a_probe_trained_as_a_job_samples_the_same_calls_without_waits_or_evicti
     sampled = measure_probe(probe, backend, SerialCommunicator(), repeats=2, evict=lambda: evictions.append(1))
     trained = measure_probe(probe, backend, SerialCommunicator(), repeats=2, evict=lambda: evictions.append(1),
                             reduced=True)
-    assert len(evictions) == 3 and trained.waits == []  # the evictions and waits are the sampling's alone
+    assert len(evictions) == 2 and trained.waits == []  # the evictions and waits are the sampling's alone
     assert {name: [s.dims for s in calls] for name, calls in trained.samples.items()} == \
         {name: [s.dims for s in calls] for name, calls in sampled.samples.items()}
     assert trained.overhead[0] == sampled.overhead[0]  # the same compute calls a step
@@ -598,6 +617,12 @@ def test_calibrations_of_other_machines_or_networks_do_not_merge(tiny):
                                                        if k != "ranks_meet"})
     with pytest.raises(ValueError, match="met at different points"):
         merge_calibrations([calibration, older])
+    # A file that sampled the step right after each eviction timed a small network's kernels
+    # before they had their data back in the cache.
+    unsettled = dataclasses.replace(calibration, settings={k: v for k, v in calibration.settings.items()
+                                                           if k != "sampled_after_seconds"})
+    with pytest.raises(ValueError, match="different distances from a cache eviction"):
+        merge_calibrations([calibration, unsettled])
     with pytest.raises(ValueError, match="at least two"):
         merge_calibrations([calibration])
 

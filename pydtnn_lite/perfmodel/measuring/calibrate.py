@@ -51,7 +51,13 @@ from pydtnn_lite.perfmodel.measuring.machine_state import (
 from pydtnn_lite.perfmodel.measuring.network_timing import network_timings
 from pydtnn_lite.perfmodel.measuring.probes import FULL, GridSize, Probe, calibration_grid, job_probes
 from pydtnn_lite.perfmodel.measuring.process_counts import samples_beyond
-from pydtnn_lite.perfmodel.measuring.sampling import RANKS_MEET, measure_probe, median_over_ranks, rounded
+from pydtnn_lite.perfmodel.measuring.sampling import (
+    RANKS_MEET,
+    SETTLE_SECONDS,
+    measure_probe,
+    median_over_ranks,
+    rounded,
+)
 from pydtnn_lite.perfmodel.measuring.thread_scaling import measure_gemm_shapes, measure_thread_scaling
 from pydtnn_lite.perfmodel.modelling.bucket_progress import BucketProgress
 from pydtnn_lite.perfmodel.modelling.cache_residency import CacheResidency
@@ -255,7 +261,7 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
                 "allreduce_sizes": list(settings.allreduce_sizes), "gradient_lengths": list(settings.gradient_lengths),
                 "seed": settings.seed,
                 "jobs": [f"{model}:{batch}:{dataset}" for model, batch, dataset in settings.jobs],
-                "job_rounds": settings.job_rounds, "ranks_meet": RANKS_MEET,
+                "job_rounds": settings.job_rounds, "ranks_meet": RANKS_MEET, "sampled_after_seconds": SETTLE_SECONDS,
                 "seconds": dict(timings, total=round(time.perf_counter() - started, 2)),
                 # Other jobs slow the kernels down: the 1-minute load average, this job's ranks included.
                 "load_average": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)}}

@@ -44,6 +44,9 @@ KERNEL_PROBES = (
     Probe("dense", 32, (4096, 512, 10), "adam"),
 )
 PROBE_STEPS = 3  # traced steps per network; a sample is a call's median over them
+# Every step sampled right after an eviction, as every calibration's runs of the probe were:
+# a drift is the same work's time now over then, so the probe never changes how it times it.
+SAMPLE_EVERY = 1
 # Batches of the calibration's timed data sets, a few tens of milliseconds in all.
 DATA_BATCHES = {"synthetic": (16, 64), "synthetic-imagenet": (2, 4), "digits": (16, 64)}
 
@@ -78,7 +81,8 @@ def _measure_one_thread(dataset: str | None) -> ProbedWork:
         outside = []
         with threadpool_limits(1, user_api="blas"):
             for probe in KERNEL_PROBES:
-                measured = measure_probe(probe, backend, SerialCommunicator(), PROBE_STEPS, evict)
+                measured = measure_probe(probe, backend, SerialCommunicator(), PROBE_STEPS, evict,
+                                         period=SAMPLE_EVERY)
                 for name, samples in measured.samples.items():
                     calls.setdefault(name, []).extend(samples)
                 outside.append(measured.overhead)

@@ -42,6 +42,10 @@ LEARNING_RATE = 1e-4  # small enough that no probe's loss diverges on random lab
 # with those of files whose ranks met only after each step (written before 2026-12-06).
 RANKS_MEET = "at each batch-norm reduction and after backward"
 MAX_STEPS = 20
+# After an eviction a small network's kernels run slow for a while (MLP b32's GEMMs 1.3x in
+# the next 5 ms step, 1.05x after 15 ms, as trained by 20 ms): a sample starts this long after.
+SETTLE_SECONDS = 0.025
+MAX_PERIOD = 8  # steps a sample at most: the first after an eviction and the sample itself at least
 
 
 def rounded(seconds: float) -> float:
@@ -101,11 +105,16 @@ class ProbeSynchronizer(GradientSynchronizer):
     once, and ranks that drifted apart would time it alone. Each meeting measures how long
     the rank waits for the slowest after its work since the last one (``waits``: a list a
     step of (seconds of work, seconds at the barrier) a meeting, in the order the step
-    meets). After the last meeting the caches are evicted (``untraced``: the seconds of each
-    step's last meeting and eviction, which no traced call covers), so that the update
-    reads the optimizer state from memory, as every update of a network whose state exceeds
-    the cache does: an update timed from the cache under-estimates it
-    (docs/performance-model.md, 'What is measured').
+    meets). After the last meeting of every ``period``-th step (``evicted``: one flag a
+    step; none while ``period`` is 0) the caches are evicted and the ranks meet again
+    (``untraced``: the seconds of each step's last meeting and eviction, which no traced
+    call covers), so that the update reads the optimizer state from memory, as every update
+    of a network whose state exceeds the cache does: an update timed from the cache
+    under-estimates it (docs/performance-model.md, 'What is measured'). Only the evicted
+    steps are samples: their forward and backward follow ``period - 1`` steps that ran as a
+    job's do. The steps just after an eviction are not: they find their data, BLAS buffers
+    and activations gone from the cache, where a small network keeps them all from one step
+    to the next (MLP's GEMMs took 1.2-1.4x their trained time, sampled right after one).
     """
 
     def __init__(self, network: Network, ranks: Communicator, evict: Callable[[], None]) -> None:
@@ -114,6 +123,8 @@ class ProbeSynchronizer(GradientSynchronizer):
         self.waits: list[list[tuple[float, float]]] = []
         self.meetings: list[tuple[float, float]] = []  # the current step's so far
         self.untraced: list[float] = []
+        self.evicted: list[bool] = []
+        self.period = 0
         self.last_met = time.perf_counter()
 
     def meet(self) -> None:
@@ -130,7 +141,11 @@ class ProbeSynchronizer(GradientSynchronizer):
         self.meet()
         self.waits.append(self.meetings)
         self.meetings = []
-        self.evict()
+        evicting = self.period > 0 and len(self.evicted) % self.period == self.period - 1
+        if evicting:
+            self.evict()
+            self.ranks.barrier()  # no rank computes while another still streams through memory
+        self.evicted.append(evicting)
         self.untraced.append(time.perf_counter() - arrived)
 
 
@@ -157,36 +172,49 @@ class ProbeMeasurement:
 
 
 def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: int, evict: Callable[[], None],
-                  min_seconds: float = 0.0, seed: int = 0, reduced: bool = False) -> ProbeMeasurement:
+                  min_seconds: float = 0.0, seed: int = 0, reduced: bool = False,
+                  period: int | None = None) -> ProbeMeasurement:
     """Train the probe on every rank of ``ranks`` at once (collective) and sample every
     kernel call of its training step.
 
-    After one untraced warm-up step, ``repeats`` steps are traced, or more (up to
+    After untraced warm-up steps, ``repeats`` steps are sampled, or more (up to
     ``MAX_STEPS``, the same number on every rank) until they span about ``min_seconds``:
     a step of a small probe takes a few milliseconds, and its median over a longer span is
     less at the mercy of whatever else the machine runs at that moment. ``evict()`` runs
-    between backward and the update of every step (e.g. a
-    :class:`~pydtnn_lite.perfmodel.measuring.host.CacheEvictor`). ``reduced``: the ranks
+    between backward and the update of each sampled step (e.g. a
+    :class:`~pydtnn_lite.perfmodel.measuring.host.CacheEvictor`), which follows steps
+    without one for at least ``SETTLE_SECONDS`` (:class:`ProbeSynchronizer`); or, where
+    ``period`` is given, each ``period``-th step, the warm-up's included (1: every step,
+    right after an eviction, as calibrations sampled before 2026-12-07). ``reduced``: the ranks
     sum their gradients instead, with the trainer's bucketed Allreduce overlapped with
     backward, as a training job's step does (no waits, no eviction): what calibrating
     samples can be set against (``benchmarks/probe_tracking.py``).
     """
     most = max(repeats, MAX_STEPS)
+    warm_up_steps = 1 if period else 2  # the second, a step as the others run, times the period
     network, optimizer = probe.trainable(backend, seed)
     synchronizer = None if reduced else ProbeSynchronizer(network, ranks, evict)
+    if synchronizer is not None and period is not None:
+        synchronizer.period = period
     global_batch = probe.batch * (ranks.size if reduced else 1)  # each rank trains on the probe's batch
-    data = RandomImages(global_batch * (most + 1), probe.batch, probe.input_shape, probe.classes, seed)
-    trainer = build_trainer(network, data, TrainerSettings(global_batch, seed=seed, steps_per_epoch=1),
+    data = RandomImages(global_batch * (MAX_PERIOD * most + warm_up_steps), probe.batch, probe.input_shape,
+                        probe.classes, seed)
+    trainer = build_trainer(network, data, TrainerSettings(global_batch, seed=seed, steps_per_epoch=warm_up_steps),
                             comm=ranks if reduced else None, optimizer=optimizer,
                             schedule=LearningRateSchedule(LEARNING_RATE), synchronizer=synchronizer)
-    started = time.perf_counter()
-    trainer.train_epoch(0)
-    warm_up = time.perf_counter() - started
-    steps = max(ranks.allgather_object(int(np.clip(math.ceil(min_seconds / max(warm_up, 1e-6)), repeats, most))))
-    trainer.steps_per_epoch = 1 + steps
+    step_seconds: list[float] = []
+    trainer.train_epoch(0, callbacks=[lambda _, result: step_seconds.append(result.seconds)])
+    # A period of steps, and a number of samples, agreed by every rank from its slowest.
+    if period is None:
+        period = 1 if reduced else int(np.clip(1 + math.ceil(SETTLE_SECONDS / step_seconds[-1]), 2, MAX_PERIOD))
+    wanted = int(np.clip(math.ceil(min_seconds / (period * step_seconds[-1])), repeats, most))
+    period, steps = map(max, zip(*ranks.allgather_object((period, wanted)), strict=True))
+    trainer.steps_per_epoch = warm_up_steps + period * steps
     if synchronizer is not None:
+        synchronizer.period = period
         synchronizer.waits.clear()
         synchronizer.untraced.clear()
+        synchronizer.evicted.clear()
     tracer = Tracer(trainer, skip_steps=1).attach()
     try:
         trainer.train_epoch(0)
@@ -194,10 +222,17 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
         tracer.detach()
     costs = keyed_costs(step_costs(network, optimizer, probe.batch)
                         + [(NO_LAYER, h2d_copy_cost(probe.batch, probe.input_shape))])
-    warm, cold = paired_samples(tracer.kernels, costs)
-    waits, untraced = ((list(synchronizer.waits), synchronizer.untraced) if synchronizer is not None
-                       else ([], [0.0] * len(tracer.steps)))  # a job's step: no barrier, no eviction
-    return ProbeMeasurement(warm, waits, step_overhead(tracer.kernels, tracer.steps, untraced), cold)
+    if synchronizer is None:  # a job's step: no barrier, no eviction, every step a sample
+        steps_kept, waits, untraced = tracer.steps, [], [0.0] * len(tracer.steps)
+    else:
+        kept = [index for index, evicted in enumerate(synchronizer.evicted) if evicted]
+        steps_kept = [tracer.steps[index] for index in kept]
+        waits = [synchronizer.waits[index] for index in kept]
+        untraced = [synchronizer.untraced[index] for index in kept]
+    sampled_steps = {step.step for step in steps_kept}
+    records = [record for record in tracer.kernels if record.step in sampled_steps]
+    warm, cold = paired_samples(records, costs)
+    return ProbeMeasurement(warm, waits, step_overhead(records, steps_kept, untraced), cold)
 
 
 def step_overhead(records: Sequence[KernelRecord], steps: Sequence[StepRecord],

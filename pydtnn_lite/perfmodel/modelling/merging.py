@@ -33,6 +33,14 @@ from pydtnn_lite.perfmodel.modelling.drift import MachineState
 from pydtnn_lite.perfmodel.modelling.placement import ThreadScaling
 from pydtnn_lite.perfmodel.modelling.processors import Processor, blas_kernels
 
+# How the kernels were sampled, by settings key, and what a difference says: samples taken
+# two ways are not pooled.
+_SAMPLING_SETTINGS = {
+    "ranks_meet": "' ranks met at different points of a probe's step (files written before 2026-12-06 met "
+                  "only after backward)",
+    "sampled_after_seconds": "sampled steps at different distances from a cache eviction (files written before "
+                             "2026-12-07 sampled the step right after one)",
+}
 # What must agree for calibrations to describe one machine placed one way.
 SAME_MACHINE = ("cpu_model", "cores", "usable_cores", "ranks", "ranks_per_node", "blas_threads", "device", "dtype")
 
@@ -61,9 +69,9 @@ def merge_calibrations(calibrations: Sequence[Calibration]) -> Calibration:
         if first.settings.get("jobs", []) != other.settings.get("jobs", []):
             raise ValueError("the calibrations sampled different networks whole (calibrate --models): merge "
                              "calibrations made with the same --models")
-        if first.settings.get("ranks_meet") != other.settings.get("ranks_meet"):
-            raise ValueError("the calibrations' ranks met at different points of a probe's step (files written "
-                             "before 2026-12-06 met only after backward): calibrate again and merge the new files")
+        for setting, differs in _SAMPLING_SETTINGS.items():
+            if first.settings.get(setting) != other.settings.get(setting):
+                raise ValueError(f"the calibrations {differs}: calibrate again and merge the new files")
     revisions = _newest_revisions(calibrations)
     calibrations = [_without_kernels(c, {kernel for kernel, revision in revisions.items()
                                          if c.revision(kernel) < revision}) for c in calibrations]
