@@ -26,8 +26,8 @@ bucketed Allreduce overlapped with backward (``measure_probe(reduced=True)``), a
 last lines set its kernels against the calibration's sampling of the same round, in all
 and kernel by kernel: a median near x1 says the calibration samples the network as
 training runs it, so that what a prediction misses on this machine is the machine's
-move, not the method. The sampling evicts the caches before each update, the job does
-not: a kernel well below x1 there is one a step leaves in the cache.
+move, not the method. The sampling evicts the caches before each sampled update, the
+job does not: a kernel well below x1 there is one a step leaves in the cache.
 """
 from __future__ import annotations
 
