@@ -183,7 +183,8 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
     less at the mercy of whatever else the machine runs at that moment. ``evict()`` runs
     between backward and the update of each sampled step (e.g. a
     :class:`~pydtnn_lite.perfmodel.measuring.host.CacheEvictor`), which follows steps
-    without one for at least ``SETTLE_SECONDS`` (:class:`ProbeSynchronizer`); or, where
+    without one for ``SETTLE_SECONDS`` (up to ``MAX_PERIOD - 1`` steps;
+    :class:`ProbeSynchronizer`); or, where
     ``period`` is given, each ``period``-th step, the warm-up's included (1: every step,
     right after an eviction, as calibrations sampled before 2026-12-07). ``reduced``: the ranks
     sum their gradients instead, with the trainer's bucketed Allreduce overlapped with
