@@ -253,6 +253,24 @@ def test_the_ranks_of_a_probe_meet_at_each_batch_norm_reduction_as_a_jobs_ranks_
     assert len(measured.waits) == 2 and all(len(step) == reductions + 1 for step in measured.waits)
 
 
+def test_a_samples_span_counts_its_eviction():
+    """A small probe's sample is mostly its eviction: counted in the span, the probe stops
+    at its repeats where, counting its steps alone, it would evict many more times."""
+    probe = Probe("dense", 4, (16, 8, 10))
+    evictions: dict[float, list[int]] = {0.0: [], 60.0: []}
+    for seconds, calls in evictions.items():
+        measure_probe(probe, make_backend(), SerialCommunicator(), repeats=2, evict=lambda calls=calls: calls.append(1),
+                      min_seconds=0.5, eviction_seconds=seconds)
+    assert len(evictions[60.0]) == 2 < len(evictions[0.0])
+
+
+def test_an_evictor_keeps_what_its_last_eviction_took():
+    evict = CacheEvictor(make_backend())
+    assert evict.seconds == 0.0
+    evict()
+    assert evict.seconds > 0.0
+
+
 def test_the_kernel_probe_samples_every_step_right_after_an_eviction_as_every_calibration_ran_it():
     """A drift is the kernel probe's time now over the calibration's runs of it: files of
     either sampling rule hold runs of the probe sampled each step after an eviction."""

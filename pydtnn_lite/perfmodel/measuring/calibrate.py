@@ -190,7 +190,8 @@ def calibrate(backend: Backend, comm: Communicator, settings: CalibrationSetting
         if index in probe_at:
             kernel_probes.append(probe_kernels(comm, on_host=on_host))
         comm.barrier()  # the ranks run each probe together, as they run a training step
-        measured = measure_probe(probe, backend, comm, settings.repeats, evict, settings.min_seconds, settings.seed)
+        measured = measure_probe(probe, backend, comm, settings.repeats, evict, settings.min_seconds, settings.seed,
+                                 eviction_seconds=evict.seconds)
         for name, probe_samples in measured.samples.items():
             mine.setdefault(name, []).extend(probe_samples)
         for name, probe_samples in measured.cold_starts.items():

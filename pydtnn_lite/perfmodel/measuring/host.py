@@ -122,10 +122,13 @@ class CacheEvictor:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.buffer = backend.xp.zeros(2 * backend.last_level_cache_bytes() // 4, dtype=np.float32)
+        self.seconds = 0.0  # what the last eviction took
 
     def __call__(self) -> None:
+        started = time.perf_counter()
         self.buffer += 1.0  # whole numbers: never denormal, so never slow
         self.backend.synchronize()
+        self.seconds = time.perf_counter() - started
 
 
 def memory_bandwidth(backend: Backend, nbytes: int = BANDWIDTH_BYTES, repeats: int = 3) -> float:

@@ -173,7 +173,7 @@ class ProbeMeasurement:
 
 def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: int, evict: Callable[[], None],
                   min_seconds: float = 0.0, seed: int = 0, reduced: bool = False,
-                  period: int | None = None) -> ProbeMeasurement:
+                  period: int | None = None, eviction_seconds: float = 0.0) -> ProbeMeasurement:
     """Train the probe on every rank of ``ranks`` at once (collective) and sample every
     kernel call of its training step.
 
@@ -186,7 +186,10 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
     without one for ``SETTLE_SECONDS`` (up to ``MAX_PERIOD - 1`` steps;
     :class:`ProbeSynchronizer`); or, where
     ``period`` is given, each ``period``-th step, the warm-up's included (1: every step,
-    right after an eviction, as calibrations sampled before 2026-12-07). ``reduced``: the ranks
+    right after an eviction, as calibrations sampled before 2026-12-07). A sample's span
+    counts ``eviction_seconds``, what an eviction takes (a
+    :class:`~pydtnn_lite.perfmodel.measuring.host.CacheEvictor`'s last), as each sample
+    pays one: a small probe's span is mostly that. ``reduced``: the ranks
     sum their gradients instead, with the trainer's bucketed Allreduce overlapped with
     backward, as a training job's step does (no waits, no eviction): what calibrating
     samples can be set against (``benchmarks/probe_tracking.py``).
@@ -208,7 +211,8 @@ def measure_probe(probe: Probe, backend: Backend, ranks: Communicator, repeats: 
     # A period of steps, and a number of samples, agreed by every rank from its slowest.
     if period is None:
         period = 1 if reduced else int(np.clip(1 + math.ceil(SETTLE_SECONDS / step_seconds[-1]), 2, MAX_PERIOD))
-    wanted = int(np.clip(math.ceil(min_seconds / (period * step_seconds[-1])), repeats, most))
+    sample_seconds = period * step_seconds[-1] + (0.0 if reduced else eviction_seconds)
+    wanted = int(np.clip(math.ceil(min_seconds / sample_seconds), repeats, most))
     period, steps = map(max, zip(*ranks.allgather_object((period, wanted)), strict=True))
     trainer.steps_per_epoch = warm_up_steps + period * steps
     if synchronizer is not None:
