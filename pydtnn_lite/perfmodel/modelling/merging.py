@@ -36,10 +36,10 @@ from pydtnn_lite.perfmodel.modelling.processors import Processor, blas_kernels
 # How the kernels were sampled, by settings key, and what a difference says: samples taken
 # two ways are not pooled.
 _SAMPLING_SETTINGS = {
-    "ranks_meet": "' ranks met at different points of a probe's step (files written before 2026-12-06 met "
-                  "only after backward)",
-    "sampled_after_seconds": "sampled steps at different distances from a cache eviction (files written before "
-                             "2026-12-07 sampled the step right after one)",
+    "ranks_meet": "the calibrations' ranks met at different points of a probe's step (files written before "
+                  "2026-12-06 met only after backward)",
+    "sampled_after_seconds": "the calibrations sampled steps at different distances from a cache eviction (files "
+                             "written before 2026-12-07 sampled the step right after one)",
 }
 # What must agree for calibrations to describe one machine placed one way.
 SAME_MACHINE = ("cpu_model", "cores", "usable_cores", "ranks", "ranks_per_node", "blas_threads", "device", "dtype")
@@ -71,7 +71,7 @@ def merge_calibrations(calibrations: Sequence[Calibration]) -> Calibration:
                              "calibrations made with the same --models")
         for setting, differs in _SAMPLING_SETTINGS.items():
             if first.settings.get(setting) != other.settings.get(setting):
-                raise ValueError(f"the calibrations {differs}: calibrate again and merge the new files")
+                raise ValueError(f"{differs}: calibrate again and merge the new files")
     revisions = _newest_revisions(calibrations)
     calibrations = [_without_kernels(c, {kernel for kernel, revision in revisions.items()
                                          if c.revision(kernel) < revision}) for c in calibrations]
