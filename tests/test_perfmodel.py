@@ -302,9 +302,10 @@ class ConstantMachine:
 
 def test_a_step_that_fits_in_the_cache_runs_its_bucket_reductions_and_updates_resident():
     """MLP on 2 ranks, every kernel 1 ms, every reduction 10 ms, a resident call half its
-    time. A bucket's data was last used as backward wrote it, an update's a whole step
-    before: a cache that holds the step's bytes halves both, one a byte short of them only
-    the reductions, none holds nothing."""
+    time. A bucket's data was last used as backward wrote it; an update's state a whole
+    step before, its parameter and gradient by its layer's backward and the reductions: a
+    cache that holds the step's bytes halves them all, one a byte short of them the
+    reductions and the updates' parameter and gradient (their bytes' share), none nothing."""
     network, optimizer = build_workload("mlp", "cifar10")
     costs = step_costs(network, optimizer, 8)
     step_bytes = sum(cost.bytes for _, cost in costs if cost.kernel != ALLREDUCE) + network.param_count * 4
@@ -322,21 +323,30 @@ def test_a_step_that_fits_in_the_cache_runs_its_bucket_reductions_and_updates_re
     saved = 0.5e-3 * len(updates) + 5e-3 * len(buckets)  # every bucket's reduction adds its duration here
     assert step == pytest.approx(evicted_step - saved)
     updates, buckets, _ = predicted(step_bytes - 1)
-    assert updates == evicted and buckets == [5e-3] * len(buckets)
+    assert optimizer.state_byte_share == pytest.approx(2 / 5)  # SGD's velocity, read and written, of 5 arrays
+    assert updates == pytest.approx([1e-3 * (0.4 + 0.6 * 0.5)] * len(network.segments))
+    assert buckets == [5e-3] * len(buckets)
 
 
-def test_an_update_s_data_was_last_used_a_step_before_and_a_bucket_s_as_its_backward_began():
-    """MLP on 2 ranks, every kernel 1 ms and 0.1 ms outside each: an update's data was last
-    used a whole step of kernels before, a bucket's from the start of the backward of its
-    last layer to its reduction (the BP kernels of the layers it holds)."""
+def test_an_update_s_data_has_two_ages_and_a_bucket_s_was_last_used_as_its_backward_began():
+    """MLP on 2 ranks (dense layers 1, 3 and 5 between ReLUs 2 and 4, the loss 6), every
+    kernel 1 ms and 0.1 ms outside each. An update's state was last used a whole step of
+    kernels before. Its parameter and gradient by its layer's last backward kernel: the
+    step runs backward from the loss to layer 1, then the updates of layers 1, 3 and 5, so
+    layer 1's update follows its backward, layer 3's comes 4 calls later (ReLU 2's, layer
+    1's two and layer 1's update) and layer 5's 9 (ReLU 4's, layer 3's three, ReLU 2's,
+    layer 1's two, two updates). A bucket's data was last used from the start of the
+    backward of its last layer to its reduction (the BP kernels of the layers it holds)."""
     network, optimizer = build_workload("mlp", "cifar10")
     costs = step_costs(network, optimizer, 8)
     machine = ConstantMachine(1e-3, 10e-3, outside=0.1e-3)
     step = predict_step(network, optimizer, 8, 2, machine)
     calls = sum(cost.kernel != ALLREDUCE for _, cost in costs)
     assert {kernel for kernel, _ in machine.since_use} == {optimizer.kernel, ALLREDUCE}
+    assert [s.layer for s in network.segments] == [1, 3, 5]
     updates = [since for kernel, since in machine.since_use if kernel == optimizer.kernel]
-    assert updates == pytest.approx([calls * 1.1e-3] * len(network.segments))
+    whole_step = calls * 1.1e-3
+    assert updates == pytest.approx([whole_step, 0.0, whole_step, 4 * 1.1e-3, whole_step, 9 * 1.1e-3])
     backward = Counter(layer for layer, cost in costs if cost.stage == Stage.BP and cost.kernel != ALLREDUCE)
     buckets = plan_buckets(network, 4 * MIB)
     expected = []

@@ -23,6 +23,7 @@ class Adam(Optimizer):
     kernel = "adam_update"
     flops_per_element = 10
     arrays_touched = 7
+    state_arrays_touched = 4
 
     def __init__(self, network: Network, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
                  weight_decay: float = 0.0, epsilon_form: str = "torch") -> None:

@@ -21,12 +21,18 @@ class Optimizer:
     kernel = ""
     flops_per_element = 0
     arrays_touched = 0  # arrays read or written per element, for the bytes estimate
+    state_arrays_touched = 0  # of those, the optimizer state's: the rest are the parameter's and the gradient's
 
     def __init__(self, network: Network) -> None:
         self.network = network
         xp = network.backend.xp
         self.state = {name: xp.zeros_like(network.flat_params) for name in self.state_names}
         self.steps = 0
+
+    @property
+    def state_byte_share(self) -> float:
+        """The share of an update's bytes that are its optimizer state's."""
+        return self.state_arrays_touched / self.arrays_touched if self.arrays_touched else 0.0
 
     def step(self, lr: float) -> None:
         """Apply one update with learning rate ``lr`` to every parameter."""

@@ -14,6 +14,7 @@ class SGD(Optimizer):
     kernel = "sgd_update"
     flops_per_element = 4
     arrays_touched = 5
+    state_arrays_touched = 2
 
     def __init__(self, network: Network, momentum: float = 0.9, nesterov: bool = False,
                  weight_decay: float = 0.0) -> None:

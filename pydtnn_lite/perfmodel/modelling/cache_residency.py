@@ -14,8 +14,9 @@ Resident means: what the node's ranks moved since the data's last use, the call'
 bytes included, fits in the last-level cache (a least-recently-used cache with the bytes
 moved as the reuse distance; they count data moved twice twice, so the rule errs towards
 evicted). A bucket's data was last used as backward wrote it, from the start of the
-backward of its last layer; an update's as the previous step's update wrote it, a whole
-step before.
+backward of its last layer; an update's state as the previous step's update wrote it, a
+whole step before, its parameter and gradient by its layer's backward (the prediction
+weighs the two ages by their bytes).
 
 Time since that use counts too. A virtual machine's last-level cache is its host's, shared
 with other tenants whose traffic goes on while a step computes: on the Xeon with 300 MiB

@@ -288,13 +288,13 @@ def predict_step(network: Network, optimizer: Optimizer, batch: int, procs: int,
     counter = CallCounter()
     kernels = []
     for (micro_batch, layer, cost), seconds in zip(entries, call_seconds, strict=True):
-        if cost.kernel == optimizer.kernel:  # the data was last used by the previous step's update
-            seconds *= machine.cache_factor(cost.kernel, cost.dims[0] * itemsize, step_bytes, step_seconds)
         key = counter.key(layer, cost.stage, cost.kernel)
         name = (network.layers[layer].name if 0 <= layer < len(network.layers)
                 else "loss" if layer == network.loss_index else "")
         kernels.append(PredictedKernel(layer, name, cost.stage, cost.kernel, key.occurrence, seconds, cost.flops,
                                        cost.bytes, micro_batch))
+    kernels = _updates_in_cache(kernels, machine, optimizer, (step_bytes, step_seconds), gradient_bytes,
+                                overhead / calls if calls else 0.0)
     read_ahead = sum(k.seconds for k in data_kernels if k.kernel == DATA_LOAD) if prefetch else 0.0
     if read_ahead:
         kernels = _beside_the_reader(kernels, machine.background_seconds(read_ahead))
@@ -566,6 +566,38 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
         waited += [PredictedKernel(NO_LAYER, "", Stage.COMM, ALLREDUCE_PROGRESS, i, start, 0.0, 0.0)
                    for i in range(len(bucket_bytes))]
     return waited, max(0.0, done - clock) + posting * len(buckets) + cost.in_tests * sum(transfer_cpu.values())
+
+
+def _updates_in_cache(kernels: list[PredictedKernel], machine: Machine, optimizer: Optimizer,
+                      since_step: tuple[float, float], gradient_bytes: float,
+                      outside_per_call: float) -> list[PredictedKernel]:
+    """``kernels`` with each update's evicted time scaled by its cache-residency factor, its
+    bytes in two ages. The optimizer's state was last used by the previous step's update
+    (``since_step``: the step's bytes and seconds); the parameter and the gradient by the
+    layer's last forward or backward kernel, and the gradient by its reduction too (each
+    rank moves ``gradient_bytes`` for those): for the first layers, whose backward comes
+    last, right before their updates (the ages count ``outside_per_call`` after each call).
+    Each part takes the ratio of its age, weighted by its share of the update's bytes
+    (``Optimizer.state_byte_share``)."""
+    state_share = optimizer.state_byte_share
+    moved = seconds = 0.0  # by the step's calls so far
+    at_last_use: dict[int, tuple[float, float]] = {}
+    factors: dict[CallKey, float] = {}
+    for kernel in _run_order(kernels, (Stage.FP, Stage.BP, Stage.WU)):
+        if kernel.kernel == optimizer.kernel:
+            nbytes = kernel.bytes / optimizer.arrays_touched  # the gradient's
+            stale = machine.cache_factor(kernel.kernel, nbytes, *since_step)
+            fresh = stale
+            if kernel.layer in at_last_use:
+                moved_then, seconds_then = at_last_use[kernel.layer]
+                fresh = machine.cache_factor(kernel.kernel, nbytes, moved - moved_then + kernel.bytes + gradient_bytes,
+                                             seconds - seconds_then)
+            factors[kernel.key] = state_share * stale + (1.0 - state_share) * fresh
+        moved += kernel.bytes
+        seconds += kernel.seconds + outside_per_call
+        if kernel.stage != Stage.WU:
+            at_last_use[kernel.layer] = (moved, seconds)
+    return [replace(k, seconds=k.seconds * factors[k.key]) if k.key in factors else k for k in kernels]
 
 
 def _bucket_reuse(network: Network, costs: Sequence[tuple[int, KernelCost]], call_seconds: Sequence[float],
