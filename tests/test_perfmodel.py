@@ -722,6 +722,32 @@ def test_every_synchronisation_waits_for_the_slowest_rank_after_the_work_since_t
     assert predict_step(plain, plain_optimizer, 16, 1, machine).step_without_overlap == pytest.approx(vgg_compute)
 
 
+def test_a_batch_norm_reduction_finds_mpich_s_buffers_where_the_reduction_before_it_left_them():
+    """ResNet18 on 2 ranks, every kernel 1 ms, every reduction 10 ms, a resident call half
+    its time, a wait of 0.1 of the work. A batch-norm reduction's buffers were last used by
+    the synchronisation before it, a segment of work before: resident where what the
+    segment moved fits in the cache, evicted where not; its wait comes on top either way
+    (the first one's segment holds the updates, resident too, so it waits less)."""
+    network, optimizer = build_workload("resnet18", "cifar10")
+
+    def reductions(cache: float) -> tuple[dict[tuple[int, str], float], ConstantMachine]:
+        machine = ConstantMachine(1e-3, 10e-3, overlaps_communication=False, wait=0.1, cache=cache, in_cache=0.5)
+        step = predict_step(network, optimizer, 16, 2, machine)
+        return {(k.layer, k.stage): k.seconds for k in step.kernels
+                if k.kernel == ALLREDUCE and k.stage in ("FP", "BP")}, machine
+
+    evicted, _ = reductions(0.0)
+    resident, machine = reductions(math.inf)
+    assert len(resident) == 2 * sum(layer.kind == "bn" for layer in network.layers)
+    first = (min(layer for layer, stage in resident if stage == "FP"), "FP")
+    updates_saved = 0.5e-3 * len(network.segments)
+    assert {key: evicted[key] - resident[key] for key in resident} == pytest.approx(
+        {key: 5e-3 + (0.1 * updates_saved if key == first else 0.0) for key in resident})
+    # Asked of the cache at their segments' ages (each wait is 0.1 of its segment).
+    since = [since for kernel, since in machine.since_use if kernel == ALLREDUCE][:len(resident)]
+    assert sorted(since) == pytest.approx(sorted((seconds - 5e-3) / 0.1 for seconds in resident.values()))
+
+
 def test_predict_and_validate_with_the_reference_calibration(tmp_path):
     calibration = os.path.join(REPO, "calibration", "dev-2core.json")
     document = json.loads(run("pydtnn_lite.predict", "--model", "vgg11", "--batch-size", "64", "--procs", "2",

@@ -422,18 +422,23 @@ def _with_sync_waits(kernels: list[PredictedKernel], machine: Machine, procs: in
     """
     if procs <= 1:
         return kernels, {}, 0.0, SlowestRank()
-    reduced = {_reduction_key(k) for k in kernels if k.kernel == ALLREDUCE}
+    reductions = {_reduction_key(k): k for k in kernels if k.kernel == ALLREDUCE}
     order = _run_order(kernels, (Stage.WU, Stage.FP, Stage.BP))
     waits: dict[tuple[int, int, str], float] = {}
+    in_cache: dict[tuple[int, int, str], float] = {}
     segment: list[PredictedKernel] = []
     for kernel in order:
         segment.append(kernel)
         key = _reduction_key(kernel)
-        if key in reduced and key not in waits:
-            waits[key] = machine.sync_wait_seconds(sum(k.seconds for k in segment), procs)
+        if key in reductions and key not in waits:
+            seconds = sum(k.seconds for k in segment)
+            waits[key] = machine.sync_wait_seconds(seconds, procs)
+            # MPICH's buffers were last used by the previous reduction, a segment before.
+            nbytes = reductions[key].bytes
+            in_cache[key] = machine.cache_factor(ALLREDUCE, nbytes, sum(k.bytes for k in segment) + nbytes, seconds)
             segment = []
-    waited = [replace(k, seconds=k.seconds + waits[_reduction_key(k)]) if k.kernel == ALLREDUCE else k
-              for k in kernels]
+    waited = [replace(k, seconds=k.seconds * in_cache[_reduction_key(k)] + waits[_reduction_key(k)])
+              if k.kernel == ALLREDUCE else k for k in kernels]
     work = sum(k.seconds for k in segment)
     end_wait = machine.sync_wait_seconds(work, procs)
     slower = end_wait / work if work > 0 else 0.0
