@@ -11,7 +11,8 @@ sizes given, every rank at once, each on its share of the cores as ``calibrate``
 
 - resident: the gradient written just before the call, the rest of its data used by the call before;
 - after a wait: as resident, then the rank spins for each of ``--idle-ms`` before the call;
-- evicted: after every rank has streamed twice the last-level cache (as ``calibrate`` samples them).
+- evicted: after every rank has streamed twice the last-level cache (as ``calibrate`` samples them),
+  an update after an update of a few elements of other arrays, as a step's updates follow each other.
 
 Rank 0 prints the medians of each kernel and their ratios over the evicted one, the
 factor a prediction applies where a step leaves the data in the cache (1.0: the cache

@@ -111,3 +111,38 @@ def test_a_merge_keeps_the_first_files_residency(reference):
     newer = dataclasses.replace(reference, cache_residency=RECORD)
     assert merge_calibrations([older, newer]).cache_residency == RECORD
     assert merge_calibrations([older, older]).cache_residency is None
+
+
+class _SpyRanks:
+    """One rank that notes each Allreduce's length, standing in for the communicator."""
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def barrier(self) -> None:
+        pass
+
+    def allreduce_bare(self, buffer):
+        self.log.append((ALLREDUCE, buffer.size))
+        return buffer
+
+
+def test_an_evicted_update_follows_an_update_of_other_arrays_and_an_evicted_allreduce_the_eviction(monkeypatch):
+    # The calibration samples an update after another (a step's first pays the cold start
+    # apart): an evicted update timed as the first call after the eviction took 85-90 us
+    # more, so its ratios scaled the samples' time by too little.
+    from pydtnn_lite import kernels
+    from pydtnn_lite.perfmodel.measuring import cache_residency as measuring
+
+    log: list = []
+    for name in ("sgd_update", "adam_update"):
+        monkeypatch.setattr(kernels, name, lambda param, *rest, name=name: log.append((name, param.size)))
+    count = 1024
+    measuring._rank_seconds(_SpyRanks(log), count, lambda: log.append("evict"), calls=1, rounds=1, waits=())
+    timed = [index for index, entry in enumerate(log) if entry != "evict" and entry[1] == count]
+    evictions = [index for index, entry in enumerate(log) if entry == "evict"]
+    # Each eviction's calls up to the timed one, in the order the kernels are timed.
+    assert [log[start + 1:next(index for index in timed if index > start) + 1] for start in evictions] == [
+        [(ALLREDUCE, count)],
+        [("sgd_update", measuring.WARM_UP_COUNT), ("sgd_update", count)],
+        [("adam_update", measuring.WARM_UP_COUNT), ("adam_update", count)]]

@@ -9,6 +9,12 @@ resident call right after an evicted one would find the rest of its data (the up
 weights and state, MPICH's buffers) evicted. Each kernel is also timed as resident after
 the rank spun for a while since its data's last use (``IDLE_WAITS``): a step's other
 work takes time, and on a shared host other tenants' traffic evicts the data meanwhile.
+An evicted update follows an update of a few elements of other arrays, as a step's updates
+follow each other and as the calibration samples them: the first call after an eviction
+also finds the interpreter's and the kernel's own code and data gone, 85-90 us beyond an
+update's evicted time on the Xeon with 260 MiB of L3, a cost a step pays once
+(``KernelCost.cold_start``), not at every update. An evicted Allreduce comes right after
+the eviction, as the calibration's Allreduce samples, whose times its ratios scale, do.
 The result is a :class:`~pydtnn_lite.perfmodel.modelling.cache_residency.CacheResidency`.
 """
 from __future__ import annotations
@@ -38,6 +44,7 @@ RESIDENT, EVICTED = "resident", "evicted"
 IDLE_WAITS = (0.002, 0.008, 0.032)  # seconds from a resident call's last use of its data to the call: a bucket's
 # backward is a few milliseconds, a small network's step (whose update comes a step after the last) 10-100
 LEARNING_RATE = 1e-6  # on arrays of zeros: the updates leave them zeros (no overflow, no denormals)
+WARM_UP_COUNT = 16  # elements of the update that warms an evicted update's code path: a few cache lines
 
 
 def _calls(comm: MPICommunicator, count: int) -> tuple[dict[str, Callable[[], object]], Callable[[], object]]:
@@ -68,7 +75,8 @@ def _rank_seconds(comm: MPICommunicator, count: int, evict: Callable[[], None], 
                   waits: Sequence[float]) -> dict[tuple[str, str], list[float]]:
     """This rank's seconds of every call of each (kernel, mode) on a gradient of ``count`` float32."""
     runs, written = _calls(comm, count)
-    for run in runs.values():
+    warm_ups, _ = _calls(comm, WARM_UP_COUNT)
+    for run in (*runs.values(), *warm_ups.values()):
         run()  # compiles the updates' loops, maps MPICH's buffers
 
     def written_then(wait: float) -> Callable[[], None]:
@@ -77,13 +85,23 @@ def _rank_seconds(comm: MPICommunicator, count: int, evict: Callable[[], None], 
             _spin(wait)
         return write_and_wait
 
-    prepare = {RESIDENT: written, **{_idle(wait): written_then(wait) for wait in waits}, EVICTED: evict}
+    def evicted_before(kernel: str) -> Callable[[], None]:
+        if kernel == ALLREDUCE:
+            return evict
+
+        def evict_then_warm_up() -> None:
+            evict()
+            warm_ups[kernel]()
+        return evict_then_warm_up
+
+    prepare = {RESIDENT: written, **{_idle(wait): written_then(wait) for wait in waits}}
     seconds: dict[tuple[str, str], list[float]] = {}
     for _ in range(rounds):
-        for mode in prepare:
+        for mode in (*prepare, EVICTED):
             for kernel, run in runs.items():
+                before = evicted_before(kernel) if mode == EVICTED else prepare[mode]
                 seconds.setdefault((kernel, mode), []).extend(
-                    seconds_together(comm, run, before=prepare[mode]) for _ in range(calls))
+                    seconds_together(comm, run, before=before) for _ in range(calls))
     return seconds
 
 
