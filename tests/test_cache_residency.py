@@ -70,8 +70,10 @@ def test_the_record_reads_back_and_a_damaged_one_is_refused():
     assert (waited.idle_seconds, waited.idle) == (WAITED.idle_seconds, WAITED.idle)
     assert waited.ratio("sgd_update", MIB, 0.005) == pytest.approx(0.7)
     older = RECORD.to_dict()
-    del older["idle_seconds"], older["idle"]  # a record written before the waits were timed
-    assert CacheResidency.from_dict(older).idle == {}
+    del older["idle_seconds"], older["idle"], older["warm_evicted_updates"]  # written before either was timed
+    assert CacheResidency.from_dict(older).idle == {} and not CacheResidency.from_dict(older).warm_evicted_updates
+    warm = dataclasses.replace(RECORD, warm_evicted_updates=True)
+    assert CacheResidency.from_dict(warm.to_dict()).warm_evicted_updates
     for key, value in (("idle_seconds", [0.002]), ("idle", {"sgd_update": [[0.5, 1.6], [0.9]]})):
         damaged = {**WAITED.to_dict(), key: value}
         with pytest.raises(ValueError, match="cover every wait and size"):
@@ -104,6 +106,17 @@ def test_a_calibration_without_the_record_predicts_every_call_evicted(reference)
     assert any("no cache residency" in line and "--allreduce-only" in line for line in machine.warnings([]))
     assert not any("cache residency" in line for line in adjusted_machine(CalibratedMachine(
         dataclasses.replace(older, cache_residency=RECORD), None)).warnings([]))
+
+
+def test_a_record_whose_evicted_updates_came_first_after_the_eviction_is_named_where_a_step_updates(reference):
+    def warnings(record: CacheResidency, kernels: list[str]) -> list[str]:
+        machine = adjusted_machine(CalibratedMachine(dataclasses.replace(reference, cache_residency=record), None))
+        return [line for line in machine.warnings(kernels) if "first call after an eviction" in line]
+
+    [line] = warnings(RECORD, ["gemm", "sgd_update"])
+    assert "--allreduce-only" in line
+    assert warnings(RECORD, ["gemm", ALLREDUCE]) == []  # its Allreduce is timed as its samples are
+    assert warnings(dataclasses.replace(RECORD, warm_evicted_updates=True), ["gemm", "sgd_update"]) == []
 
 
 def test_a_merge_keeps_the_first_files_residency(reference):

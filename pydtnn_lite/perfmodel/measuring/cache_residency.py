@@ -124,4 +124,4 @@ def measure_cache_residency(comm: MPICommunicator, evict: Callable[[], None], si
     idle = ({kernel: [by_mode[_idle(wait)][kernel] for wait in waits] for kernel in by_mode[RESIDENT]}
             if waits else {})
     return CacheResidency(comm.size, tuple(int(n) for n in sizes), by_mode[RESIDENT], by_mode[EVICTED],
-                          tuple(waits), idle)
+                          tuple(waits), idle, warm_evicted_updates=True)

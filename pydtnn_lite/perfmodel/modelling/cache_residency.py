@@ -25,6 +25,11 @@ of L3 (2026-12-06) a 6 MiB update took 1.2 ms with its data just used, 1.7 ms af
 10 ms after its last one. The record also holds each kernel timed after ``idle_seconds``
 of waiting since its data's last use; a call's ratio follows its own time since then,
 between the resident ratio at no wait and the longest wait's beyond it.
+
+An evicted update is timed after an update of other arrays, as the calibration samples
+updates (``warm_evicted_updates``); records written before 2026-12-07 timed it
+as the first call after the eviction, 85-90 us slower, so their ratios put small updates
+too far below the samples' time.
 """
 from __future__ import annotations
 
@@ -41,7 +46,9 @@ class CacheResidency:
     gradient just written and the rest of the data used by the call before, and after an
     eviction of the caches; ``idle`` (by kernel name, one row of sizes per wait of
     ``idle_seconds``) as resident, after the rank waited that long busy since the data's
-    last use (empty in records written before 2026-12-06: resident at any wait)."""
+    last use (empty in records written before 2026-12-06: resident at any wait).
+    ``warm_evicted_updates``: the evicted updates followed an update of other arrays (false
+    in records written before 2026-12-07)."""
 
     ranks: int
     sizes: tuple[int, ...]
@@ -49,6 +56,7 @@ class CacheResidency:
     evicted: Mapping[str, Sequence[float]] = field(default_factory=dict)
     idle_seconds: tuple[float, ...] = ()
     idle: Mapping[str, Sequence[Sequence[float]]] = field(default_factory=dict)
+    warm_evicted_updates: bool = False
 
     def ratio(self, kernel: str, nbytes: float, since_use: float = 0.0) -> float:
         """Resident over evicted seconds of ``kernel`` on a gradient of ``nbytes``, its data
@@ -79,7 +87,8 @@ class CacheResidency:
                 "resident": {name: list(seconds) for name, seconds in sorted(self.resident.items())},
                 "evicted": {name: list(seconds) for name, seconds in sorted(self.evicted.items())},
                 "idle_seconds": list(self.idle_seconds),
-                "idle": {name: [list(row) for row in rows] for name, rows in sorted(self.idle.items())}}
+                "idle": {name: [list(row) for row in rows] for name, rows in sorted(self.idle.items())},
+                "warm_evicted_updates": self.warm_evicted_updates}
 
     @classmethod
     def from_dict(cls, data: dict) -> CacheResidency:
@@ -95,4 +104,5 @@ class CacheResidency:
         if not set(idle) <= set(resident) or any(len(rows) != len(waits) or any(len(row) != len(sizes) for row in rows)
                                                  for rows in idle.values()):
             raise ValueError("cache_residency: a kernel's idle seconds must cover every wait and size")
-        return cls(int(data["ranks"]), sizes, resident, evicted, waits, idle)
+        return cls(int(data["ranks"]), sizes, resident, evicted, waits, idle,
+                   bool(data.get("warm_evicted_updates", False)))

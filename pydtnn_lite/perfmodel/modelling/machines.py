@@ -188,6 +188,13 @@ class AdjustedMachine:
             lines.append("the calibration holds no cache residency (a file older than it): buckets and updates "
                          "that a step leaves in the cache are predicted evicted; calibrate again, or add it with "
                          "calibrate --allreduce-only FILE")
+        residency = calibration.cache_residency
+        updates_timed = set(residency.resident) - {ALLREDUCE} if residency is not None else set()
+        if residency is not None and not residency.warm_evicted_updates and names & updates_timed:
+            lines.append("the calibration's cache residency timed each evicted update as the first call after an "
+                         "eviction (a file older than 2026-12-07): updates that a step leaves in the cache come "
+                         "out short, the small ones by up to half; calibrate again, or time it again with "
+                         "calibrate --allreduce-only FILE")
         if (ALLREDUCE in names and calibration.bucket_progress is None and calibration.network is None
                 and not self.placement.oversubscribed and calibration.machine.get("device", "cpu") == "cpu"):
             lines.append("the calibration holds no bucket progress (a file older than it): the buckets' reductions "
