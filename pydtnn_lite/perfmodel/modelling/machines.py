@@ -189,8 +189,9 @@ class AdjustedMachine:
                          "that a step leaves in the cache are predicted evicted; calibrate again, or add it with "
                          "calibrate --allreduce-only FILE")
         residency = calibration.cache_residency
-        updates_timed = set(residency.resident) - {ALLREDUCE} if residency is not None else set()
-        if residency is not None and not residency.warm_evicted_updates and names & updates_timed:
+        updates_timed_cold = (set(residency.resident) - {ALLREDUCE}
+                              if residency is not None and not residency.warm_evicted_updates else set())
+        if names & updates_timed_cold:
             lines.append("the calibration's cache residency timed each evicted update as the first call after an "
                          "eviction (a file older than 2026-12-07): updates that a step leaves in the cache come "
                          "out short, the small ones by up to half; calibrate again, or time it again with "
