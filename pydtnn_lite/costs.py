@@ -129,6 +129,7 @@ KERNEL_REVISIONS: dict[str, int] = {
     "winograd_output": 2,
     "winograd_output_grad": 2,
     "winograd_input_grad": 2,  # and each row of the gradient written once, not zeroed and added to
+    "maxpool_grad": 2,  # windows that tile a map of 8 or more channels: a gather, each input element written once
 }
 
 

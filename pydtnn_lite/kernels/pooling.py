@@ -17,7 +17,7 @@ def _position(x: Any, i: int, j: int, stride: int, ho: int, wo: int) -> Any:
     return x[:, i:i + stride * ho:stride, j:j + stride * wo:stride, :]
 
 
-def _exact_cover(h: int, w: int, kh: int, kw: int, stride: int, padding: int) -> bool:
+def exact_cover(h: int, w: int, kh: int, kw: int, stride: int, padding: int) -> bool:
     """True when the windows tile the input exactly once (e.g. 2x2/2 on an even map)."""
     return padding == 0 and kh == kw == stride and h % stride == 0 and w % stride == 0
 
@@ -46,7 +46,7 @@ def maxpool_grad(grad_out: Any, argmax: Any, x_shape: tuple, kh: int, kw: int,
     xp = array_module(grad_out)
     n, h, w, c = x_shape
     ho, wo = grad_out.shape[1:3]
-    if _exact_cover(h, w, kh, kw, stride, padding):
+    if exact_cover(h, w, kh, kw, stride, padding):
         # Every input element belongs to one window: write each position once, no zeroing, no adds.
         grad = xp.empty(x_shape, dtype=grad_out.dtype)
         for k in range(kh * kw):
