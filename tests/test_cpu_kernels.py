@@ -270,7 +270,7 @@ POOL_CASES = [
     ((2, 9, 8, 3), 3, 3, 2, 1),  # ResNet's stem pooling: overlapping windows over padding
     ((2, 8, 6, 3), 2, 2, 2, 0),  # the windows tile the map
     ((2, 8, 6, 8), 2, 2, 2, 0),  # ... with a vector of channels: the gradient gathered
-    ((2, 9, 6, 16), 3, 3, 3, 0),
+    ((2, 9, 6, 16), 3, 3, 3, 0),  # 3x3 windows tiling a map of 16 channels
     ((2, 7, 9, 2), 2, 3, 2, 0),  # odd sizes: the last row and column are in no window
     ((1, 6, 6, 2), 2, 2, 3, 1),  # stride > window: gaps between the windows
     ((2, 4, 4, 3), 4, 4, 4, 0),  # global
