@@ -310,6 +310,20 @@ def test_maxpool_propagates_nan_and_infinities_as_numpy_does():
     np.testing.assert_array_equal(argmax, expected_argmax)
 
 
+@pytest.mark.parametrize("channels", [3, 8])  # 2x2/2 windows: the scatter, then the gather
+def test_a_nan_or_infinite_max_pool_gradient_goes_to_the_maximum_alone(channels):
+    x = normal((1, 4, 4, channels), np.float32)
+    out, argmax = cpu.maxpool(x, 2, 2, 2, 0)
+    grad_out = np.ones(out.shape, dtype=np.float32)
+    grad_out[0, 0, 0, :], grad_out[0, 1, 1, :] = np.nan, np.inf
+    grad = cpu.maxpool_grad(grad_out, argmax, x.shape, 2, 2, 2, 0)
+    for window, special in (((slice(0, 2), slice(0, 2)), np.isnan), ((slice(2, 4), slice(2, 4)), np.isinf)):
+        values = grad[0][window].reshape(4, channels)
+        maxima = values != 0
+        assert (maxima.sum(axis=0) == 1).all() and special(values[maxima]).all()
+        assert (np.argmax(maxima, axis=0) == argmax[0][(window[0].start // 2, window[1].start // 2)]).all()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("momentum,weight_decay,nesterov", [(0.9, 0.0, False), (0.9, 1e-4, True), (0.0, 1e-4, False)])
 def test_sgd_update_matches_numpy(dtype, momentum, weight_decay, nesterov):
