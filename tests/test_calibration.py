@@ -618,6 +618,10 @@ def test_calibrations_of_other_machines_or_networks_do_not_merge(tiny):
               for size in (260, 300)]
     with pytest.raises(ValueError, match="differ in last-level cache"):
         merge_calibrations(caches)
+    generations = [dataclasses.replace(calibration, machine={**calibration.machine, "cpu_generation": generation})
+                   for generation in ("family 25 model 17", "family 26 model 2")]
+    with pytest.raises(ValueError, match="differ in processor generation"):
+        merge_calibrations(generations)
     kernels = [dataclasses.replace(calibration, machine={**calibration.machine, "blas": [
         {"internal_api": "openblas", "version": version, "architecture": architecture}]})
         for version, architecture in (("0.3.30", "SkylakeX"), ("0.3.31", "Haswell"))]

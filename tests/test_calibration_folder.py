@@ -7,7 +7,7 @@ import pytest
 
 from pydtnn_lite.backend import CACHE_VARIABLE, host_last_level_cache_bytes, sysfs_last_level_cache_bytes
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.measuring.host import this_processor, vector_unit
+from pydtnn_lite.perfmodel.measuring.host import cpu_generation, cpu_model, this_processor, vector_unit
 from pydtnn_lite.perfmodel.modelling.calibration import FORMAT, VERSION
 from pydtnn_lite.perfmodel.modelling.calibration_folder import calibration_file
 from pydtnn_lite.perfmodel.modelling.processors import Processor
@@ -103,6 +103,42 @@ def test_one_name_and_vector_unit_with_another_last_level_cache_is_another_proce
     assert calibration_file(str(tmp_path), large) == newer
     # A cache no file has: the newest of the name and vector unit, before a newer one of another unit.
     assert calibration_file(str(tmp_path), Processor("Intel Xeon", "AVX-512", 320 << 20)) == newer
+
+
+X86_CPUINFO = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+               "model name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f\n\n"
+               "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n")
+
+
+def test_a_processor_s_generation_is_its_family_and_model():
+    assert cpu_generation(X86_CPUINFO) == "family 25 model 17"
+    assert cpu_model(X86_CPUINFO) == "AMD EPYC" and vector_unit(X86_CPUINFO) == "AVX-512"
+    assert cpu_generation("processor\t: 0\nFeatures\t: fp asimd sve\nCPU implementer\t: 0x41\n"
+                          "CPU architecture: 8\nCPU part\t: 0xd0c\n") == "implementer 0x41 part 0xd0c"  # ARM
+    assert cpu_generation("model name : a processor that names no family\n") == ""
+    assert this_processor().generation == cpu_generation()
+
+
+def test_one_name_vector_unit_and_cache_of_another_generation_is_another_processor(tmp_path):
+    # A virtual machine's "AMD EPYC" with AVX-512 and 32 MiB of L3: a Zen 5 and a Zen 4.
+    zen5, zen4 = (Processor("AMD EPYC", "AVX-512", 32 << 20, generation)
+                  for generation in ("family 26 model 2", "family 25 model 17"))
+    assert not zen5.same_as(zen4) and zen5.same_vector_unit(zen4) and zen5.same_cache(zen4)
+    assert zen4.differs_from(zen5) and not zen4.differs_from(Processor("AMD EPYC", "AVX-512", 32 << 20))
+    assert Processor.of(zen4.record()) == zen4
+    assert str(zen4) == "AMD EPYC, AVX-512, 32 MiB of last-level cache, family 25 model 17"
+    epyc = {"vector_unit": "AVX-512", "cpu_cache_bytes": 32 << 20}
+    named_zen4 = header(tmp_path, "a.json", "AMD EPYC", "2026-12-02T00:00:00+00:00", cpu_generation=zen4.generation,
+                        **epyc)
+    unnamed = header(tmp_path, "b.json", "AMD EPYC", "2026-12-03T00:00:00+00:00", **epyc)
+    named_zen5 = header(tmp_path, "c.json", "AMD EPYC", "2026-12-04T00:00:00+00:00", cpu_generation=zen5.generation,
+                        **epyc)
+    # Its own generation before a newer file that names none; a file that names none before another generation.
+    assert calibration_file(str(tmp_path), zen4) == named_zen4
+    assert calibration_file(str(tmp_path), zen5) == named_zen5
+    assert calibration_file(str(tmp_path), Processor("AMD EPYC", "AVX-512", 32 << 20, "family 25 model 1")) == unnamed
+    # A run that does not know its generation: the newest of its processor.
+    assert calibration_file(str(tmp_path), Processor("AMD EPYC", "AVX-512", 32 << 20)) == named_zen5
 
 
 def test_the_processor_s_cache_is_the_one_the_system_names_not_the_one_stated_to_evict(monkeypatch):

@@ -17,16 +17,32 @@ PEAK_GEMM_SIZE = 2048  # n of the n x n x n matrix product that measures the com
 BANDWIDTH_BYTES = 256 << 20  # copied array: far beyond any cache, small enough for every machine here
 
 
-def cpu_model() -> str:
-    """The processor's name from /proc/cpuinfo, or what the platform module knows."""
+def _cpuinfo() -> str:
+    """The text of /proc/cpuinfo ('' where there is none)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            return handle.read()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return ""
+
+
+def _first_processor_fields(cpuinfo: str) -> dict[str, str]:
+    """The fields of the first processor that ``cpuinfo`` (the text of /proc/cpuinfo) describes."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The processor's name from ``cpuinfo`` (/proc/cpuinfo, read when None), or what the platform module knows."""
+    name = _first_processor_fields(_cpuinfo() if cpuinfo is None else cpuinfo).get("model name")
+    return name or platform.processor() or platform.machine()
 
 
 # /proc/cpuinfo's feature flags of the vector units a calibration tells apart, widest first.
@@ -36,23 +52,27 @@ VECTOR_FLAGS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sve"
 def vector_unit(cpuinfo: str | None = None) -> str:
     """The widest vector unit of the processor (:data:`VECTOR_FLAGS`) by the feature flags of
     ``cpuinfo`` (the text of /proc/cpuinfo; read when None); '' where none is named."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as handle:
-                cpuinfo = handle.read()
-        except OSError:
-            return ""
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):  # x86, ARM
-            flags.update(value.split())
+    fields = _first_processor_fields(_cpuinfo() if cpuinfo is None else cpuinfo)
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())  # x86, ARM
     return next((unit for flag, unit in VECTOR_FLAGS if flag in flags), "")
+
+
+def cpu_generation(cpuinfo: str | None = None) -> str:
+    """The processor's generation by ``cpuinfo`` (the text of /proc/cpuinfo; read when None):
+    'family 25 model 17' on x86, 'implementer 0x41 part 0xd0c' on ARM, '' where it says neither."""
+    fields = _first_processor_fields(_cpuinfo() if cpuinfo is None else cpuinfo)
+    for first, second, as_named in (("cpu family", "model", "family {} model {}"),
+                                    ("CPU implementer", "CPU part", "implementer {} part {}")):
+        if fields.get(first) and fields.get(second):
+            return as_named.format(fields[first], fields[second])
+    return ""
 
 
 def this_processor() -> Processor:
     """The processor this process runs on, its cache as sysfs names it (0 where it does not)."""
-    return Processor(cpu_model(), vector_unit(), sysfs_last_level_cache_bytes() or 0)
+    cpuinfo = _cpuinfo()
+    return Processor(cpu_model(cpuinfo), vector_unit(cpuinfo), sysfs_last_level_cache_bytes() or 0,
+                     cpu_generation(cpuinfo))
 
 
 def blas_info() -> list[dict]:

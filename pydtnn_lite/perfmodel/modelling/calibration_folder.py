@@ -1,6 +1,6 @@
 """A folder of calibration files, one per machine: each run takes the one of its own processor.
 
-A calibration holds for the processor that measured it (its name, vector unit and cache,
+A calibration holds for the processor that measured it (its name, vector unit, cache and generation,
 :class:`~pydtnn_lite.perfmodel.modelling.processors.Processor`); another processor's is
 carried over only in part by the drift correction (``validate`` warns of it). Users who run on
 several kinds of machine, and this repository, whose development machine has been an
@@ -20,9 +20,10 @@ from pydtnn_lite.perfmodel.modelling.processors import Processor
 
 def calibration_file(path: str, processor: Processor, device: str = "cpu") -> str:
     """``path`` where it is not a folder. In a folder, of its calibrations (``*.json``) of one
-    node's ``device`` run, the newest measured on ``processor`` (:meth:`Processor.same_as`),
-    else the newest of its name and vector unit (another cache), else of its name, else the
-    newest of any processor. A
+    node's ``device`` run, the newest measured on ``processor`` (:meth:`Processor.same_as`;
+    one that names its generation before one that does not), else the newest of its name and
+    vector unit (another cache or generation), else of its name, else the newest of any
+    processor. A
     calibration of several (emulated) nodes is never picked: name its file."""
     if not os.path.isdir(path):
         return path
@@ -43,8 +44,9 @@ def calibration_file(path: str, processor: Processor, device: str = "cpu") -> st
             raise UserError(f"{file} is a damaged calibration file (no machine record): calibrate again")
         if machine.get("device", "cpu") == device and not data.get("network"):
             measured_on = Processor.of(machine)
+            named_generation = bool(processor.generation) and measured_on.generation == processor.generation
             candidates.append((measured_on.name == processor.name, measured_on.same_vector_unit(processor),
-                               measured_on.same_as(processor), _measured_at(machine), file))
+                               measured_on.same_as(processor), named_generation, _measured_at(machine), file))
     if not candidates:
         raise UserError(f"{path} holds no calibration of one node's {device} run: write one with "
                         f"python -m pydtnn_lite.calibrate --out {os.path.join(path, 'NAME.json')}, or name a file")

@@ -59,8 +59,10 @@ def merge_calibrations(calibrations: Sequence[Calibration]) -> Calibration:
             ours, theirs = Processor.of(first.machine), Processor.of(other.machine)
             if not ours.same_vector_unit(theirs):
                 differing.append("vector_unit")
-            elif not ours.same_as(theirs):
+            elif not ours.same_cache(theirs):
                 differing.append("last-level cache")
+            elif not ours.same_generation(theirs):
+                differing.append("processor generation")
         if blas_kernels(first.machine) != blas_kernels(other.machine):
             differing.append("BLAS kernels")
         if differing:
