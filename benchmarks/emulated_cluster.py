@@ -29,7 +29,7 @@ import statistics
 import subprocess
 import sys
 
-from pydtnn_lite.perfmodel.measuring.host import this_processor
+from pydtnn_lite.perfmodel.measuring.host import this_blas_kernels, this_processor
 from pydtnn_lite.perfmodel.modelling.calibration_folder import calibration_file
 from pydtnn_lite.textable import format_table
 
@@ -107,7 +107,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.runs < 1:
         parser.error(f"--runs must be at least 1, got {args.runs}")
-    args.calibration = calibration_file(args.calibration, this_processor())
+    args.calibration = calibration_file(args.calibration, this_processor(), blas=this_blas_kernels())
     rows = []
     with output_folder(args.keep, "emulated_cluster") as folder:
         for rate in args.link_gbit:

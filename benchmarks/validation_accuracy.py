@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from pydtnn_lite.costs import COMPUTE_STAGES
-from pydtnn_lite.perfmodel.measuring.host import this_processor
+from pydtnn_lite.perfmodel.measuring.host import this_blas_kernels, this_processor
 from pydtnn_lite.perfmodel.modelling.calibration_folder import calibration_file
 from pydtnn_lite.perfmodel.modelling.machines import CalibratedMachine, adjusted_machine, calibrated_machine
 from pydtnn_lite.perfmodel.modelling.placement import Placement
@@ -321,7 +321,7 @@ def main() -> None:
                          "leave them out, or drop --traces to train new runs")
     if args.runs < 2:
         raise SystemExit("validation_accuracy: --runs must be at least 2 (the floor compares runs)")
-    paths = [calibration_file(path, this_processor()) for path in args.calibration]
+    paths = [calibration_file(path, this_processor(), blas=this_blas_kernels()) for path in args.calibration]
     machines = [calibrated_machine(path) for path in paths]
     with runs_to_validate(args, machines[0]) as (runs, header):
         validated = validate_runs(runs, machines)

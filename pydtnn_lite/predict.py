@@ -20,7 +20,7 @@ from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.data import partition
 from pydtnn_lite.errors import UserError
-from pydtnn_lite.perfmodel.measuring.host import this_processor
+from pydtnn_lite.perfmodel.measuring.host import this_blas_kernels, this_processor
 from pydtnn_lite.perfmodel.modelling.machine_flags import add_machine_arguments, machine_from_arguments
 from pydtnn_lite.perfmodel.modelling.machines import (
     AdjustedMachine,
@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         machine, machine_name, nodes = machine_from_arguments(args, 8 if args.dtype == "float64" else 4,
-                                                              this_processor())
+                                                              this_processor(), blas=this_blas_kernels())
         procs = args.procs or nodes
         if args.batch_size < procs:
             raise UserError(f"--batch-size {args.batch_size} must be at least --procs {procs} (one sample per rank)")

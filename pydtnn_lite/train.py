@@ -36,7 +36,7 @@ from pydtnn_lite.models import build_model, model_names
 from pydtnn_lite.network import Network
 from pydtnn_lite.optim import SGD, Adam, Optimizer
 from pydtnn_lite.paths import check_writable, check_writable_file
-from pydtnn_lite.perfmodel.measuring.host import blas_info, this_processor
+from pydtnn_lite.perfmodel.measuring.host import blas_info, this_blas_kernels, this_processor
 from pydtnn_lite.perfmodel.measuring.kernel_probe import probe_kernels
 from pydtnn_lite.perfmodel.measuring.machine_state import StateWatch
 from pydtnn_lite.perfmodel.modelling.calibration_folder import calibration_file
@@ -283,7 +283,8 @@ def configure(args: argparse.Namespace, comm: Communicator) -> tuple[RunConfig, 
     config = RunConfig.from_arguments(args, comm.size, comm.rank)
     backend = make_backend(config.device, config.dtype, gpu_id=comm.local_rank)
     if config.validate:
-        config = replace(config, validate=calibration_file(config.validate, this_processor(), backend.device))
+        config = replace(config, validate=calibration_file(config.validate, this_processor(), backend.device,
+                                                           this_blas_kernels()))
     return config, backend
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pydtnn_lite.cli import command_parser, parse_command_line, print_output
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.machine_flags import add_machine_arguments, machine_from_arguments, names_a_machine
-from pydtnn_lite.perfmodel.modelling.processors import Processor
+from pydtnn_lite.perfmodel.modelling.processors import Processor, blas_kernels
 from pydtnn_lite.perfmodel.modelling.repeatability import (
     check_same_configuration,
     comparison_summary,
@@ -102,7 +102,8 @@ def check_one(args: argparse.Namespace, trace: str, loaded: tuple[list, list, di
     flags = args if names_a_machine(args) else argparse.Namespace(**{**vars(args),
                                                                       "calibration": trace_calibration(meta)})
     itemsize = 8 if meta.get("dtype", "float32") == "float64" else 4
-    machine, machine_name, _ = machine_from_arguments(flags, itemsize, Processor.of(meta), meta.get("device", "cpu"))
+    machine, machine_name, _ = machine_from_arguments(flags, itemsize, Processor.of(meta), meta.get("device", "cpu"),
+                                                      blas_kernels(meta))
     return check_trace(trace, loaded, machine, machine_name, out)
 
 

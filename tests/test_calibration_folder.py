@@ -141,6 +141,22 @@ def test_one_name_vector_unit_and_cache_of_another_generation_is_another_process
     assert calibration_file(str(tmp_path), Processor("AMD EPYC", "AVX-512", 32 << 20)) == named_zen5
 
 
+def test_of_one_processor_s_files_a_run_takes_the_one_whose_blas_ran_its_kernels(tmp_path):
+    # One processor calibrated with OpenBLAS's AVX-512 kernels and, under OPENBLAS_CORETYPE=Haswell, its AVX2 ones.
+    epyc = Processor("AMD EPYC", "AVX-512", 32 << 20, "family 26 model 2")
+    record = {"vector_unit": "AVX-512", "cpu_cache_bytes": 32 << 20, "cpu_generation": epyc.generation}
+    haswell = header(tmp_path, "a.json", "AMD EPYC", "2026-12-02T00:00:00+00:00", blas=[{"architecture": "Haswell"}],
+                     **record)
+    skylakex = header(tmp_path, "b.json", "AMD EPYC", "2026-12-03T00:00:00+00:00",
+                      blas=[{"architecture": "SkylakeX"}], **record)
+    assert calibration_file(str(tmp_path), epyc, blas={"Haswell"}) == haswell
+    assert calibration_file(str(tmp_path), epyc, blas={"SkylakeX"}) == skylakex
+    assert calibration_file(str(tmp_path), epyc) == skylakex  # kernels unknown: the newest
+    # Another processor's file of the run's kernels is not taken before the processor's own.
+    header(tmp_path, "c.json", "Intel Xeon", "2026-12-04T00:00:00+00:00", blas=[{"architecture": "Haswell"}])
+    assert calibration_file(str(tmp_path), epyc, blas={"Haswell"}) == haswell
+
+
 def test_the_processor_s_cache_is_the_one_the_system_names_not_the_one_stated_to_evict(monkeypatch):
     monkeypatch.setenv(CACHE_VARIABLE, "4M")
     assert host_last_level_cache_bytes() == 4 << 20

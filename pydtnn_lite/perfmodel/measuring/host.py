@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pydtnn_lite.backend import Backend, sysfs_last_level_cache_bytes
-from pydtnn_lite.perfmodel.modelling.processors import Processor
+from pydtnn_lite.perfmodel.modelling.processors import Processor, blas_kernels
 from pydtnn_lite.runtime import usable_cores
 
 PEAK_GEMM_SIZE = 2048  # n of the n x n x n matrix product that measures the compute roof
@@ -82,6 +82,11 @@ def blas_info() -> list[dict]:
     keep = ("internal_api", "version", "threading_layer", "architecture", "num_threads")
     return [{key: library.get(key) for key in keep} for library in threadpool_info()
             if library.get("user_api") == "blas"]
+
+
+def this_blas_kernels() -> set[str]:
+    """The kernels the BLAS libraries NumPy loaded run here (threadpoolctl's "architecture")."""
+    return blas_kernels({"blas": blas_info()})
 
 
 def mpi_library() -> str:

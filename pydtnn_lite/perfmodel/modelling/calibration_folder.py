@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Set
 from datetime import datetime
 
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.perfmodel.modelling.calibration import read_calibration_data
-from pydtnn_lite.perfmodel.modelling.processors import Processor
+from pydtnn_lite.perfmodel.modelling.processors import Processor, blas_kernels
 
 
-def calibration_file(path: str, processor: Processor, device: str = "cpu") -> str:
+def calibration_file(path: str, processor: Processor, device: str = "cpu", blas: Set[str] = frozenset()) -> str:
     """``path`` where it is not a folder. In a folder, of its calibrations (``*.json``) of one
     node's ``device`` run, the newest measured on ``processor`` (:meth:`Processor.same_as`;
-    one that names its generation before one that does not), else the newest of its name and
+    one that names its generation before one that does not, then one whose BLAS ran the
+    run's ``blas`` kernels before one of others), else the newest of its name and
     vector unit (another cache or generation), else of its name, else the newest of any
     processor. A
     calibration of several (emulated) nodes is never picked: name its file."""
@@ -45,8 +47,10 @@ def calibration_file(path: str, processor: Processor, device: str = "cpu") -> st
         if machine.get("device", "cpu") == device and not data.get("network"):
             measured_on = Processor.of(machine)
             named_generation = bool(processor.generation) and measured_on.generation == processor.generation
+            same_kernels = bool(blas) and blas_kernels(machine) == blas
             candidates.append((measured_on.name == processor.name, measured_on.same_vector_unit(processor),
-                               measured_on.same_as(processor), named_generation, _measured_at(machine), file))
+                               measured_on.same_as(processor), named_generation, same_kernels,
+                               _measured_at(machine), file))
     if not candidates:
         raise UserError(f"{path} holds no calibration of one node's {device} run: write one with "
                         f"python -m pydtnn_lite.calibrate --out {os.path.join(path, 'NAME.json')}, or name a file")

@@ -3,6 +3,7 @@ machine they describe)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Set
 
 from pydtnn_lite import flags
 from pydtnn_lite.perfmodel.modelling.calibration_folder import calibration_file
@@ -49,12 +50,13 @@ def names_a_machine(args: argparse.Namespace) -> bool:
 
 
 def machine_from_arguments(args: argparse.Namespace, itemsize: int, processor: Processor,
-                           device: str = "cpu") -> tuple[Machine, str, int]:
+                           device: str = "cpu", blas: Set[str] = frozenset()) -> tuple[Machine, str, int]:
     """The machine the flags describe, its name, and its nodes (the default number of ranks),
-    for a run on ``processor`` and ``device`` (which file of a calibration folder).
+    for a run on ``processor`` and ``device`` whose BLAS runs ``blas`` kernels (which file of
+    a calibration folder).
     Without a calibration it is a preset (default ampere) with the figures given replaced."""
     if args.calibration:
-        path = calibration_file(args.calibration, processor, device)
+        path = calibration_file(args.calibration, processor, device, blas)
         machine = calibrated_machine(path, args.algorithm, args.allreduce_model)
         return machine, f"calibration {path}", machine.calibration.allreduce_ranks
     cluster = described_cluster(args.preset, args.peak_flops, args.mem_bw, args.link_bw, args.latency)
