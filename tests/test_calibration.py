@@ -622,6 +622,10 @@ def test_calibrations_of_other_machines_or_networks_do_not_merge(tiny):
                    for generation in ("family 25 model 17", "family 26 model 2")]
     with pytest.raises(ValueError, match="differ in processor generation"):
         merge_calibrations(generations)
+    # A file that names no generation merges with one that does, and the merge names it.
+    unnamed = dataclasses.replace(calibration, machine={key: value for key, value in calibration.machine.items()
+                                                        if key != "cpu_generation"})
+    assert merge_calibrations([unnamed, generations[0]]).machine["cpu_generation"] == "family 25 model 17"
     kernels = [dataclasses.replace(calibration, machine={**calibration.machine, "blas": [
         {"internal_api": "openblas", "version": version, "architecture": architecture}]})
         for version, architecture in (("0.3.30", "SkylakeX"), ("0.3.31", "Haswell"))]

@@ -78,7 +78,10 @@ def merge_calibrations(calibrations: Sequence[Calibration]) -> Calibration:
     calibrations = [_without_kernels(c, {kernel for kernel, revision in revisions.items()
                                          if c.revision(kernel) < revision}) for c in calibrations]
     dates = sorted(str(c.machine.get("date", "")) for c in calibrations)
-    machine = {**first.machine, "date": dates[-1], "merged_dates": dates}
+    # A file written before the generation was recorded matches any: the merge names the one the others do.
+    generation = next((c.machine["cpu_generation"] for c in calibrations if c.machine.get("cpu_generation")), "")
+    machine = {**first.machine, "date": dates[-1], "merged_dates": dates,
+               **({"cpu_generation": generation} if generation else {})}
     return dataclasses.replace(
         first, machine=machine,
         peak_flops=_geometric_mean([c.peak_flops for c in calibrations]),
