@@ -26,10 +26,10 @@ def _cpuinfo() -> str:
         return ""
 
 
-def _first_processor_fields(cpuinfo: str) -> dict[str, str]:
-    """The fields of the first processor that ``cpuinfo`` (the text of /proc/cpuinfo) describes."""
+def _first_processor_fields(cpuinfo: str | None) -> dict[str, str]:
+    """The fields of the first processor that ``cpuinfo`` (the text of /proc/cpuinfo; read when None) describes."""
     fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
+    for line in (_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
         if not line.strip():
             if fields:
                 break
@@ -41,7 +41,7 @@ def _first_processor_fields(cpuinfo: str) -> dict[str, str]:
 
 def cpu_model(cpuinfo: str | None = None) -> str:
     """The processor's name from ``cpuinfo`` (/proc/cpuinfo, read when None), or what the platform module knows."""
-    name = _first_processor_fields(_cpuinfo() if cpuinfo is None else cpuinfo).get("model name")
+    name = _first_processor_fields(cpuinfo).get("model name")
     return name or platform.processor() or platform.machine()
 
 
@@ -52,7 +52,7 @@ VECTOR_FLAGS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sve"
 def vector_unit(cpuinfo: str | None = None) -> str:
     """The widest vector unit of the processor (:data:`VECTOR_FLAGS`) by the feature flags of
     ``cpuinfo`` (the text of /proc/cpuinfo; read when None); '' where none is named."""
-    fields = _first_processor_fields(_cpuinfo() if cpuinfo is None else cpuinfo)
+    fields = _first_processor_fields(cpuinfo)
     flags = set((fields.get("flags") or fields.get("Features") or "").split())  # x86, ARM
     return next((unit for flag, unit in VECTOR_FLAGS if flag in flags), "")
 
@@ -60,7 +60,7 @@ def vector_unit(cpuinfo: str | None = None) -> str:
 def cpu_generation(cpuinfo: str | None = None) -> str:
     """The processor's generation by ``cpuinfo`` (the text of /proc/cpuinfo; read when None):
     'family 25 model 17' on x86, 'implementer 0x41 part 0xd0c' on ARM, '' where it says neither."""
-    fields = _first_processor_fields(_cpuinfo() if cpuinfo is None else cpuinfo)
+    fields = _first_processor_fields(cpuinfo)
     for first, second, as_named in (("cpu family", "model", "family {} model {}"),
                                     ("CPU implementer", "CPU part", "implementer {} part {}")):
         if fields.get(first) and fields.get(second):
