@@ -18,14 +18,14 @@ from pydtnn_lite.costs import ALLREDUCE, H2D_COPY, KERNEL_REVISIONS, KernelCost,
 from pydtnn_lite.errors import UserError
 from pydtnn_lite.models import create_model
 from pydtnn_lite.optim import SGD, Adam
-from pydtnn_lite.perfmodel.measuring import sampling
+from pydtnn_lite.perfmodel.measuring import kernel_probe, sampling
 from pydtnn_lite.perfmodel.measuring.allreduce_timing import QUICK_SIZES
 from pydtnn_lite.perfmodel.measuring.cache_residency import IDLE_WAITS
 from pydtnn_lite.perfmodel.measuring.cache_residency import QUICK_SIZES as QUICK_RESIDENCY_SIZES
 from pydtnn_lite.perfmodel.measuring.calibrate import CalibrationSettings, _mean_waits, calibrate, in_rounds
 from pydtnn_lite.perfmodel.measuring.gradient_passes import QUICK_LENGTHS, gradient_pass_samples
 from pydtnn_lite.perfmodel.measuring.host import CacheEvictor
-from pydtnn_lite.perfmodel.measuring.kernel_probe import SAMPLE_EVERY
+from pydtnn_lite.perfmodel.measuring.kernel_probe import PROBE_STEPS, SAMPLE_EVERY, probe_kernels
 from pydtnn_lite.perfmodel.measuring.machine_state import ALLREDUCE_BYTES
 from pydtnn_lite.perfmodel.measuring.probes import FULL, QUICK, Probe, calibration_grid
 from pydtnn_lite.perfmodel.measuring.sampling import MAX_PERIOD, measure_probe
@@ -279,6 +279,23 @@ def test_the_kernel_probe_samples_every_step_right_after_an_eviction_as_every_ca
                              evict=lambda: evictions.append(1), period=SAMPLE_EVERY)
     assert SAMPLE_EVERY == 1 and len(evictions) == 1 + 3  # the warm-up step and each sampled step
     assert len(measured.waits) == 3
+
+
+def test_the_kernel_probe_s_ranks_meet_where_a_job_s_ranks_meet(monkeypatch):
+    """A job's ranks run each memory-bound pass together and share the memory system: the
+    kernel probe's ranks meet as the calibration's samples do, at each batch-norm
+    reduction, after backward and after each eviction, on every sampled step and the
+    warm-up's, and the probe records how many met."""
+    probe = Probe("conv", 4, (8, 3, 4, 3, 2, 1))  # batch norms in FP and BP
+    monkeypatch.setattr(kernel_probe, "KERNEL_PROBES", (probe,))
+    ranks = CountedBarriers()
+    probed = probe_kernels(ranks)
+    steps = 1 + PROBE_STEPS  # the warm-up step, then each sampled step, each evicted
+    assert ranks.barriers == steps * (batch_norm_reductions(probe) + 2)
+    assert probed.meeting_ranks == 1 and probed.calls["batchnorm_sums"]
+    # A rank that does not probe (a GPU's) joins no meeting and measures nothing.
+    idle = CountedBarriers()
+    assert probe_kernels(idle, on_host=False).calls == {} and idle.barriers == 0
 
 
 def test_a_meetings_wait_is_the_mean_over_steps_and_ranks_beyond_the_last_ranks_own():

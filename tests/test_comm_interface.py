@@ -20,7 +20,7 @@ from pydtnn_lite.perfmodel.modelling.workload import build_workload
 from mpi import REPO, run
 
 COLLECTIVES = ("allreduce", "iallreduce", "broadcast", "allreduce_host", "allgather_object", "broadcast_object",
-               "gather_object", "barrier", "abort", "describe")
+               "gather_object", "barrier", "split", "free", "abort", "describe")
 
 
 def test_every_collective_is_abstract():
@@ -63,6 +63,8 @@ def test_serial_collectives_return_the_single_process_results():
     assert comm.allgather_object(obj) == [obj] and comm.gather_object(obj) == [obj]
     assert comm.broadcast_object(obj) is obj
     assert comm.barrier() is None
+    # Alone in any group: a split gives the communicator itself, or none outside every group.
+    assert comm.split(0, key=0) is comm and comm.split(None, key=0) is None and comm.free() is None
     with pytest.raises(SystemExit) as ended:
         comm.abort(3)
     assert ended.value.code == 3

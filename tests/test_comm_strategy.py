@@ -107,4 +107,5 @@ def test_a_traced_hierarchical_run_probes_the_machine_and_records_its_strategy(t
             probed["calls"])
         assert all(seconds > 0 for seconds in probed["calls"]["im2col"]["seconds"])
         assert len(probed["outside"]) == 8 * 2  # each network's step, on each of the 2 probing ranks
+        assert probed["meeting_ranks"] == 2  # which ran together, as the job's ranks do
         assert [samples for samples, _ in probed["data"]["digits"]] == [16, 64, 16, 64]

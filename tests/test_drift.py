@@ -435,6 +435,31 @@ def test_the_kernel_probe_is_set_against_the_calibration_s_own_runs_of_it():
     assert probed_gemm_ratio(gemm_then, ProbedWork({"relu": probed.calls["relu"]})) is None  # no product timed
 
 
+def test_the_kernel_probe_is_set_against_the_calibration_s_runs_whose_ranks_ran_as_its_own():
+    """The calibration's probes that met as a job's ranks do timed the update at 2 ms, as the
+    run's, which met; an older file's, its ranks apart, at 1 ms. Like for like the update
+    did not move; against the older runs alone it moved 2x, and the validation warns."""
+    def probe(seconds: float, meeting_ranks: int) -> ProbedWork:
+        return ProbedWork({"sgd_update": [KernelSample((2 << 20,), 4e6, 4e7, seconds)],
+                           "relu": [KernelSample((1000,), 0.0, 8e3, 10e-6)]}, outside=[(20.0, 3e-4)],
+                          meeting_ranks=meeting_ranks)
+    calibration = Calibration(machine={"ranks": 2, "usable_cores": 2, "blas_threads": 1}, peak_flops=1e11,
+                              memory_bandwidth=1e10, kernel_models={}, allreduce_samples=[], machine_state=THEN,
+                              kernel_probes=[probe(1e-3, 0), probe(2e-3, 2), probe(1e-3, 0), probe(2e-3, 2)])
+    now = probe(2e-3, 2)
+    assert probed_ratios(calibration, now)["sgd_update"] == pytest.approx(1.0)
+    apart = dataclasses.replace(calibration, kernel_probes=[probe(1e-3, 0)] * 2)
+    assert probed_ratios(apart, now)["sgd_update"] == pytest.approx(2.0)
+    assert probed_ratios(apart, probe(1e-3, 0))["sgd_update"] == pytest.approx(1.0)  # an older run's, apart too
+
+    def warned(calibration: Calibration, probed: ProbedWork) -> bool:
+        machine = adjusted_machine(CalibratedMachine(calibration, None), now=THEN, probed=probed)
+        return any("ran its ranks apart" in line for line in machine.warnings(["sgd_update"]))
+    assert warned(apart, now) and not warned(calibration, now) and not warned(apart, probe(1e-3, 0))
+    assert ProbedWork.from_dict(now.to_dict()).meeting_ranks == 2
+    assert ProbedWork.from_dict({"calls": {}}).meeting_ranks == 0  # a record from before it was kept
+
+
 def test_a_call_beyond_the_largest_sampled_batch_takes_time_in_proportion():
     model = RateModel(5e-6, 0.0, 1e-9)  # 5 us a call and 1 ns a byte
     samples = [KernelSample((n,), 0.0, 8.0 * n, 5e-6 + 8e-9 * n) for n in (100, 1000)]

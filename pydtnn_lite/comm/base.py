@@ -91,6 +91,15 @@ class Communicator(ABC):
         """Wait for every rank."""
 
     @abstractmethod
+    def split(self, color: int | None, key: int) -> Communicator | None:
+        """Collective: a communicator over the ranks that pass the same ``color``, ranked by
+        ``key``; None for a rank that passes None (it joins none). Release it with :meth:`free`."""
+
+    @abstractmethod
+    def free(self) -> None:
+        """Release a communicator of :meth:`split` (collective over its ranks)."""
+
+    @abstractmethod
     def abort(self, code: int) -> None:
         """End every process of the job now (never returns)."""
 
@@ -140,6 +149,13 @@ class SerialCommunicator(Communicator):
 
     def barrier(self) -> None:
         """No other rank to wait for."""
+
+    def split(self, color: int | None, key: int) -> Communicator | None:
+        """The only rank, alone in its group: this communicator, or None outside every group."""
+        return None if color is None else self
+
+    def free(self) -> None:
+        """No library resources to release."""
 
     def abort(self, code: int) -> None:
         """The job is this process: exit it with ``code``."""

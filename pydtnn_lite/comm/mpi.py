@@ -133,9 +133,7 @@ class MPICommunicator(Communicator):
 
     # ------------------------------------------------------------- sub-communicators and timing
     def split(self, color: int | None, key: int) -> MPICommunicator | None:
-        """Collective: a communicator over the ranks that pass the same ``color``, ranked by
-        ``key``, with this one's timeout; None for a rank that passes None (it joins none).
-        Release it with :meth:`free`."""
+        """:meth:`Communicator.split`, the new communicator with this one's timeout."""
         handle = self._mpi.Split(self.MPI.UNDEFINED if color is None else color, key)
         if color is None:
             return None

@@ -81,6 +81,13 @@ class TracedCommunicator(Communicator):
     def barrier(self) -> None:
         self.inner.barrier()
 
+    def split(self, color: int | None, key: int) -> Communicator | None:
+        """``inner``'s sub-communicator, untraced: the probes that use one time their own calls."""
+        return self.inner.split(color, key)
+
+    def free(self) -> None:
+        self.inner.free()
+
     def abort(self, code: int) -> None:
         self.inner.abort(code)
 

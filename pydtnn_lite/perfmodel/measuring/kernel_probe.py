@@ -12,7 +12,14 @@ validation sets them against the calibration's models for the same work: each ke
 the interpreter's and the loader's time now over then (``modelling/drift.py``).
 
 They run as the reference calibration's kernels ran: one single-thread rank per core, all
-at once; the job's ranks beyond the cores wait without spinning.
+at once, the ranks meeting at a barrier wherever a job's ranks meet (each batch-norm
+reduction, the end of backward: :class:`~pydtnn_lite.perfmodel.measuring.sampling.ProbeSynchronizer`),
+so that the ranks run each kernel together and share the memory system as a job's ranks
+and the calibration's samples do; the job's ranks beyond the cores wait without spinning.
+Ranks left to run apart timed a 2M-weight update at 0.7-1.5 ms in a minute when the
+ranks' updates, run together, took 1.3-1.8 ms, and 0.7-0.9 ms in the next: alone, a rank
+streamed at its own rate whatever the memory system gave two ranks at once (the Zen 4
+EPYC, 2026-12-07).
 """
 from __future__ import annotations
 
@@ -55,10 +62,14 @@ def probe_kernels(comm: Communicator, dataset: str | None = None, on_host: bool 
     """Every kernel call of the probe networks, with its median seconds over the probing
     ranks; their steps' time outside the kernels; and, where the calibration times
     ``dataset`` (the run's), loading batches of it (collective; every rank gets them all).
-    Only ranks that train ``on_host`` probe: the networks are the host's kernels."""
+    Only ranks that train ``on_host`` probe (the networks are the host's kernels), one a
+    core, meeting among themselves."""
+    probing = on_host and comm.local_rank < usable_cores()
+    ranks = comm.split(0 if probing else None, comm.rank)
     mine = ProbedWork()
-    if on_host and comm.local_rank < usable_cores():
-        mine = _measure_one_thread(dataset)
+    if ranks is not None:
+        mine = _measure_one_thread(dataset, ranks)
+        ranks.free()
     wait_idly(comm)
     measured = [work for work in comm.allgather_object(mine) if work.calls]
     if not measured:
@@ -66,12 +77,13 @@ def probe_kernels(comm: Communicator, dataset: str | None = None, on_host: bool 
     return ProbedWork(median_over_ranks([work.calls for work in measured]),
                       [sample for work in measured for sample in work.outside],
                       {name: [sample for work in measured for sample in work.data.get(name, [])]
-                       for name in measured[0].data})
+                       for name in measured[0].data}, meeting_ranks=len(measured))
 
 
-def _measure_one_thread(dataset: str | None) -> ProbedWork:
-    """The probe networks, and the data set's batches, on this rank alone, its BLAS and
-    parallel loops on one thread."""
+def _measure_one_thread(dataset: str | None, ranks: Communicator) -> ProbedWork:
+    """The probe networks on this rank, its BLAS and parallel loops on one thread, the
+    probing ``ranks`` meeting as a job's do (collective over them); and the data set's
+    batches, alone."""
     backend = make_backend("cpu")
     evict = CacheEvictor(backend)
     threads = numba.get_num_threads()
@@ -81,7 +93,7 @@ def _measure_one_thread(dataset: str | None) -> ProbedWork:
         outside = []
         with threadpool_limits(1, user_api="blas"):
             for probe in KERNEL_PROBES:
-                measured = measure_probe(probe, backend, SerialCommunicator(), PROBE_STEPS, evict,
+                measured = measure_probe(probe, backend, ranks, PROBE_STEPS, evict,
                                          period=SAMPLE_EVERY)
                 for name, samples in measured.samples.items():
                     calls.setdefault(name, []).extend(samples)

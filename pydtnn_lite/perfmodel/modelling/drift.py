@@ -221,7 +221,8 @@ class Drift:
     ``peak_flops``, the calibration probe's one-core GEMM FLOP/s (0: unknown); ``kernels``,
     the ratios of the kernels the run's kernel probe timed (:func:`kernel_ratios`);
     ``probed_gemm``, how its products moved; ``other_processor``, whether the run's
-    processor is not the calibration's."""
+    processor is not the calibration's; ``probes_apart``, whether the calibration's kernel
+    probes ran their ranks apart where the run's met (:attr:`ProbedWork.meeting_ranks`)."""
 
     compute: float = 1.0
     memory: float = 1.0
@@ -233,6 +234,7 @@ class Drift:
     imbalance: float | None = None  # the run's probe's (:meth:`CoreRates.imbalance`); None: not probed
     probed_gemm: float | None = None  # as the kernel probe's products moved; None: not timed
     other_processor: bool = False
+    probes_apart: bool = False  # the run's kernel probe met as a job's ranks do, the calibration's ran apart
 
     def scale(self, kernel: str, communication: bool = False, flops: float = 0.0, seconds: float = 0.0) -> float:
         """The factor for a kernel's predicted time (``communication``: a collective). A
@@ -285,24 +287,29 @@ class ProbedWork:
     """What a run's kernel probe measured (``measuring/kernel_probe.py``): every kernel call
     of its networks with its median seconds (``calls``, by kernel); each network's step,
     (compute kernel calls, seconds outside them) (``outside``); and loading batches of the
-    run's data set, (samples, seconds) by data set (``data``)."""
+    run's data set, (samples, seconds) by data set (``data``). ``meeting_ranks``: how many
+    ranks probed together, meeting as a job's ranks meet; 0 where they ran apart (records
+    written before 2026-12-07, evening)."""
 
     calls: Mapping[str, Sequence[KernelSample]] = field(default_factory=dict)
     outside: Sequence[tuple[float, float]] = ()
     data: Mapping[str, Sequence[tuple[float, float]]] = field(default_factory=dict)
     runs: int = 1  # runs of the probe whose seconds these are the mean of
+    meeting_ranks: int = 0
 
     def to_dict(self) -> dict:
         return {"calls": {name: sample_columns(list(calls)) for name, calls in sorted(self.calls.items())},
                 "outside": [list(sample) for sample in self.outside],
-                "data": {name: [list(sample) for sample in samples] for name, samples in self.data.items()}}
+                "data": {name: [list(sample) for sample in samples] for name, samples in self.data.items()},
+                "meeting_ranks": self.meeting_ranks}
 
     @classmethod
     def from_dict(cls, record: dict) -> ProbedWork:
         return cls({name: samples_from_columns(columns) for name, columns in record.get("calls", {}).items()},
                    [(float(calls), float(seconds)) for calls, seconds in record.get("outside", [])],
                    {name: [(float(n), float(seconds)) for n, seconds in samples]
-                    for name, samples in record.get("data", {}).items()})
+                    for name, samples in record.get("data", {}).items()},
+                   meeting_ranks=int(record.get("meeting_ranks", 0)))
 
     @classmethod
     def mean(cls, runs: Sequence[ProbedWork]) -> ProbedWork:
@@ -319,7 +326,8 @@ class ProbedWork:
                           for samples in zip(*(run.calls[kernel] for run in alike), strict=True)]
                  for kernel in runs[0].calls}
         return cls(calls, mean_seconds([run.outside for run in alike]),
-                   {name: mean_seconds([run.data[name] for run in alike]) for name in runs[0].data}, len(alike))
+                   {name: mean_seconds([run.data[name] for run in alike]) for name in runs[0].data}, len(alike),
+                   runs[0].meeting_ranks)
 
 
 def _same_work(run: ProbedWork, first: ProbedWork) -> bool:

@@ -196,6 +196,11 @@ class AdjustedMachine:
                          "eviction (a file older than 2026-12-07): updates that a step leaves in the cache come "
                          "out short, the small ones by up to half; calibrate again, or time it again with "
                          "calibrate --allreduce-only FILE")
+        if self.drift.kernels and self.drift.probes_apart:
+            lines.append("the calibration's kernel probes ran its ranks apart (a file older than 2026-12-07, "
+                         "evening), the run's together as a job's: where the memory slows for ranks that stream "
+                         "at once, the updates and other memory-bound kernels move less than the job's; "
+                         "calibrate again")
         if (ALLREDUCE in names and calibration.bucket_progress is None and calibration.network is None
                 and not self.placement.oversubscribed and calibration.machine.get("device", "cpu") == "cpu"):
             lines.append("the calibration holds no bucket progress (a file older than it): the buckets' reductions "
@@ -361,8 +366,11 @@ def adjusted_machine(machine: CalibratedMachine, placement: Placement | None = N
         model = machine.allreduce_seconds if machine.allreduce is not None and timed else None
         drift = drift_between(calibration.machine_state, now, model)
         other = processor is not None and processor.differs_from(Processor.of(calibration.machine))
+        apart = (probed is not None and probed.meeting_ranks > 0 and bool(calibration.kernel_probes)
+                 and not any(reference.meeting_ranks for reference in calibration.kernel_probes))
         drift = replace(drift, kernels=probed_ratios(calibration, probed),
-                        probed_gemm=probed_gemm_ratio(calibration, probed), other_processor=other)
+                        probed_gemm=probed_gemm_ratio(calibration, probed), other_processor=other,
+                        probes_apart=apart)
     return AdjustedMachine(machine, placement or calibration.placement, drift)
 
 
@@ -423,6 +431,17 @@ def _modelled_ratios(calibration: Calibration, probed: ProbedWork) -> dict[str, 
     return ratios if outside is None else {**ratios, OUTSIDE_KERNELS: outside}
 
 
+def probes_run_alike(calibration: Calibration, probed: ProbedWork) -> list[ProbedWork]:
+    """The calibration's own runs of the kernel probe whose ranks ran as ``probed``'s did,
+    meeting as a job's ranks meet or apart (:attr:`ProbedWork.meeting_ranks`); all of
+    them where none did. Ranks that meet run a memory-bound kernel together, and when
+    the machine's memory slows for two ranks at once they take its time, where ranks
+    apart may each have it alone."""
+    alike = [reference for reference in calibration.kernel_probes
+             if bool(reference.meeting_ranks) == bool(probed.meeting_ranks)]
+    return alike or list(calibration.kernel_probes)
+
+
 def _kinds_of_work(probed: ProbedWork) -> dict[str, Pieces]:
     """A probe's work to set like for like, by kind, each piece named by what it was: each
     kernel's calls but GEMM's (left to :func:`probed_gemm_ratio`), and
@@ -467,7 +486,7 @@ def probed_gemm_ratio(calibration: Calibration, probed: ProbedWork | None) -> fl
         return None
     calls = probed.calls[GEMM]
     own = like_for_like(_pieces(calls), [_pieces(reference.calls.get(GEMM, []))
-                                         for reference in calibration.kernel_probes], probed.runs)
+                                         for reference in probes_run_alike(calibration, probed)], probed.runs)
     before, noise = own if own is not None else (_calibrated_seconds(calibration, GEMM, calls),
                                                  _model_noise(calibration, GEMM, len(calls)))
     return work_ratio([(call.seconds, then) for call, then in zip(calls, before, strict=True)], noise)
@@ -492,7 +511,7 @@ def probed_ratios(calibration: Calibration, probed: ProbedWork | None) -> dict[s
     if probed is None or not _probe_comparable(calibration, probed):
         return {}
     now = _kinds_of_work(probed)
-    references = [_kinds_of_work(reference) for reference in calibration.kernel_probes]
+    references = [_kinds_of_work(reference) for reference in probes_run_alike(calibration, probed)]
     complete = [reference for reference in references if now.keys() <= reference.keys()]
     ratios = {**(probe_moves(now, complete, probed.runs) if len(complete) < len(references) else {}),
               **probe_moves(now, references, probed.runs)} or _modelled_ratios(calibration, probed)
