@@ -454,7 +454,7 @@ def test_the_kernel_probe_is_set_against_the_calibration_s_runs_whose_ranks_ran_
 
     def warned(calibration: Calibration, probed: ProbedWork) -> bool:
         machine = adjusted_machine(CalibratedMachine(calibration, None), now=THEN, probed=probed)
-        return any("ran its ranks apart" in line for line in machine.warnings(["sgd_update"]))
+        return any("ran their ranks apart" in line for line in machine.warnings(["sgd_update"]))
     assert warned(apart, now) and not warned(calibration, now) and not warned(apart, probe(1e-3, 0))
     assert ProbedWork.from_dict(now.to_dict()).meeting_ranks == 2
     assert ProbedWork.from_dict({"calls": {}}).meeting_ranks == 0  # a record from before it was kept

@@ -1106,7 +1106,7 @@ def test_validate_prints_its_figures_as_one_json_object(traced_run, tmp_path):
     # probes ran their ranks apart where the run's met.
     older = [line for line in document["warnings"]
              if "first call after an eviction" in line or "timed older code of maxpool_grad" in line
-             or "ran its ranks apart" in line]
+             or "ran their ranks apart" in line]
     others = [line for line in document["warnings"] if line not in older]
     assert len(older) == 3
     assert [line.startswith("the run's processor") for line in others] == (

@@ -8,7 +8,11 @@ import sys
 
 import pytest
 
+from pydtnn_lite import predict as predict_command
+from pydtnn_lite import runtime
+from pydtnn_lite.perfmodel.measuring import kernel_probe, machine_state
 from pydtnn_lite.perfmodel.measuring.process_counts import missing_counts, run_child
+from pydtnn_lite.perfmodel.modelling.machines import calibrated_machine
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE_CALIBRATION = os.path.join(REPO, "calibration", "dev-2core.json")
@@ -65,3 +69,17 @@ def test_predict_probe_corrects_for_the_machine_s_state_now():
     assert "drift every-core GEMM x" in document["machine"] and document["step_seconds"] > 0
     # The kernel probe's networks time the kernels and the loading of the synthetic set too.
     assert "kinds of work by the kernel probe's" in document["machine"]
+
+
+def test_predict_probe_keeps_freed_memory_before_it_probes_as_calibrating_does(monkeypatch):
+    """A fresh process maps each large temporary anew and faults its pages in: the kernel
+    probe's first run in one took im2col 3x and ReLU 4x the time of the calibration's runs,
+    which keep freed memory (2026-12-07). ``predict --probe`` keeps it too, before probing."""
+    calls: list[str] = []
+    monkeypatch.setattr(runtime, "keep_freed_memory", lambda: calls.append("keep"))
+    monkeypatch.setattr(machine_state, "probe_machine_state", lambda comm: calls.append("state"))
+    monkeypatch.setattr(kernel_probe, "probe_kernels", lambda comm, dataset: calls.append("kernels"))
+    args = predict_command.build_parser().parse_args(["--model", "vgg11", "--calibration", REFERENCE_CALIBRATION,
+                                                      "--probe"])
+    predict_command.placed(calibrated_machine(REFERENCE_CALIBRATION), args, 2)
+    assert calls == ["keep", "state", "kernels"]

@@ -197,7 +197,7 @@ class AdjustedMachine:
                          "out short, the small ones by up to half; calibrate again, or time it again with "
                          "calibrate --allreduce-only FILE")
         if self.drift.kernels and self.drift.probes_apart:
-            lines.append("the calibration's kernel probes ran its ranks apart (a file older than 2026-12-07, "
+            lines.append("the calibration's kernel probes ran their ranks apart (a file older than 2026-12-07, "
                          "evening), the run's together as a job's: where the memory slows for ranks that stream "
                          "at once, the updates and other memory-bound kernels move less than the job's; "
                          "calibrate again")
