@@ -460,6 +460,23 @@ def test_the_kernel_probe_is_set_against_the_calibration_s_runs_whose_ranks_ran_
     assert ProbedWork.from_dict({"calls": {}}).meeting_ranks == 0  # a record from before it was kept
 
 
+def test_a_probe_whose_ranks_met_sets_its_updates_against_the_calibration_s_models():
+    """The calibration's samples of the updates ran at 1 ns a byte; its own probes, which met,
+    timed the probe's update at 2 ms, as now. Now the probe's ranks, meeting, take 2 ms
+    where the model gives 1: the updates moved 2x, as a job's ranks updating together do.
+    A probe whose ranks ran apart sets them against the calibration's probes (no move)."""
+    def probe(meeting_ranks: int) -> ProbedWork:
+        return ProbedWork({"sgd_update": [KernelSample((1 << 20,), 2e6, 1e6, 2e-3)],
+                           "relu": [KernelSample((1000,), 0.0, 8e3, 10e-6)]}, outside=[(20.0, 3e-4)],
+                          meeting_ranks=meeting_ranks)
+    calibration = Calibration(machine={"ranks": 2, "usable_cores": 2, "blas_threads": 1}, peak_flops=1e11,
+                              memory_bandwidth=1e10, kernel_models={"sgd_update": RateModel(0.0, 0.0, 1e-9)},
+                              allreduce_samples=[], kernel_probes=[probe(2), probe(2), probe(0), probe(0)])
+    assert probed_ratios(calibration, probe(2))["sgd_update"] == pytest.approx(2.0)
+    assert probed_ratios(calibration, probe(2))["relu"] == pytest.approx(1.0)  # like for like, as before
+    assert probed_ratios(calibration, probe(0))["sgd_update"] == pytest.approx(1.0)
+
+
 def test_a_call_beyond_the_largest_sampled_batch_takes_time_in_proportion():
     model = RateModel(5e-6, 0.0, 1e-9)  # 5 us a call and 1 ns a byte
     samples = [KernelSample((n,), 0.0, 8.0 * n, 5e-6 + 8e-9 * n) for n in (100, 1000)]
