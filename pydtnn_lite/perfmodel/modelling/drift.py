@@ -18,7 +18,8 @@ predicted time is scaled by the ratio of the rate that bounds it, then to now:
   probe, as the probe's work as a whole moved and by its share of that work where the
   share moved beyond its spread (:func:`probe_moves`), or, against a calibration without
   them, its calls' times now over what the calibration's model predicts for them
-  (:func:`kernel_ratios`); a fused
+  (:func:`kernel_ratios`); the updates of a probe whose ranks met as a job's, against
+  the models whatever the calibration's probes (``machines._updates_against_the_models``); a fused
   kernel that it did not time, by the mean of the ratios of the kernels it replaces;
   otherwise, and the time between kernels, by the copy rates (memory-bound, or the
   interpreter's pace, which moves with the memory system and the clock alike);
