@@ -88,7 +88,6 @@ def placed(machine: CalibratedMachine, args: argparse.Namespace, procs: int) -> 
     now, probed, processor = None, None, None
     if args.probe:
         # Measuring code, loaded only to measure: a prediction alone needs no communicator.
-        from pydtnn_lite.perfmodel.measuring.host import this_processor
         from pydtnn_lite.perfmodel.measuring.kernel_probe import probe_kernels
         from pydtnn_lite.perfmodel.measuring.machine_state import probe_machine_state
         from pydtnn_lite.runtime import keep_freed_memory

@@ -357,18 +357,19 @@ def peak_share(flops: float, seconds: float, peak_flops: float) -> float:
 
 
 def kernel_ratios(calls: Mapping[str, Sequence[KernelSample]], before: Mapping[str, Sequence[float]],
-                  noise: Mapping[str, float]) -> dict[str, float]:
+                  noise: Mapping[str, float], left_out: frozenset[str] = COMPUTE_BOUND | STREAMING) -> dict[str, float]:
     """Each compute kernel's time now over then, from the kernel probe's ``calls`` (seconds
     measured now) and ``before``, the seconds of the same calls at the calibration (kernels
     without them are left out): their totals' ratio, which weighs each call by its time as
     a step does (a probe's smallest calls, a few microseconds of launching a loop, say
     little of a large model's), with the part of its move that the kernel's ``noise``
-    (relative, of the ratio) can explain taken off (:func:`beyond_noise`). GEMM is left to
-    the GEMM and copy rates, the updates (:data:`STREAMING`) to the copy rates.
+    (relative, of the ratio) can explain taken off (:func:`beyond_noise`). The kernels
+    ``left_out`` are too: by default GEMM, left to the GEMM and copy rates, and the updates
+    (:data:`STREAMING`), left to the copy rates where the probe's ranks ran apart.
     """
     ratios = {}
     for kernel, samples in calls.items():
-        if kernel in COMPUTE_BOUND | STREAMING or kernel not in before:
+        if kernel in left_out or kernel not in before:
             continue
         ratio = work_ratio([(call.seconds, then) for call, then in zip(samples, before[kernel], strict=True)],
                            noise.get(kernel, 0.0))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -427,15 +427,19 @@ def _updates_against_the_models(calibration: Calibration, probed: ProbedWork) ->
     update at 0.84-1.40 ms, its samples of 2.0-2.4M weights 0.82-1.09 ms, and set against
     the probes the runs' updates of that evening, 1.6x the samples', moved 1.0-1.3x (the
     WU stage's WRE a median 27.9 %; 13.6 % against the models)."""
-    ratios = {}
-    for kernel in STREAMING & probed.calls.keys() & calibration.kernel_models.keys():
-        calls = probed.calls[kernel]
-        before = _calibrated_seconds(calibration, kernel, calls)
-        ratio = work_ratio([(call.seconds, then) for call, then in zip(calls, before, strict=True)],
-                           _model_noise(calibration, kernel, len(calls)))
-        if ratio is not None:
-            ratios[kernel] = ratio
-    return ratios
+    calls = {kernel: samples for kernel, samples in probed.calls.items()
+             if kernel in STREAMING and kernel in calibration.kernel_models}
+    return _ratios_against_the_models(calibration, calls, left_out=COMPUTE_BOUND)
+
+
+def _ratios_against_the_models(calibration: Calibration, calls: Mapping[str, Sequence[KernelSample]],
+                               left_out: frozenset[str] = COMPUTE_BOUND | STREAMING) -> dict[str, float]:
+    """:func:`~pydtnn_lite.perfmodel.modelling.drift.kernel_ratios` of ``calls`` against what
+    the calibration's models predict for them, each kernel's noise its model's held-out
+    error over the square root of the calls."""
+    before = {kernel: _calibrated_seconds(calibration, kernel, samples) for kernel, samples in calls.items()}
+    noise = {kernel: _model_noise(calibration, kernel, len(samples)) for kernel, samples in calls.items()}
+    return kernel_ratios(calls, before, noise, left_out)
 
 
 def _modelled_ratios(calibration: Calibration, probed: ProbedWork) -> dict[str, float]:
@@ -446,9 +450,7 @@ def _modelled_ratios(calibration: Calibration, probed: ProbedWork) -> dict[str, 
     replaces, which a probed call's cost does not name, and is left out."""
     calls = {kernel: samples for kernel, samples in probed.calls.items()
              if kernel not in PREDICTED_FROM or kernel in calibration.kernel_models}
-    before = {kernel: _calibrated_seconds(calibration, kernel, samples) for kernel, samples in calls.items()}
-    noise = {kernel: _model_noise(calibration, kernel, len(samples)) for kernel, samples in calls.items()}
-    ratios = kernel_ratios(calls, before, noise)
+    ratios = _ratios_against_the_models(calibration, calls)
     outside = work_ratio([(seconds, calibration.overhead.seconds(count)) for count, seconds in probed.outside])
     return ratios if outside is None else {**ratios, OUTSIDE_KERNELS: outside}
 
