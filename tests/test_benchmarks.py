@@ -139,6 +139,15 @@ def test_cold_start_times_every_condition_against_back_to_back():
     assert [ratio for condition, ratio in timed if condition == "back to back"] == ["1.0", "1.0"]
 
 
+def test_first_run_times_a_job_with_the_cache_empty_and_again_with_it_filled():
+    stdout = run_script("first_run.py", "--model", "mlp", "--batch-size", "8", "--steps", "1", "--ranks", "2",
+                        timeout=300)
+    row = re.search(r"^2 +([\d.]+) +([\d.]+) +(-?[\d.]+) +([\d.]+)x$", stdout, re.MULTILINE)
+    assert row, stdout
+    first, filled, compiling, _ = map(float, row.groups())
+    assert first > 0 and filled > 0 and compiling == pytest.approx(first - filled, abs=0.11)
+
+
 def test_gradient_sync_prints_every_part_on_two_ranks():
     result = run(2, [GRADIENT_SYNC, "--model", "lenet", "--batch-size", "8", "--repeats", "2", "--steps", "2",
                      "--bucket-mb", "0.01", "1"])

@@ -11,16 +11,16 @@ CIFAR sizes than a NumPy generator per sample, whose set-up cost more than its d
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from pydtnn_lite.data.base import Dataset
 from pydtnn_lite.data.hashing import GOLDEN, mix, mix_compiled
+from pydtnn_lite.kernels.jit import compiled
 
 SIGNAL = 0.5  # template amplitude against unit noise: learnable, but not in one step
 _LABEL_WORD = np.uint64(0x1AB)  # a sample's label hashes its key with this, its pixels count from the key
 
 
-@njit(nogil=True, cache=True)
+@compiled(nogil=True)
 def _draw(sample_keys, coarse_templates, num_classes, images, labels):  # pragma: no cover (compiled)
     """Fill ``images`` (n, H, W, C) and ``labels`` (n,): sample r's label and noise from the
     stream of ``sample_keys[r]``. Each pixel's noise is the sum of four 16-bit uniforms of one

@@ -25,6 +25,7 @@ from numba import njit, prange, uint64
 
 from pydtnn_lite.costs import THREADED_FROM_ELEMENTS
 from pydtnn_lite.kernels import conv, elementwise, pooling, update
+from pydtnn_lite.kernels.jit import compiled
 from pydtnn_lite.kernels.layout import row_stride
 
 if "NUMBA_THREADING_LAYER" not in os.environ:
@@ -50,12 +51,12 @@ class ParallelLoop:
     ``fastmath`` is Numba's, for both (``{"reassoc"}`` lets a sum vectorise)."""
 
     def __init__(self, function: Any, fastmath: set[str] | bool = False) -> None:
-        self.parallel = njit(parallel=True, cache=True, fastmath=fastmath)(function)
+        self.parallel = compiled(parallel=True, fastmath=fastmath)(function)
         serial = types.FunctionType(function.__code__, function.__globals__, function.__name__ + "_serial",
                                     function.__defaults__, function.__closure__)
         # Its own name, so that the two compilations have their own files in Numba's cache.
         serial.__qualname__ = function.__qualname__ + "_serial"
-        self.serial = njit(cache=True, fastmath=fastmath)(serial)
+        self.serial = compiled(fastmath=fastmath)(serial)
         functools.update_wrapper(self, function)
 
     def __call__(self, *args: Any) -> Any:
@@ -447,7 +448,7 @@ def concat(inputs: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.nd
     return out
 
 
-@njit(fastmath={"reassoc"}, cache=True)  # reassociation alone: vectorised, and NaN and inf still propagate
+@compiled(fastmath={"reassoc"})  # reassociation alone: vectorised, and NaN and inf still propagate
 def _total(flat):  # pragma: no cover (compiled)
     total = np.zeros(1, flat.dtype)[0]
     for i in range(flat.size):
