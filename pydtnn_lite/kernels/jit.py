@@ -34,10 +34,13 @@ POLL_SECONDS = 0.01  # between looks at the lock and the slots: a compilation ta
 
 
 def _took(lock: IO[str]) -> bool:
+    """Whether this process now holds ``lock`` (or its file system has none)."""
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
+    except OSError:  # no locks there (ENOLCK): compile as every process did before
+        pass
     return True
 
 
