@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,6 +22,7 @@ from pydtnn_lite.runtime import keep_freed_memory
 from pydtnn_lite.training import Trainer, TrainerSettings, build_trainer
 
 Timings = Mapping[str, float]
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")  # the mpich wheel's, beside this Python
 
 
 def timed(call: Callable[[], object]) -> float:

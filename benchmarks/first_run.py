@@ -20,7 +20,7 @@ import time
 
 from pydtnn_lite.textable import format_table
 
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+from common import MPIEXEC
 
 
 def parse_args() -> argparse.Namespace:

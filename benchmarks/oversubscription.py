@@ -30,9 +30,8 @@ from pydtnn_lite.comm import SerialCommunicator
 from pydtnn_lite.runtime import set_blas_threads, usable_cores
 from pydtnn_lite.textable import format_table
 
-from common import interleave, make_trainer, median_seconds
+from common import MPIEXEC, interleave, make_trainer, median_seconds
 
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 EPOCH_THROUGHPUT = re.compile(r"epoch 2/2: .*?([\d.]+) img/s")
 BASELINE = "baseline"
 

@@ -61,10 +61,7 @@ from pydtnn_lite.textable import format_table
 from pydtnn_lite.tracing import load_trace
 from pydtnn_lite.tracing.records import META_FILE, read_meta
 
-from common import output_folder
-
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-
+from common import MPIEXEC, output_folder
 
 # The zoo at a small and a large batch for CIFAR-sized images; the large models at smaller
 # batches, so that every configuration trains a step in seconds on 2 cores.
