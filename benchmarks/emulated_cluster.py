@@ -11,7 +11,9 @@ must have nodes x ranks-per-node ranks), then trains each model under the same e
 cluster with ``--trace`` (once per ``--comm`` strategy) and validates the trace against that copy. Prints per run the
 strategy taken, the measured and predicted step and COMM (the Allreduce time the step waits for), and their
 errors (predicted - measured) / measured; the step's error after the correction for the
-machine's drift since the calibration (docs/performance-model.md), and before it.
+machine's drift since the calibration (docs/performance-model.md), and before it; and COMM's
+parts, the posts of the buckets, the tests between backward's kernels and the wait, each
+measured with its prediction beside it.
 With ``--runs N`` (N >= 2) each configuration trains N times in a row, and the summary gives
 the medians over its runs and, beside the errors, how far the runs differ among
 themselves: the median over every ordered pair of runs of |one's - the other's| / the
@@ -39,7 +41,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(REPO, "launch", "emulated-cluster.sh")
 PYTHON = sys.executable
 HEADERS = ["model", "comm", "Gbit/s", "step ms", "predicted", "error %", "before drift %", "COMM ms", "predicted",
-           "error %"]
+           "error %", "posts, tests, wait ms (predicted)"]
+COMM_PARTS = ("posts", "tests", "wait")
 BETWEEN_HEADERS = ["between runs: step %", "COMM %"]
 
 
@@ -74,6 +77,19 @@ def between_runs(values: list[float]) -> float:
     return 100 * statistics.median(abs(a - b) / b for a, b in itertools.permutations(values, 2))
 
 
+def comm_parts(runs: list[dict]) -> str:
+    """COMM's parts (``validate --json``'s ``comm_parts``), the medians over ``runs`` of each
+    measured and predicted: "posts (predicted), tests (predicted), wait (predicted)" in ms;
+    "-" where the model had none."""
+    if not all(run.get("comm_parts") for run in runs):
+        return "-"
+
+    def median(part: str, figure: str) -> float:
+        return 1e3 * statistics.median(run["comm_parts"][part][figure] for run in runs)
+    return ", ".join(f"{median(part, 'measured_seconds'):.1f} ({median(part, 'predicted_seconds'):.1f})"
+                     for part in COMM_PARTS)
+
+
 def summary_row(runs: list[dict], model: str, comm: str, rate: float, with_between: bool) -> list[str]:
     """A configuration's medians over its ``runs`` (validations), and how far the runs differ."""
     def median(key: str, stage: str | None = None) -> float:
@@ -83,7 +99,8 @@ def summary_row(runs: list[dict], model: str, comm: str, rate: float, with_betwe
     row = [model, taken, f"{rate:g}", f"{median('measured_step_seconds') * 1e3:.0f}",
            f"{median('predicted_step_seconds') * 1e3:.0f}", f"{100 * median('step_error'):+.1f}",
            f"{100 * median('raw_step_error'):+.1f}", f"{median('measured_stage_seconds', 'COMM') * 1e3:.0f}",
-           f"{median('predicted_stage_seconds', 'COMM') * 1e3:.0f}", f"{100 * median('stage_errors', 'COMM'):+.1f}"]
+           f"{median('predicted_stage_seconds', 'COMM') * 1e3:.0f}", f"{100 * median('stage_errors', 'COMM'):+.1f}",
+           comm_parts(runs)]
     if with_between:
         row += [f"{between_runs([run['measured_step_seconds'] for run in runs]):.1f}",
                 f"{between_runs([run['measured_stage_seconds']['COMM'] for run in runs]):.1f}"]

@@ -168,6 +168,7 @@ def _network(calibration: Calibration) -> str:
     window = "" if math.isinf(cost.window_bytes) else f", at most {cost.window_bytes / MIB:.1f} MiB between two calls"
     moving = (f"; a bucket moving beside backward costs {cost.cpu_per_byte * MIB * 1e3:.2f} ms of CPU per MiB "
               f"({100 * cost.in_tests:.0f} % of it inside the tests), posting one {cost.post_seconds * 1e3:.2f} ms"
+              f" and testing it right after {cost.post_test_seconds * 1e3:.2f} ms"
               f"{window}") if cost.cpu_per_byte else ""
     shared = network.straggler_wait
     waits = (f"; its {network.ranks} ranks, sharing the cores, wait for the slowest "

@@ -72,9 +72,12 @@ def test_the_oversubscription_bound_lets_ranks_beyond_the_cores_take_turns():
 
 def test_the_emulated_cluster_summary_gives_medians_and_how_far_runs_differ():
     def run(step: float, comm: float, strategy: str = "mpi") -> dict:
+        parts = {"posts": 0.2 * comm, "tests": 0.3 * comm, "wait": 0.5 * comm}
         return {"measured_step_seconds": step, "predicted_step_seconds": 0.2, "step_error": 0.2 / step - 1,
                 "raw_step_error": 0.0, "measured_stage_seconds": {"COMM": comm},
                 "predicted_stage_seconds": {"COMM": 0.05}, "stage_errors": {"COMM": 0.05 / comm - 1},
+                "comm_parts": {part: {"measured_seconds": seconds, "predicted_seconds": 0.01, "error": 0.0}
+                               for part, seconds in parts.items()},
                 "strategy": strategy}
     # Two runs 10 % apart: each misses the other by 10/110 or 10/100.
     assert between_runs([0.11, 0.10]) == pytest.approx(100 * (0.1 / 1.1 + 0.1) / 2)
@@ -82,7 +85,10 @@ def test_the_emulated_cluster_summary_gives_medians_and_how_far_runs_differ():
     runs = [run(0.25, 0.05), run(0.2, 0.04), run(0.16, 0.1)]
     row = summary_row(runs, "vgg11", "mpi", 2.0, with_between=True)
     assert row[:10] == ["vgg11", "mpi", "2", "200", "200", "+0.0", "+0.0", "50", "50", "+0.0"]
-    assert row[10:] == [f"{between_runs([0.25, 0.2, 0.16]):.1f}", f"{between_runs([0.05, 0.04, 0.1]):.1f}"]
+    # COMM's parts: each part's median over the runs, measured (predicted).
+    assert row[10] == "10.0 (10.0), 15.0 (10.0), 25.0 (10.0)"
+    assert row[11:] == [f"{between_runs([0.25, 0.2, 0.16]):.1f}", f"{between_runs([0.05, 0.04, 0.1]):.1f}"]
+    assert summary_row([dict(runs[0], comm_parts={})], "vgg11", "mpi", 2.0, False)[10] == "-"  # none modelled
     assert summary_row(runs[:1], "vgg11", "mpi", 2.0, with_between=False)[5] == "-20.0"
     # A strategy that --comm auto (or a fallback) chose is named beside the one asked for.
     assert summary_row([run(0.2, 0.05, "hierarchical")], "vgg11", "auto", 1.0, False)[1] == "auto: hierarchical"

@@ -229,6 +229,7 @@ def test_allreduce_is_timed_between_and_inside_the_emulated_nodes(tmp_path):
     # Sockets copy every byte at least once on the ranks' cores (far under 20 ms per MiB).
     assert 0 < network.transfer.cpu_per_byte * (1 << 20) < 20e-3
     assert 0 < network.transfer.post_seconds < 20e-3  # posting a 4 MiB bucket: MPICH starts sending in the call
+    assert 0 < network.transfer.post_test_seconds < 20e-3  # the trainer's test right after it, timed apart
     # Between two MPI calls the link moves a bounded window of bytes: more than nothing, less than the buckets.
     assert 0 < network.transfer.window_bytes < 6 * (4 << 20)
     # The same through the hierarchical strategy's pipeline, whose node levels the ranks run in their calls.

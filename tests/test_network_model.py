@@ -107,7 +107,7 @@ def test_the_timings_survive_the_calibration_file_and_older_files_read_without_t
     recorded = dataclasses.replace(calibration, network=dataclasses.replace(timings(), ranks_per_host=4))
     recorded.save(path)
     assert Calibration.load(path).network.ranks_per_host == 4
-    pipelined = TransferCost(2e-3 / (1 << 20), 1 << 20, 2e-3)
+    pipelined = TransferCost(2e-3 / (1 << 20), 1 << 20, 2e-3, post_test_seconds=0.4e-3)
     recorded = dataclasses.replace(calibration, network=dataclasses.replace(timings(), two_level_transfer=pipelined))
     recorded.save(path)
     assert Calibration.load(path).network.two_level_transfer == pipelined
@@ -130,19 +130,19 @@ def test_the_transfer_cost_is_scaled_from_the_sharing_it_was_measured_in_to_the_
     """Measured with 4 ranks on the 2 cores (an emulated 2 x 2 cluster), the CPU per byte
     already holds two ranks to a core: a job placed so keeps it, a job of a rank per core
     pays half, whatever the placement of the calibration's kernels (a rank per core). A
-    post, a short call timed as a median, holds no sharing: the job's doubles it. A
-    pipeline's later starts are scaled as the CPU per byte."""
-    measured = TransferCost(2e-3 / (1 << 20), 3 << 20, 1e-3, start_seconds=3e-3)
+    post and the test right after it, short calls timed as medians, hold no sharing: the
+    job's doubles them. A pipeline's later starts are scaled as the CPU per byte."""
+    measured = TransferCost(2e-3 / (1 << 20), 3 << 20, 1e-3, start_seconds=3e-3, post_test_seconds=0.5e-3)
     network = NetworkTimings(2, 2, 1.0, timings().inter_node, timings().intra_node, measured, ranks_per_host=4)
     calibration = Calibration({"ranks": 2, "ranks_per_node": 2, "usable_cores": 2}, 1e11, 1e10, {},
                               [(4, 1024.0, 1e-4)], allreduce_ranks=2, network=network)
     machine = CalibratedMachine(calibration, None)
     shared = adjusted_machine(machine, RankPlacement(4, 4, 2)).transfer_cost
-    assert (shared.cpu_per_byte, shared.post_seconds, shared.start_seconds) == pytest.approx(
-        (measured.cpu_per_byte, 2e-3, 3e-3))
+    assert (shared.cpu_per_byte, shared.post_seconds, shared.post_test_seconds, shared.start_seconds) == pytest.approx(
+        (measured.cpu_per_byte, 2e-3, 1e-3, 3e-3))
     alone = adjusted_machine(machine, RankPlacement(2, 2, 2)).transfer_cost
-    assert (alone.cpu_per_byte, alone.post_seconds, alone.start_seconds) == pytest.approx(
-        (measured.cpu_per_byte / 2, 1e-3, 1.5e-3))
+    assert (alone.cpu_per_byte, alone.post_seconds, alone.post_test_seconds, alone.start_seconds) == pytest.approx(
+        (measured.cpu_per_byte / 2, 1e-3, 0.5e-3, 1.5e-3))
     assert alone.window_bytes == measured.window_bytes
     unrecorded = dataclasses.replace(calibration, network=dataclasses.replace(network, ranks_per_host=None))
     older = adjusted_machine(CalibratedMachine(unrecorded, None), RankPlacement(4, 4, 2)).transfer_cost
@@ -260,7 +260,8 @@ class _ClockedComm:
 def test_a_post_is_timed_with_the_test_the_trainer_makes_right_after_it(monkeypatch):
     """The trainer tests its buckets as soon as it has posted them (the test that takes the
     peer's first share in over TCP, counted as communication in the trace): the calibration
-    times a post the same way, the post and that test, and leaves the rest to the kernels."""
+    times a post the same way, the post and, apart as the trace has them, that test, and
+    leaves the rest to the kernels."""
     clock = _Clock()
     monkeypatch.setattr(transfer_cost.time, "perf_counter", clock)
     comm = _ClockedComm(clock)
@@ -268,9 +269,10 @@ def test_a_post_is_timed_with_the_test_the_trainer_makes_right_after_it(monkeypa
     def kernel() -> None:
         clock.now += 10.0
     run = transfer_cost.overlapped_kernels(comm, kernel, [object(), object()])
-    assert (run.kernels, run.posting, run.seconds) == (1, 2 * (1.0 + 0.5), 2 * (1.0 + 0.5) + 10.0 + 2 * 0.5)
+    assert (run.kernels, run.posting, run.post_testing) == (1, 2 * 1.0, 2 * 0.5)
+    assert run.seconds == 2 * (1.0 + 0.5) + 10.0 + 2 * 0.5
     assert run.testing == 2 * 0.5  # the two tests after the kernel
-    assert transfer_cost.lone_post_round(comm, kernel, [object(), object()]) == (1.5, 0.0)
+    assert transfer_cost.lone_post_round(comm, kernel, [object(), object()]) == (1.0, 0.5, 0.0)
 
 
 def test_through_a_pipeline_the_tests_that_start_a_buckets_next_collective_are_timed_apart(monkeypatch):
@@ -286,8 +288,8 @@ def test_through_a_pipeline_the_tests_that_start_a_buckets_next_collective_are_t
     run = transfer_cost.overlapped_kernels(comm, kernel, [object()])
     # The post (1 s) and the test right after it, the test that starts the second
     # collective after the first kernel, then the test that finds it done.
-    assert (run.kernels, run.posting, run.starting, run.testing) == (2, 1.0 + 0.5, 0.5, 0.5)
-    assert transfer_cost.lone_post_round(comm, kernel, [object(), object()]) == (1.5, 0.5)
+    assert (run.kernels, run.posting, run.post_testing, run.starting, run.testing) == (2, 1.0, 0.5, 0.5, 0.5)
+    assert transfer_cost.lone_post_round(comm, kernel, [object(), object()]) == (1.0, 0.5, 0.5)
 
 
 def test_the_transfer_cpu_is_split_between_the_tests_and_the_kernels_they_slow(monkeypatch):

@@ -44,7 +44,7 @@ from pydtnn_lite.perfmodel.modelling.machines import (
 from pydtnn_lite.perfmodel.modelling.outside_kernels import AffineCost
 from pydtnn_lite.perfmodel.modelling.prediction import PredictedKernel, StepPrediction, balanced_shares, predict_step
 from pydtnn_lite.perfmodel.modelling.processors import Processor, blas_kernels
-from pydtnn_lite.perfmodel.modelling.report import MAX_BARS, StageBars, stage_bars
+from pydtnn_lite.perfmodel.modelling.report import MAX_BARS, StageBars, stage_bars, summary_text, validation_figures
 from pydtnn_lite.perfmodel.modelling.roofline import Roofline, gemm_intensity
 from pydtnn_lite.perfmodel.modelling.scalability import BASELINE_BATCH, study
 from pydtnn_lite.perfmodel.modelling.synchronization import expected_maximum, fit_sync_wait
@@ -252,10 +252,10 @@ class ConstantMachine:
                  outside: float = 0.0, load: float = 0.0, background: float = 1.0,
                  during: float | None = None, starts_inside_calls: bool = False, transfer: float = 0.0,
                  window: float = math.inf, post: float = 0.0, in_tests: float = 1.0, start: float = 0.0,
-                 cache: float = 0.0, in_cache: float = 1.0, left: float = 1.0) -> None:
+                 cache: float = 0.0, in_cache: float = 1.0, left: float = 1.0, post_test: float = 0.0) -> None:
         self.kernel, self.reduce, self.overlaps_communication = kernel, reduce, overlaps_communication
         self.starts_inside_calls, self.transfer, self.window = starts_inside_calls, transfer, window
-        self.post, self.in_tests, self.start = post, in_tests, start
+        self.post, self.in_tests, self.start, self.post_test = post, in_tests, start, post_test
         self.wait, self.outside, self.load, self.background = wait, outside, load, background
         self.during = reduce if during is None else during
         self.cache, self.in_cache, self.left = cache, in_cache, left
@@ -290,7 +290,7 @@ class ConstantMachine:
 
     @property
     def transfer_cost(self) -> TransferCost:
-        return TransferCost(self.transfer, self.window, self.post, self.in_tests, self.start)
+        return TransferCost(self.transfer, self.window, self.post, self.in_tests, self.start, self.post_test)
 
     def cache_factor(self, kernel: str, nbytes: float, moved: float, since_use: float = 0.0) -> float:
         self.since_use.append((kernel, since_use))
@@ -616,9 +616,10 @@ def test_over_mpi_posting_each_bucket_costs_the_step_its_time_as_communication()
     take no time, each of VGG11's buckets adds its post to the step, as a COMM entry."""
     network, optimizer = build_workload("vgg11", "cifar10")
 
-    def step(post: float, start: float = 0.0) -> StepPrediction:
+    def step(post: float, start: float = 0.0, post_test: float = 0.0) -> StepPrediction:
         return predict_step(network, optimizer, 16, 2, ConstantMachine(1e-3, 1e-9, starts_inside_calls=True,
-                                                                       post=post, start=start), bucket_mb=4.0)
+                                                                       post=post, start=start, post_test=post_test),
+                            bucket_mb=4.0)
 
     bare, posted = step(0.0), step(2e-4)
     buckets = len(posted.bucket_bytes)
@@ -632,6 +633,12 @@ def test_over_mpi_posting_each_bucket_costs_the_step_its_time_as_communication()
     assert started.stage_seconds["COMM"] == pytest.approx(posted.stage_seconds["COMM"] + buckets * 3e-4)
     assert started.step_with_overlap == pytest.approx(posted.step_with_overlap + buckets * 3e-4)
     assert started.step_without_overlap == pytest.approx(bare.step_without_overlap)
+    # The test right after each post is a test as the trace has it: with the starts, in one
+    # progress entry a bucket, and the step as long as with the post timed with it.
+    tested = step(2e-4, start=3e-4, post_test=1e-4)
+    assert [k.seconds for k in tested.kernels if k.kernel == "allreduce_progress"] == pytest.approx([4e-4] * buckets)
+    assert [k.seconds for k in tested.kernels if k.kernel == "allreduce_start"] == [2e-4] * buckets
+    assert tested.step_with_overlap == pytest.approx(step(3e-4, start=3e-4).step_with_overlap)
 
 
 def test_reductions_among_ranks_that_share_cores_cost_their_cpu_time_but_the_last():
@@ -970,6 +977,51 @@ def test_each_call_of_a_kernel_in_a_layer_is_compared_with_its_own_prediction():
     assert result.unmatched == 0
 
 
+def test_comm_is_compared_in_posts_tests_and_wait_where_the_model_times_the_bucket_calls():
+    """Over a network the model charges the posts of the buckets and the tests between backward's
+    kernels apart from the wait at the end: the validation sets each against the trace's calls of
+    the same kind, so that two parts that miss in opposite directions show under a right total."""
+    def comm(step: int, kernel: str, seconds: float, occurrence_layer: int = -1) -> KernelRecord:
+        return KernelRecord(0, "train", step, "COMM", occurrence_layer, "", "", kernel, "communication", 0.0,
+                            seconds, "", 0.0, 0.0)
+    records = [record for step in range(4) for record in (
+        _record(step, "FP", 0, "gemm", 5e-3), _record(step, "BP", 0, "gemm", 5e-3),
+        comm(step, "allreduce_start", 1e-3), comm(step, "allreduce_start", 1e-3),
+        *(comm(step, "allreduce_progress", 0.5e-3, 0) for _ in range(4)),
+        comm(step, "allreduce_wait", 2e-3 if step % 2 == 0 else 4e-3), comm(step, "allreduce", 0.2e-3))]
+    steps = [StepRecord(0, step, 0.0, 20e-3, 16) for step in range(4)]
+    computing = [PredictedKernel(0, "layer0", "FP", "gemm", 0, 5e-3, 0.0, 0.0),
+                 PredictedKernel(0, "layer0", "BP", "gemm", 0, 5e-3, 0.0, 0.0)]
+    on_network = [PredictedKernel(-1, "", "COMM", "allreduce_start", i, 1.5e-3, 0.0, 4.0) for i in range(2)] + [
+        PredictedKernel(0, "layer0", "COMM", "transfer_cpu", 0, 1e-3, 0.0, 0.0)]
+    # The step with overlap: 10 ms of kernels and 5 of COMM, of which 3 posts and 1 of tests.
+    prediction = StepPrediction(computing + on_network, [4.0, 4.0], [6e-3, 6e-3], 2, 16,
+                                {"FP": 5e-3, "BP": 5e-3, "WU": 0.0, "COMM": 4e-3}, 19e-3, 15e-3)
+    result = validate(records, steps, overlap=True, predict=lambda batch: prediction)
+
+    parts = {part.name: part for part in result.comm_parts}
+    assert list(parts) == ["posts", "tests", "wait"]
+    assert parts["posts"].measured == pytest.approx(2e-3) and parts["posts"].predicted == pytest.approx(3e-3)
+    assert parts["tests"].measured == pytest.approx(2e-3) and parts["tests"].predicted == pytest.approx(1e-3)
+    # The rest of COMM: the final wait, 2 and 4 ms in alternate steps, and the loss's reduction.
+    assert parts["wait"].measured == pytest.approx(3.2e-3) and parts["wait"].predicted == pytest.approx(1e-3)
+    assert parts["wait"].half_difference == pytest.approx(2 / 3.2)
+    total = next(stage for stage in result.stages if stage.name == "COMM")
+    assert sum(p.measured for p in parts.values()) == pytest.approx(total.measured)
+    assert sum(p.predicted for p in parts.values()) == pytest.approx(total.predicted)
+    figures = validation_figures(result)["comm_parts"]
+    assert figures["tests"] == {"measured_seconds": pytest.approx(2e-3), "predicted_seconds": pytest.approx(1e-3),
+                                "error": pytest.approx(-0.5)}
+    assert "  posts" in summary_text(result) and "  wait" in summary_text(result)
+
+    # Where the model does not time the posts (one node, whose buckets move only in their own
+    # calls and in blocking ones), COMM stays one figure.
+    one_node = replace(prediction, kernels=computing + [replace(on_network[0], kernel="allreduce")])
+    alone = validate(records, steps, overlap=True, predict=lambda batch: one_node)
+    assert alone.comm_parts == [] and validation_figures(alone)["comm_parts"] == {}
+    assert "  posts" not in summary_text(alone)
+
+
 def calibration_folder(folder) -> str:
     """A folder of two copies of the reference calibration: ``here.json`` measured on this
     machine's processor, and ``elsewhere.json`` on another one, measured later."""
@@ -1095,6 +1147,7 @@ def test_validate_prints_its_figures_as_one_json_object(traced_run, tmp_path):
     for key in ("measured_stage_seconds", "predicted_stage_seconds", "stage_errors"):
         assert set(document[key]) == {"DATA", "FP", "BP", "WU", "COMM"}
     assert set(document["split_half"]) == {"step_difference", "stage_differences", "wre"}
+    assert document["comm_parts"] == {}  # on one node the model has no posts and tests apart from the wait
     assert isinstance(document["unmatched_calls"], int)
     # One-thread ranks, as calibrated; a line only where this machine's processor is not the
     # file's, and one where its BLAS runs other kernels (OPENBLAS_CORETYPE unset or set otherwise).

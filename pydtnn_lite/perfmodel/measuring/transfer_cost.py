@@ -10,13 +10,13 @@ test of the outstanding buckets after each, while :data:`BUCKETS` buckets of
 :data:`BUCKET_BYTES` reduce over all the ranks.
 
 - Posting: the seconds of the call that starts a bucket's reduction (MPICH over TCP
-  writes the bucket's first share into the socket inside it) and of the test the trainer
-  makes right after it (which takes in what the peers have sent of the bucket and sums
-  it), each bucket posted alone onto an idle link, as backward posts its buckets one at a
-  time: for a 4 MiB bucket 0.6 ms over 1 and 2 Gbit/s here, about the call alone, and 1.5
-  over 5, where the call alone took 0.8 and training's tests right after a post 0.3-0.5
-  (the faster the link, the more of the peer's share the test finds). Six posted back to
-  back averaged 0.2-0.4 ms, five of them finding the sockets full.
+  writes the bucket's first share into the socket inside it) and, apart, of the test the
+  trainer makes right after it (which takes in what the peers have sent of the bucket and
+  sums it), each bucket posted alone onto an idle link, as backward posts its buckets one
+  at a time: for a 4 MiB bucket 0.6 ms together over 1 and 2 Gbit/s here, about the call
+  alone, and 1.5 over 5, where the call alone took 0.8 and training's tests right after a
+  post 0.3-0.5 (the faster the link, the more of the peer's share the test finds). Six
+  posted back to back averaged 0.2-0.4 ms, five of them finding the sockets full.
 - Starting: through the hierarchical pipeline, the seconds of the later tests that start
   a bucket's next collective (its Allreduce between the nodes, then its Bcast), timed
   with the posts: about a millisecond each, as a post, wherever the bytes then move.
@@ -62,13 +62,14 @@ def gemm_kernel() -> Callable[[], object]:
 @dataclass(frozen=True)
 class Overlapped:
     """A reduction run beside kernels: the kernels run, the seconds taken, and the seconds
-    of them posting the buckets (with the test right after), starting their later
+    of them posting the buckets, testing them right after, starting their later
     collectives (the tests that start one: the hierarchical pipeline's) and testing them
     otherwise."""
 
     kernels: int
     seconds: float
     posting: float
+    post_testing: float
     starting: float
     testing: float
 
@@ -79,8 +80,9 @@ def overlapped_kernels(comm: Communicator, kernel: Callable[[], object], buckets
     comm.barrier()
     started = time.perf_counter()
     pending = [comm.iallreduce(bucket) for bucket in buckets]
+    posted = time.perf_counter()
     pending = [request for request in pending if not request.test()]  # as the trainer tests right after posting
-    posting = time.perf_counter() - started
+    posting, post_testing = posted - started, time.perf_counter() - posted
     kernels, testing, starting = 0, 0.0, 0.0
     while pending:
         kernel()
@@ -94,7 +96,7 @@ def overlapped_kernels(comm: Communicator, kernel: Callable[[], object], buckets
         else:
             testing += seconds
         pending = unfinished
-    return Overlapped(kernels, time.perf_counter() - started, posting, starting, testing)
+    return Overlapped(kernels, time.perf_counter() - started, posting, post_testing, starting, testing)
 
 
 def transfer_round(comm: Communicator, kernel: Callable[[], object],
@@ -109,16 +111,18 @@ def transfer_round(comm: Communicator, kernel: Callable[[], object],
     alone = (time.perf_counter() - started) / ALONE_KERNELS
     run = overlapped_kernels(comm, kernel, buckets)
     nbytes = sum(bucket.nbytes for bucket in buckets)
-    return max(0.0, run.seconds - run.posting - run.starting - run.kernels * alone) / nbytes, run.testing / nbytes
+    posts = run.posting + run.post_testing + run.starting
+    return max(0.0, run.seconds - posts - run.kernels * alone) / nbytes, run.testing / nbytes
 
 
 def lone_post_round(comm: Communicator, kernel: Callable[[], object],
-                    buckets: list[np.ndarray]) -> tuple[float, float]:
-    """The mean seconds of posting one of ``buckets`` onto an idle link and testing it right
+                    buckets: list[np.ndarray]) -> tuple[float, float, float]:
+    """The mean seconds of posting one of ``buckets`` onto an idle link, of testing it right
     after, and of starting its later collectives, each reduced to its end, tested after
     every ``kernel``, before the next is posted; collective."""
     runs = [overlapped_kernels(comm, kernel, [bucket]) for bucket in buckets]
-    return statistics.fmean(run.posting for run in runs), statistics.fmean(run.starting for run in runs)
+    return (statistics.fmean(run.posting for run in runs), statistics.fmean(run.post_testing for run in runs),
+            statistics.fmean(run.starting for run in runs))
 
 
 def window_round(comm: Communicator, kernel: Callable[[], object], buckets: list[np.ndarray]) -> float:
@@ -130,8 +134,8 @@ def window_round(comm: Communicator, kernel: Callable[[], object], buckets: list
 def measure_transfer(comm: Communicator, rounds: int = ROUNDS) -> TransferCost:
     """The CPU seconds per byte of a bucket that moving it over the job's network costs a
     rank computing beside it, the share of them inside the tests (the medians over ``rounds``,
-    the share of the round of the median CPU), the seconds of posting one alone and of
-    starting its later collectives (the medians over ``rounds``), and the bucket bytes the
+    the share of the round of the median CPU), the seconds of posting one alone, of the test
+    right after and of starting its later collectives (the medians over ``rounds``), and the bucket bytes the
     link moves between two tests (the median over :data:`WINDOW_ROUNDS`), each averaged over
     the ranks (every rank gets them). Collective."""
     kernel = gemm_kernel()
@@ -141,7 +145,7 @@ def measure_transfer(comm: Communicator, rounds: int = ROUNDS) -> TransferCost:
     cpu, in_tests = by_cpu[len(by_cpu) // 2]
     share = min(1.0, in_tests / cpu) if cpu > 0 else 1.0
     posts = [lone_post_round(comm, kernel, buckets) for _ in range(rounds)]
-    post, start = (statistics.median(figures) for figures in zip(*posts, strict=True))
+    post, post_test, start = (statistics.median(figures) for figures in zip(*posts, strict=True))
     started = time.perf_counter()
     kernel()
     repeats = max(1, math.ceil(LONG_KERNEL_SECONDS / (time.perf_counter() - started)))
@@ -153,5 +157,5 @@ def measure_transfer(comm: Communicator, rounds: int = ROUNDS) -> TransferCost:
             kernel()
 
     window = statistics.median(window_round(comm, long_kernel, buckets) for _ in range(WINDOW_ROUNDS))
-    per_rank = comm.allgather_object((cpu, window, post, share, start))
+    per_rank = comm.allgather_object((cpu, window, post, share, start, post_test))
     return TransferCost(*(statistics.fmean(figures) for figures in zip(*per_rank, strict=True)))

@@ -30,23 +30,27 @@ class TransferCost:
     """What moving a bucket over MPI on a network costs beside the computation: CPU seconds
     per byte of the bucket, the bucket bytes the link moves at most between two MPI
     calls (infinite: no limit), the seconds of the call that posts a bucket's
-    reduction (MPICH over TCP starts sending inside it) and of the trainer's test right
-    after it, the share of the CPU seconds spent inside the tests themselves (the rest
-    slows the kernels between them; 1 for files written before it was measured), and the
-    seconds of the tests that start a bucket's later collectives (the hierarchical
-    pipeline's: its collective between the nodes, then its Bcast; 0 for a reduction of
-    one collective, and in files written before they were measured)."""
+    reduction (MPICH over TCP starts sending inside it), the share of the CPU seconds
+    spent inside the tests themselves (the rest slows the kernels between them; 1 for
+    files written before it was measured), the seconds of the tests that start a bucket's
+    later collectives (the hierarchical pipeline's: its collective between the nodes,
+    then its Bcast; 0 for a reduction of one collective, and in files written before they
+    were measured), and the seconds of the trainer's test right after a post (which takes
+    in what the peers sent of the bucket meanwhile; 0 in files written before it was
+    timed apart, whose ``post_seconds`` holds the post and that test together)."""
 
     cpu_per_byte: float = 0.0
     window_bytes: float = math.inf
     post_seconds: float = 0.0
     in_tests: float = 1.0
     start_seconds: float = 0.0
+    post_test_seconds: float = 0.0
 
     def to_dict(self) -> dict:
         return {"cpu_per_byte": self.cpu_per_byte, "post_seconds": self.post_seconds,
                 "window_bytes": None if math.isinf(self.window_bytes) else self.window_bytes,
-                "in_tests": self.in_tests, "start_seconds": self.start_seconds}
+                "in_tests": self.in_tests, "start_seconds": self.start_seconds,
+                "post_test_seconds": self.post_test_seconds}
 
     @classmethod
     def from_dict(cls, data: dict) -> TransferCost:
@@ -55,7 +59,8 @@ class TransferCost:
                    math.inf if data.get("window_bytes") is None else float(data["window_bytes"]),
                    float(data.get("post_seconds") or 0.0),
                    1.0 if data.get("in_tests") is None else float(data["in_tests"]),
-                   float(data.get("start_seconds") or 0.0))
+                   float(data.get("start_seconds") or 0.0),
+                   float(data.get("post_test_seconds") or 0.0))
 
 
 NO_TRANSFER_COST = TransferCost()

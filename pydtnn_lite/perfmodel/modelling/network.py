@@ -20,7 +20,7 @@ from pydtnn_lite.perfmodel.modelling.synchronization import SyncWaitModel, fit_s
 # written before the pipeline's cost was recorded beside it as a record of its own).
 FLAT_TRANSFER_KEYS = {"cpu_per_byte": "transfer_cpu_per_byte", "window_bytes": "window_bytes",
                       "post_seconds": "post_seconds", "in_tests": "transfer_in_tests",
-                      "start_seconds": "transfer_start_seconds"}
+                      "start_seconds": "transfer_start_seconds", "post_test_seconds": "transfer_post_test_seconds"}
 
 
 @dataclass(frozen=True)

@@ -507,13 +507,15 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     it on the channel and, where phases start inside calls, the CPU time of the data the
     link moved during each layer's backward (TRANSFER_CPU entries per layer: in COMM inside
     the tests, in BP in the kernels slowed) and the posts of the buckets (an ALLREDUCE_START
-    entry in COMM each, as the trace has them, and where the pipeline starts a bucket's
-    later collectives in tests, an ALLREDUCE_PROGRESS entry for those starts); and what
-    communication adds to backward: the posts and starts, the tests' CPU time, and how long
-    the buckets outlast it. A bucket is ready when backward is done with its first layer,
-    and posted then, which takes the rank ``transfer_cost.post_seconds`` where phases start
-    inside calls, and ``transfer_cost.start_seconds`` more for its later starts (counted
-    there: the rank pays them in the tests of the same backward); an MPI call comes
+    entry in COMM each, as the trace has them, and an ALLREDUCE_PROGRESS entry each for
+    the test right after its post and, where the pipeline starts a bucket's later
+    collectives in tests, those starts); and what communication adds to backward: the
+    posts, their tests and the starts, the tests' CPU time, and how long the buckets
+    outlast it. A bucket is ready when backward is done with its first layer, and posted
+    then, which takes the rank ``transfer_cost.post_seconds`` where phases start inside
+    calls, ``transfer_cost.post_test_seconds`` for the test right after, and
+    ``transfer_cost.start_seconds`` more for its later starts (counted there: the rank
+    pays them in the tests of the same backward); an MPI call comes
     after every kernel, and ``between_calls`` seconds of the interpreter's work before the
     next (the step's time outside its kernels, shared over its calls), during which the
     link moves on too.
@@ -532,8 +534,9 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     queued: dict[CallKey, float] = {}
     transfer_cpu: defaultdict[int, float] = defaultdict(float)
     clock, ready, previous_layer = slowest.delay, 0, network.loss_index
-    post, start = (cost.post_seconds, cost.start_seconds) if machine.starts_inside_calls else (0.0, 0.0)
-    posting = post + start  # what a bucket's reduction takes the rank in the calls that start its collectives
+    post, tests = ((cost.post_seconds, cost.post_test_seconds + cost.start_seconds) if machine.starts_inside_calls
+                   else (0.0, 0.0))
+    posting = post + tests  # what a bucket's reduction takes the rank in the calls that start its collectives
 
     def charge_moved() -> None:
         """The previous kernel ran the longer for what the tests' phases moved meanwhile."""
@@ -567,8 +570,8 @@ def _backward_channel(network: Network, kernels: list[PredictedKernel], bucket_b
     if post > 0:
         waited += [PredictedKernel(NO_LAYER, "", Stage.COMM, ALLREDUCE_START, i, post, 0.0, n)
                    for i, n in enumerate(bucket_bytes)]
-    if start > 0:
-        waited += [PredictedKernel(NO_LAYER, "", Stage.COMM, ALLREDUCE_PROGRESS, i, start, 0.0, 0.0)
+    if tests > 0:
+        waited += [PredictedKernel(NO_LAYER, "", Stage.COMM, ALLREDUCE_PROGRESS, i, tests, 0.0, 0.0)
                    for i in range(len(bucket_bytes))]
     return waited, max(0.0, done - clock) + posting * len(buckets) + cost.in_tests * sum(transfer_cpu.values())
 

@@ -10,7 +10,7 @@ import math
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from pydtnn_lite.costs import COMPUTE_STAGES
 from pydtnn_lite.errors import UserError
@@ -153,7 +153,7 @@ td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}td:first-child{{t
 img{{max-width:100%}}</style></head><body>
 <h1>{html.escape(title)}</h1>
 <h2>Step and stages</h2>
-<table>{head}{_rows([validation.step] + validation.stages)}</table>
+<table>{head}{_rows([validation.step] + validation.stages + _comm_part_rows(validation))}</table>
 <p>Relative error = (predicted - measured) / measured. WRE of a stage = mean over its kernels of
 |predicted - measured| / (mean measured kernel time of the stage). The step excludes data loading.
 {html.escape(HALVES_NOTE)}. {validation.unmatched} traced calls had no prediction.</p>
@@ -169,11 +169,16 @@ img{{max-width:100%}}</style></head><body>
     return paths
 
 
+def _comm_part_rows(validation: Validation) -> list[Comparison]:
+    """The COMM parts as rows under COMM (none where the model has no parts)."""
+    return [replace(part, name=f"  {part.name}") for part in validation.comm_parts]
+
+
 def summary_text(validation: Validation) -> str:
-    """The step and stage table as text."""
+    """The step and stage table as text, COMM's parts under it where the model has them."""
     rows = [(c.name, f"{c.measured * 1e3:.3f}", f"{c.predicted * 1e3:.3f}", _percent(c.relative_error),
              _magnitude(c.wre), _magnitude(c.half_difference), _magnitude(c.half_wre))
-            for c in [validation.step] + validation.stages]
+            for c in [validation.step] + validation.stages + _comm_part_rows(validation)]
     table = format_table(("", "measured ms", "predicted ms", "error", "WRE", "half diff", "half WRE"), rows)
     return "\n".join([table, HALVES_NOTE])
 
@@ -193,6 +198,8 @@ def validation_figures(validation: Validation, raw: Validation | None = None,
     ``raw_step_error`` is the error of ``raw``, the validation before the correction,
     ``drift_factor`` the ratio of the two predicted steps and ``drift`` the time ratios
     of each kind of work. Without a probe, both errors are equal and the drift None.
+    ``comm_parts`` holds COMM's parts (posts, tests, wait) where the model has them, else
+    nothing.
     """
     step, stages = validation.step, validation.stages
     corrected = json_number(step.relative_error)
@@ -205,6 +212,8 @@ def validation_figures(validation: Validation, raw: Validation | None = None,
             "measured_stage_seconds": {s.name: s.measured for s in stages},
             "predicted_stage_seconds": {s.name: s.predicted for s in stages},
             "stage_errors": {s.name: json_number(s.relative_error) for s in stages},
+            "comm_parts": {part.name: {"measured_seconds": part.measured, "predicted_seconds": part.predicted,
+                                       "error": json_number(part.relative_error)} for part in validation.comm_parts},
             "split_half": {"step_difference": json_number(step.half_difference),
                            "stage_differences": {s.name: json_number(s.half_difference) for s in stages},
                            "wre": {s.name: json_number(s.half_wre) for s in stages if s.name in COMPUTE_STAGES}},

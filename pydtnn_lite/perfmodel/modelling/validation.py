@@ -23,19 +23,36 @@ agrees with itself. So every total and stage also carries its *split-half* figur
 traced steps are dealt alternately into two halves, and the same metrics are computed
 between the halves (one half's kernel times standing in for the prediction). A WRE near its
 split-half WRE is as good as the run's noise allows.
+
+Where the model times the calls that move overlapped buckets over a network (MPI over TCP:
+``channel.py``), COMM is also compared in its parts (:data:`COMM_PARTS`): the posts of the
+buckets, the tests between the kernels of backward, and the rest, the wait at the end of
+the step (for the buckets that outlast backward and for the slowest rank) with the loss's
+reduction. Two parts that miss in opposite directions can leave the total right.
 """
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from pydtnn_lite.costs import ALLREDUCE, COMPUTE_STAGES, CallCounter, CallKey, Stage
+from pydtnn_lite.costs import (
+    ALLREDUCE,
+    ALLREDUCE_PROGRESS,
+    ALLREDUCE_START,
+    COMPUTE_STAGES,
+    TRANSFER_CPU,
+    CallCounter,
+    CallKey,
+    Stage,
+)
 from pydtnn_lite.perfmodel.modelling.prediction import STAGES, StepPrediction
 from pydtnn_lite.tracing.records import TRAIN, KernelRecord, StepRecord
 
 NAN = float("nan")
+POSTS, TESTS, WAIT = "posts", "tests", "wait"
+COMM_PARTS = (POSTS, TESTS, WAIT)
 
 
 @dataclass(frozen=True)
@@ -88,6 +105,26 @@ class Validation:
     stages: list[Comparison]
     step: Comparison
     unmatched: int  # traced calls without a prediction (e.g. reductions in a 1-rank run)
+    comm_parts: list[Comparison] = field(default_factory=list)  # COMM by COMM_PARTS, where the model has them
+
+
+def measured_comm_part(kernel: str) -> str:
+    """The part of COMM that a traced call of ``kernel`` belongs to: posting a bucket, a test
+    of the outstanding buckets, or the rest (the final wait, the loss's reduction)."""
+    return POSTS if kernel == ALLREDUCE_START else TESTS if kernel == ALLREDUCE_PROGRESS else WAIT
+
+
+def predicted_comm_parts(prediction: StepPrediction, comm_seconds: float) -> dict[str, float]:
+    """``comm_seconds``, a prediction's COMM, in :data:`COMM_PARTS`: its posts, its tests (the
+    transfer's CPU time inside them, and the tests that start a pipeline's later
+    collectives), and the rest; empty where the prediction charges no posts (no network
+    whose data moves only inside MPI calls, or no overlap)."""
+    comm = [k for k in prediction.kernels if k.stage == Stage.COMM]
+    posts = sum(k.seconds for k in comm if k.kernel == ALLREDUCE_START)
+    if posts <= 0:
+        return {}
+    tests = sum(k.seconds for k in comm if k.kernel in (TRANSFER_CPU, ALLREDUCE_PROGRESS))
+    return {POSTS: posts, TESTS: tests, WAIT: comm_seconds - posts - tests}
 
 
 def _occurrences(records: Sequence[KernelRecord]) -> dict[CallKey, list[tuple[int, float]]]:
@@ -189,6 +226,7 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
     for record in train:
         stage_measured[record.stage] += record.duration / rank_steps
     stage_predicted: defaultdict[str, float] = defaultdict(float)
+    part_predicted: defaultdict[str, float] = defaultdict(float)
     for batch in batches.values():
         prediction = predictions[batch]
         for stage in STAGES:
@@ -197,6 +235,9 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
                        - sum(prediction.stage_seconds.get(s, 0.0) for s in COMPUTE_STAGES)
                        if stage == Stage.COMM else prediction.stage_seconds.get(stage, 0.0))
             stage_predicted[stage] += seconds / len(batches)
+            if stage == Stage.COMM:
+                for part, part_seconds in predicted_comm_parts(prediction, seconds).items():
+                    part_predicted[part] += part_seconds / len(batches)
     stages = []
     for stage in STAGES:
         in_stage = [k for k in kernels if k.stage == stage]
@@ -206,9 +247,18 @@ def validate(records: Sequence[KernelRecord], steps: Sequence[StepRecord], overl
                                              [half_typical[key][1] for key in keys]) if halves.usable else NAN)
         difference = halves.difference([(r.step, r.duration) for r in train if r.stage == stage])
         stages.append(Comparison(stage, stage_measured[stage], stage_predicted[stage], wre, difference, half_wre))
+    comm_parts = []
+    if part_predicted:
+        by_part: defaultdict[str, list[KernelRecord]] = defaultdict(list)
+        for record in train:
+            if record.stage == Stage.COMM:
+                by_part[measured_comm_part(record.kernel)].append(record)
+        comm_parts = [Comparison(part, sum(r.duration for r in by_part[part]) / rank_steps, part_predicted[part],
+                                 half_difference=halves.difference([(r.step, r.duration) for r in by_part[part]]))
+                      for part in COMM_PARTS]
     step_measured = sum(s.duration for s in steps) / rank_steps
     step_predicted = max(predictions[b].step_seconds(overlap) for b in batches.values())
     step_difference = halves.difference([(s.step, s.duration) for s in steps])
     unmatched = sum(len(found) for key, found in occurrences.items() if key not in predicted_kernels)
     return Validation(kernels, stages, Comparison("step", step_measured, step_predicted,
-                                                  half_difference=step_difference), unmatched)
+                                                  half_difference=step_difference), unmatched, comm_parts)
