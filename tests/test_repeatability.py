@@ -12,6 +12,7 @@ from pydtnn_lite.perfmodel.modelling.repeatability import (
     comparison_summary,
     comparison_table,
     model_and_floor,
+    parts_model_and_floor,
 )
 from pydtnn_lite.perfmodel.modelling.validation import Comparison, KernelComparison, Validation
 
@@ -65,3 +66,32 @@ def test_the_json_summary_has_no_nan_where_a_stage_has_no_kernels():
     assert summary["between_runs_median"]["wre_wu"] is None and summary["model_median"]["wre_wu"] is None
     assert summary["between_runs_median"]["step_error"] == pytest.approx((0.2 + 2 / 12) / 2)
     json.dumps(summary, allow_nan=False)
+
+
+def test_comm_s_parts_are_set_beside_how_far_the_runs_parts_differ():
+    """Over a network each run's posts, tests and wait are compared with the model's, and the
+    runs' parts with each other: posts 2 and 3 ms against 4 predicted are off by 50-100 %
+    where the runs differ by 1/3 to 1/2, a miss no run's noise explains."""
+    def with_parts(posts: float, tests: float, wait: float) -> Validation:
+        validation = run((2.0, 2.0), 10.0, posts + tests + wait)
+        validation.comm_parts = [Comparison("posts", posts, 4.0), Comparison("tests", tests, 1.0),
+                                 Comparison("wait", wait, 2.0)]
+        return validation
+    runs = [with_parts(2.0, 1.0, 2.0), with_parts(3.0, 1.0, 2.0)]
+    parts = parts_model_and_floor(runs)
+    assert parts is not None
+    model, floor = parts
+    assert model == pytest.approx({"posts error": (1.0 + 1 / 3) / 2, "tests error": 0.0, "wait error": 0.0})
+    assert floor["posts error"] == pytest.approx((0.5 + 1 / 3) / 2) and floor["tests error"] == 0.0
+    table = comparison_table(runs)
+    assert "COMM's parts" in table and "posts error" in table
+    summary = comparison_summary(runs)
+    assert summary["comm_parts"]["model_median"]["posts_error"] == pytest.approx((1.0 + 1 / 3) / 2)
+    # A part no run measured (no test took any time) has no error: null in JSON, not NaN.
+    untested = [with_parts(2.0, 0.0, 2.0), with_parts(3.0, 0.0, 2.0)]
+    assert comparison_summary(untested)["comm_parts"]["model_median"]["tests_error"] is None
+    json.dumps(comparison_summary(untested), allow_nan=False)
+    # One run without parts (one node): no part is compared.
+    runs[1].comm_parts = []
+    assert parts_model_and_floor(runs) is None and comparison_summary(runs)["comm_parts"] == {}
+    assert "COMM's parts" not in comparison_table(runs)
