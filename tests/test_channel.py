@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import signal
 
 import pytest
 
@@ -93,3 +94,21 @@ def test_a_blocking_call_of_a_pipelined_channel_completes_only_the_reductions_th
     channel.advance(0.5)
     assert channel.block(0.5, 2) == pytest.approx(done)
     assert channel.phases_left == left_after and not channel.moving
+
+
+def test_a_window_spent_to_a_subnormal_sliver_ends_the_calls_move_instead_of_spinning():
+    """A window's bytes less what moved can leave a sliver so small that no time moves it (its
+    seconds underflow to 0); validating a hierarchical 2 x 2 trace spun there for good. The
+    link stops for that call, and the next call moves the rest."""
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the link spun on a spent window"))
+    signal.alarm(10)
+    try:
+        channel = Channel([4.0], [2.0], 2, True, TransferCost(window_bytes=5e-324))
+        channel.call(1)
+        assert channel.advance(0.5) == 0.0 and left(channel) == [(0, 1.0)] and channel.time == 0.5
+        unlimited = Channel([4.0], [2.0], 2, False, TransferCost())
+        unlimited.call(1)
+        unlimited.advance(3.0)
+        assert not unlimited.moving and unlimited.time == 3.0
+    finally:
+        signal.alarm(0)

@@ -345,3 +345,32 @@ def test_a_links_rate_does_not_move_with_the_machine_but_a_nodes_own_reductions_
     assert AdjustedMachine(across, placement, slower).link_seconds(n, 2) == pytest.approx(across.link_seconds(n, 2))
     assert AdjustedMachine(inside, placement, slower).link_seconds(n, 2) == pytest.approx(
         1.5 * inside.link_seconds(n, 2))
+
+
+def test_the_transfer_is_measured_on_buckets_lying_in_one_gradient_past_its_start(monkeypatch):
+    """The trainer's buckets are views into its flat gradient, none at the start of the
+    allocation but the last one it posts; over an emulated link a bucket 16 bytes into its
+    page posted 1.4x slower than one further in. The calibration posts buckets that lie as
+    most of the trainer's do: one array, each bucket a view past its start."""
+    seen: list[list[np.ndarray]] = []
+
+    def recording(result):
+        def measure(comm, kernel, buckets):
+            seen.append(list(buckets))
+            return result
+        return measure
+    monkeypatch.setattr(transfer_cost, "transfer_round", recording((1e-9, 0.5e-9)))
+    monkeypatch.setattr(transfer_cost, "lone_post_round", recording((1e-3, 0.1e-3, 0.0)))
+    monkeypatch.setattr(transfer_cost, "window_round", recording(3.0 * (1 << 20)))
+    monkeypatch.setattr(transfer_cost, "gemm_kernel", lambda: (lambda: None))
+
+    class OneRank:
+        def allgather_object(self, value):
+            return [value]
+    cost = transfer_cost.measure_transfer(OneRank(), rounds=1)
+    assert (cost.post_seconds, cost.post_test_seconds) == (1e-3, 0.1e-3)
+    buckets = seen[0]
+    assert len(buckets) == transfer_cost.BUCKETS and all(b.nbytes == transfer_cost.BUCKET_BYTES for b in buckets)
+    gradient = buckets[0].base
+    assert gradient is not None and all(b.base is gradient for b in buckets)
+    assert min(b.ctypes.data for b in buckets) - gradient.ctypes.data >= 32  # none at the allocation's start

@@ -116,6 +116,8 @@ class Channel:
         while self.moving and self.time < now and budget > 0:
             phase = self.moving[0]
             seconds = min(phase.seconds_left, now - self.time, budget / phase.bytes_per_second)
+            if seconds <= 0.0 < phase.seconds_left:
+                break  # a window spent but for a sliver too small to move anything (a subnormal)
             self.time += seconds
             phase.seconds_left -= seconds
             budget -= seconds * phase.bytes_per_second
