@@ -33,6 +33,7 @@ import sys
 
 from pydtnn_lite.perfmodel.measuring.host import this_blas_kernels, this_processor
 from pydtnn_lite.perfmodel.modelling.calibration_folder import calibration_file
+from pydtnn_lite.perfmodel.modelling.validation import COMM_PARTS
 from pydtnn_lite.textable import format_table
 
 from common import output_folder
@@ -42,7 +43,6 @@ LAUNCHER = os.path.join(REPO, "launch", "emulated-cluster.sh")
 PYTHON = sys.executable
 HEADERS = ["model", "comm", "Gbit/s", "step ms", "predicted", "error %", "before drift %", "COMM ms", "predicted",
            "error %", "posts, tests, wait ms (predicted)"]
-COMM_PARTS = ("posts", "tests", "wait")
 BETWEEN_HEADERS = ["between runs: step %", "COMM %"]
 
 

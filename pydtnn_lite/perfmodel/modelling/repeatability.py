@@ -57,8 +57,14 @@ def between(measured: Validation, reference: Validation) -> dict[str, float]:
         out[f"WRE {stage}"] = weighted_relative_error([stand_in[k.key] for k in kernels], [k.measured for k in kernels])
     comm = {s.name: s.measured for s in measured.stages}[Stage.COMM]
     reference_comm = {s.name: s.measured for s in reference.stages}[Stage.COMM]
-    out["COMM error"] = (reference_comm - comm) / comm if comm > 0 else float("nan")
+    out["COMM error"] = _stand_in_error(comm, reference_comm)
     return out
+
+
+def _stand_in_error(measured: float, stand_in: float) -> float:
+    """The error of ``stand_in``, another run's figure, as a prediction of ``measured``; NaN
+    where nothing was measured."""
+    return (stand_in - measured) / measured if measured > 0 else NAN
 
 
 def split_half(validation: Validation) -> dict[str, float]:
@@ -74,8 +80,7 @@ def part_figures(validation: Validation) -> dict[str, float]:
 def part_between(measured: Validation, reference: Validation) -> dict[str, float]:
     """:func:`part_figures` of ``measured`` with ``reference``'s measured parts in place of the prediction."""
     stand_in = {part.name: part.measured for part in reference.comm_parts}
-    return {f"{part.name} error": (stand_in[part.name] - part.measured) / part.measured if part.measured > 0 else NAN
-            for part in measured.comm_parts}
+    return {f"{part.name} error": _stand_in_error(part.measured, stand_in[part.name]) for part in measured.comm_parts}
 
 
 def median_magnitudes(rows: Sequence[dict[str, float]], names: Sequence[str] = FIGURES) -> dict[str, float]:
@@ -114,22 +119,26 @@ def _ratio(model: dict[str, float], floor: dict[str, float]) -> tuple[str, ...]:
                                       for name in model))
 
 
+def _model_rows(per_run: Sequence[dict[str, float]], model: dict[str, float], floor: dict[str, float],
+                names: Sequence[str]) -> list[tuple[str, ...]]:
+    """Each run's figures of ``names``, then their median and the between-run median."""
+    return [*(_row(f"model, run {i + 1}", figures, names) for i, figures in enumerate(per_run)),
+            _row("model, median", model, names, signed=False),
+            _row("between runs, median", floor, names, signed=False)]
+
+
 def comparison_table(validations: Sequence[Validation]) -> str:
     """The model's figures run by run and their medians, beside the between-run and split-half
     medians and the ratio of the model's to the between-run ones (two or more runs); the same
     for COMM's parts where every run has them."""
     model, floor = model_and_floor(validations)
-    rows = [_row(f"model, run {i + 1}", figures(v), FIGURES) for i, v in enumerate(validations)]
-    rows += [_row("model, median", model, FIGURES, signed=False),
-             _row("between runs, median", floor, FIGURES, signed=False),
-             _row("split-half, median", median_magnitudes([split_half(v) for v in validations]), FIGURES, signed=False),
-             _ratio(model, floor)]
+    rows = [*_model_rows([figures(v) for v in validations], model, floor, FIGURES),
+            _row("split-half, median", median_magnitudes([split_half(v) for v in validations]), FIGURES, signed=False),
+            _ratio(model, floor)]
     tables = [format_table(("(%; medians of magnitudes)", *FIGURES), rows)]
     parts = parts_model_and_floor(validations)
     if parts is not None:
-        part_rows = [_row(f"model, run {i + 1}", part_figures(v), PART_FIGURES) for i, v in enumerate(validations)]
-        part_rows += [_row("model, median", parts[0], PART_FIGURES, signed=False),
-                      _row("between runs, median", parts[1], PART_FIGURES, signed=False), _ratio(*parts)]
+        part_rows = [*_model_rows([part_figures(v) for v in validations], *parts, PART_FIGURES), _ratio(*parts)]
         tables.append(format_table(("(%) COMM's parts", *PART_FIGURES), part_rows))
     return "\n".join([*tables, BETWEEN_NOTE])
 
